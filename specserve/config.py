@@ -1,0 +1,71 @@
+"""Typed, frozen configuration dataclasses, saved as JSON next to every artifact.
+
+Each config is a frozen dataclass with ``to_dict``/``from_dict``/``to_json``/``from_json`` and a
+``validate`` that raises :class:`specserve.errors.SpecserveError` with one line naming the field.
+Unit-bearing names (``max_queue_delay_us``) say what a number means. Inspired by nanoGPT storing
+``model_args`` with the checkpoint: a resolved config next to an artifact makes it repeatable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, TypeVar
+
+from specserve.errors import SpecserveError
+
+T = TypeVar("T", bound="JsonConfig")
+
+
+class JsonConfig:
+    """Mixin for frozen dataclasses: JSON round trip and validation."""
+
+    def validate(self) -> None:
+        """Raise SpecserveError on an invalid field; subclasses extend."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload, no-any-return]
+
+    @classmethod
+    def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise SpecserveError(f"{cls.__name__}: unknown keys {unknown}")
+        obj = cls(**data)
+        obj.validate()
+        return obj
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls: type[T], path: str | Path) -> T:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError as e:
+            raise SpecserveError(f"{p}: not found") from e
+        except json.JSONDecodeError as e:
+            raise SpecserveError(f"{p}: invalid JSON ({e.msg} at line {e.lineno})") from e
+        if not isinstance(data, dict):
+            raise SpecserveError(f"{p}: expected a JSON object")
+        return cls.from_dict(data)
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to ``path`` via a temp file in the same directory and an atomic rename."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

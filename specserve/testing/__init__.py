@@ -1,0 +1,1 @@
+"""Test and demo helpers: tiny random checkpoints made offline (no hub)."""

@@ -1,0 +1,141 @@
+"""Tiny, random-init checkpoints for tests: a byte-level BPE tokenizer, Llama target and draft in
+the Hugging Face layout (safetensors), and Medusa heads in the FasterDecoding layout that
+TensorRT-LLM's ``examples/medusa/convert_checkpoint.py`` reads (``config.json`` with
+``medusa_num_heads``/``medusa_num_layers``; ``medusa_lm_head.safetensors`` with tensors
+``{h}.{l}.linear.weight|bias`` and ``{h}.{num_layers}.weight``). Everything is made offline and is
+deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+TINY_TEXT = (
+    "def add(a, b):\n    return a + b\n\n"
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+    "for i in range(10):\n    print(i, i * i)\n\n"
+    "import os\nimport sys\n\nif __name__ == '__main__':\n    sys.exit(main())\n"
+) * 4
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+
+@dataclass(frozen=True)
+class TinyCheckpoint:
+    """Paths of a tiny checkpoint set made by :func:`make_tiny_checkpoint`."""
+
+    root: Path
+    target: Path
+    draft: Path
+    medusa: Path
+    tokenizer: Path
+
+
+def make_tokenizer(out: Path, vocab_size: int = 256, text: str = TINY_TEXT) -> Path:
+    """Train a byte-level BPE tokenizer on ``text`` and save it loadable by AutoTokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([text], trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="<pad>",
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out))
+    return out
+
+
+def make_llama(
+    out: Path,
+    tokenizer_dir: Path,
+    *,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    vocab_size: int | None = None,
+) -> Path:
+    """Save a random-init LlamaForCausalLM (fp32, safetensors) plus a copy of the tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size or len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    return out
+
+
+def make_medusa_heads(
+    out: Path,
+    hidden_size: int,
+    vocab_size: int,
+    *,
+    num_heads: int = 4,
+    num_layers: int = 1,
+    seed: int = 0,
+    base_model: str = "target",
+) -> Path:
+    """Random Medusa-1 heads in the FasterDecoding layout (what TensorRT-LLM's converter reads)."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for h in range(num_heads):
+        for layer in range(num_layers):
+            w = torch.randn(hidden_size, hidden_size, generator=g) * 0.02
+            tensors[f"{h}.{layer}.linear.weight"] = w
+            tensors[f"{h}.{layer}.linear.bias"] = torch.zeros(hidden_size)
+        tensors[f"{h}.{num_layers}.weight"] = torch.randn(vocab_size, hidden_size, generator=g) * 0.02
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "medusa_lm_head.safetensors"))
+    cfg = {
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+        "base_model_name_or_path": base_model,
+        "hidden_size": hidden_size,
+        "vocab_size": vocab_size,
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out
+
+
+def make_tiny_checkpoint(root: Path, *, seed: int = 0, vocab_size: int = 256) -> TinyCheckpoint:
+    """Tokenizer, target (2 layers, hidden 64), independent random draft (1 layer, hidden 32) and
+    4 Medusa heads under ``root``."""
+    tok = make_tokenizer(root / "tokenizer", vocab_size=vocab_size)
+    target = make_llama(root / "target", tok, seed=seed)
+    draft = make_llama(root / "draft", tok, hidden_size=32, layers=1, heads=2, kv_heads=1,
+                       seed=seed + 1)
+    n_vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    medusa = make_medusa_heads(root / "medusa", 64, n_vocab, seed=seed + 2)
+    return TinyCheckpoint(root=root, target=target, draft=draft, medusa=medusa, tokenizer=tok)
