@@ -115,7 +115,8 @@ def make_medusa_heads(
             w = torch.randn(hidden_size, hidden_size, generator=g) * 0.02
             tensors[f"{h}.{layer}.linear.weight"] = w
             tensors[f"{h}.{layer}.linear.bias"] = torch.zeros(hidden_size)
-        tensors[f"{h}.{num_layers}.weight"] = torch.randn(vocab_size, hidden_size, generator=g) * 0.02
+        lm = torch.randn(vocab_size, hidden_size, generator=g) * 0.02
+        tensors[f"{h}.{num_layers}.weight"] = lm
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "medusa_lm_head.safetensors"))
     cfg = {
