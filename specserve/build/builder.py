@@ -1,0 +1,223 @@
+"""``specserve build`` as a library call: validate, resolve, plan, then build all-or-nothing.
+
+Order: (1) validate every input from headers and small JSON files, (2) resolve defaults,
+(3) make the plan (exact TensorRT-LLM 1.2.1 argv, or the torch engine's parts), (4) unless
+``dry_run``, build into a staging directory and rename it to ``--out``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+
+from specserve.build import trtllm
+from specserve.build.config import BuildConfig, resolve
+from specserve.build.plan import BuildPlan, staging_dir
+from specserve.build.record import cli_argv, make_record
+from specserve.build.runner import preflight, run_plan
+from specserve.build.staging import check_out, staged_output
+from specserve.build.torch_engine import copy_tokenizer, write_json
+from specserve.build.validate import (
+    MedusaInfo,
+    check_tokenizers_match,
+    validate_eagle,
+    validate_medusa,
+    validate_parallelism,
+    validate_target,
+)
+from specserve.errors import SpecserveError
+
+HOPPER = (9, 0)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated, resolved build and its plan."""
+
+    cfg: BuildConfig
+    target_cfg: dict[str, Any]
+    medusa: MedusaInfo | None
+    plan: BuildPlan
+
+
+def resolve_backend(name: str) -> str:
+    """``auto`` = trtllm when ``tensorrt_llm`` is installed and a CUDA GPU is present."""
+    if name != "auto":
+        return name
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return "torch"
+    import torch
+
+    return "trtllm" if torch.cuda.is_available() else "torch"
+
+
+def gpu_capability() -> tuple[int, int] | None:
+    """Compute capability of GPU 0 from ``nvidia-smi`` (works in a CPU-only venv inside the
+    container), else from torch; None without a GPU."""
+    exe = shutil.which("nvidia-smi")
+    if exe is not None:
+        try:
+            res = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30, check=True)
+            smi_major, smi_minor = res.stdout.splitlines()[0].strip().split(".")
+            return int(smi_major), int(smi_minor)
+        except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+            pass
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return int(major), int(minor)
+
+
+def validate_inputs(cfg: BuildConfig) -> tuple[dict[str, Any], MedusaInfo | None]:
+    """Every check that needs the input files; returns the target config and heads facts."""
+    target_cfg = validate_target(cfg.model)
+    validate_parallelism(target_cfg, cfg.tp_size, cfg.pp_size,
+                         source=str(Path(cfg.model) / "config.json"))
+    medusa = None
+    if cfg.spec_mode == "medusa":
+        assert cfg.medusa is not None
+        medusa = validate_medusa(cfg.medusa, target_cfg, cfg.medusa_choices)
+    elif cfg.spec_mode == "draft":
+        assert cfg.draft is not None
+        draft_cfg = validate_target(cfg.draft)
+        check_tokenizers_match(cfg.model, cfg.draft)
+        _check_llama_converter(cfg, draft_cfg, cfg.draft)
+    elif cfg.spec_mode == "eagle":
+        assert cfg.eagle is not None
+        validate_eagle(cfg.eagle, target_cfg)
+    if cfg.spec_mode != "medusa":
+        _check_llama_converter(cfg, target_cfg, cfg.model)
+    return target_cfg, medusa
+
+
+def _check_llama_converter(cfg: BuildConfig, model_cfg: dict[str, Any], model_dir: str) -> None:
+    """The trtllm plan converts non-Medusa checkpoints with the Llama converter (Llama, Mistral)."""
+    if cfg.backend == "trtllm" and model_cfg.get("model_type") not in ("llama", "mistral"):
+        raise SpecserveError(f"{Path(model_dir) / 'config.json'}: model_type "
+                             f"{model_cfg.get('model_type')!r} with --{cfg.spec_mode} is not "
+                             "planned for trtllm (the Llama converter handles llama and mistral)")
+
+
+def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
+    """Validate and resolve ``cfg`` and make its plan; touches nothing."""
+    cfg.validate()
+    check_out(Path(cfg.out), force)
+    target_cfg, medusa = validate_inputs(cfg)
+    resolved = resolve(cfg, target_cfg, medusa.num_heads if medusa else None)
+    if resolved.backend == "trtllm":
+        inputs = trtllm.PlanInputs(
+            model_type=str(target_cfg.get("model_type", "llama")),
+            num_medusa_heads=medusa.num_heads if medusa else 0,
+            num_medusa_layers=medusa.num_layers if medusa else 0,
+            examples_dir=trtllm.examples_dir())
+        plan = trtllm.make_trtllm_plan(resolved, inputs)
+    else:
+        plan = _torch_plan(resolved)
+    return Prepared(resolved, target_cfg, medusa, plan)
+
+
+def _torch_plan(cfg: BuildConfig) -> BuildPlan:
+    fp8 = ", weights fp8 e4m3 + per-channel scales" if cfg.quantize == "fp8" else ""
+    notes = [f"write target/ ({cfg.dtype}{fp8}) from {cfg.model}"]
+    if cfg.spec_mode in ("medusa", "draft"):
+        src = cfg.medusa if cfg.spec_mode == "medusa" else cfg.draft
+        notes.append(f"write {cfg.spec_mode}/ ({cfg.dtype}"
+                     f"{fp8 if cfg.spec_mode == 'draft' else ''}) from {src}")
+    notes.append(f"copy tokenizer/ from {cfg.model}; write build_config.json")
+    return BuildPlan(backend="torch", out=cfg.out, staging=staging_dir(cfg.out), steps=(),
+                     world_size=1, notes=tuple(notes))
+
+
+def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False,
+                 console: Console | None = None) -> dict[str, Any]:
+    """Build (or with ``dry_run`` only plan) an engine; return a summary for printing."""
+    prep = prepare(cfg, force=force)
+    summary: dict[str, Any] = {"dry_run": dry_run, "out": prep.cfg.out,
+                               "config": prep.cfg.to_dict(), "plan": prep.plan.to_dict()}
+    if dry_run:
+        return summary
+    if prep.cfg.backend == "trtllm":
+        _check_fp8_gpu(prep.cfg)
+        preflight(prep.plan)
+    out = Path(prep.cfg.out)
+    with _sigterm_as_interrupt(), staged_output(out, force) as stage:
+        if prep.cfg.backend == "trtllm":
+            record = _build_trtllm(prep, stage, console)
+        else:
+            record = _build_torch(prep, stage)
+        write_json(stage / "build_config.json", record)
+    summary["build_config"] = str(out / "build_config.json")
+    return summary
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``timeout``, ``kill``) cleans up like Ctrl-C while a build runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_fp8_gpu(cfg: BuildConfig) -> None:
+    if cfg.quantize != "fp8" and cfg.kv_cache_dtype != "fp8":
+        return
+    cap = gpu_capability()
+    if cap is None or cap < HOPPER:
+        found = "no CUDA GPU" if cap is None else f"a GPU of compute capability {cap[0]}.{cap[1]}"
+        raise SpecserveError(f"--quantize fp8: needs a Hopper (sm90) or newer GPU, found {found}"
+                             " (--dry-run still prints the plan)")
+
+
+def _build_torch(prep: Prepared, stage: Path) -> dict[str, Any]:
+    from specserve.build.torch_engine import write_torch_engine
+
+    write_torch_engine(prep.cfg, stage, prep.medusa)
+    extra: dict[str, Any] = {}
+    if prep.medusa is not None:
+        extra["medusa"] = {"num_heads": prep.medusa.num_heads,
+                           "num_layers": prep.medusa.num_layers}
+    return make_record(prep.cfg, [cli_argv(prep.cfg)], extra)
+
+
+def _build_trtllm(prep: Prepared, stage: Path, console: Console | None) -> dict[str, Any]:
+    log = stage / "build.log"
+    try:
+        run_plan(prep.plan, log, console)
+    except BaseException:
+        if log.exists():
+            shutil.copyfile(log, Path(prep.cfg.out).parent / f"{Path(prep.cfg.out).name}"
+                                                             ".build-failed.log")
+        raise
+    shutil.rmtree(stage / "_checkpoints", ignore_errors=True)
+    copy_tokenizer(Path(prep.cfg.model), stage / "tokenizer")
+    extra: dict[str, Any] = {"trtllm": {**prep.plan.pin,
+                                        "examples_dir": trtllm.examples_dir()}}
+    if prep.medusa is not None:
+        extra["medusa"] = {"num_heads": prep.medusa.num_heads,
+                           "num_layers": prep.medusa.num_layers}
+    if prep.cfg.spec_mode == "draft":
+        extra.update({"draft_world_size": 1, "draft_logits": True})
+    return make_record(prep.cfg, [cli_argv(prep.cfg), *prep.plan.commands()], extra)

@@ -1,0 +1,154 @@
+"""``BuildConfig``: every input of ``specserve build``, resolved and stored in
+``engines/NAME/build_config.json`` so a build can be repeated (nanoGPT keeps ``model_args`` with
+the checkpoint in the same spirit).
+
+Defaults follow TensorRT-LLM 1.2.1 where the engine flow defines them (``trtllm-build``:
+``max_seq_len`` = the model's ``max_position_embeddings``; Medusa ``max_draft_len`` = the number
+of tree nodes; EAGLE converter defaults 63 draft tokens / 4 layers / 10 non-leaves per layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from specserve.config import JsonConfig
+from specserve.errors import SpecserveError
+
+SPEC_MODES = ("medusa", "draft", "ngram", "eagle")
+BACKENDS = ("trtllm", "torch")
+DTYPES = ("float16", "bfloat16", "float32")
+DEFAULT_CHAIN_DRAFT_LEN = 4  # draft model / n-gram tokens per step
+EAGLE_MAX_DRAFT_LEN = 63  # examples/eagle/convert_checkpoint.py default (asserted <= 256)
+EAGLE_NUM_LAYERS = 4
+EAGLE_MAX_NON_LEAVES = 10
+
+
+@dataclass(frozen=True)
+class BuildConfig(JsonConfig):
+    """Inputs of one build. ``None`` limits are resolved by :func:`resolve` from the target."""
+
+    model: str
+    out: str
+    spec_mode: str  # medusa | draft | ngram | eagle
+    medusa: str | None = None
+    draft: str | None = None
+    eagle: str | None = None
+    backend: str = "torch"  # trtllm | torch (auto is resolved before this is made)
+    dtype: str = "float16"
+    quantize: str | None = None  # None | "fp8"
+    kv_cache_dtype: str | None = None  # None | "fp8"
+    tp_size: int = 1
+    pp_size: int = 1
+    max_batch_size: int = 8
+    max_input_len: int | None = None
+    max_seq_len: int | None = None
+    max_draft_len: int | None = None
+    medusa_choices: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @property
+    def source_dir(self) -> str | None:
+        """The speculation input directory (heads, draft or EAGLE), if any."""
+        return {"medusa": self.medusa, "draft": self.draft, "eagle": self.eagle}.get(
+            self.spec_mode)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BuildConfig:
+        data = dict(data)
+        if data.get("medusa_choices") is not None:
+            data["medusa_choices"] = tuple(tuple(p) for p in data["medusa_choices"])
+        return super().from_dict(data)
+
+    def validate(self) -> None:
+        _one_of("spec_mode", self.spec_mode, SPEC_MODES)
+        _one_of("backend", self.backend, BACKENDS)
+        _one_of("dtype", self.dtype, DTYPES)
+        _one_of("quantize", self.quantize, (None, "fp8"))
+        _one_of("kv_cache_dtype", self.kv_cache_dtype, (None, "fp8"))
+        if self.source_dir is None and self.spec_mode != "ngram":
+            raise SpecserveError(f"--{self.spec_mode}: a directory is required")
+        for name in ("tp_size", "pp_size", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise SpecserveError(f"--{name.removesuffix('_size').replace('_', '-')}: "
+                                     f"must be >= 1, got {getattr(self, name)}")
+        for name in ("max_input_len", "max_seq_len", "max_draft_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise SpecserveError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+        if self.max_input_len and self.max_seq_len and self.max_input_len >= self.max_seq_len:
+            raise SpecserveError(f"--max-input-len {self.max_input_len} must be smaller than "
+                                 f"--max-seq-len {self.max_seq_len}")
+        if self.medusa_choices is not None and self.spec_mode != "medusa":
+            raise SpecserveError("--medusa-choices: only with --medusa")
+        self._validate_backend()
+
+    def _validate_backend(self) -> None:
+        if self.kv_cache_dtype == "fp8" and self.quantize != "fp8":
+            raise SpecserveError("--kv-cache-dtype fp8: needs --quantize fp8 (the pinned "
+                                 "TensorRT-LLM quantizes the KV cache through quantize.py)")
+        if self.backend == "torch":
+            if self.spec_mode == "eagle":
+                raise SpecserveError("--eagle: needs --backend trtllm (the reference decoder "
+                                     "has no EAGLE proposer)")
+            if self.kv_cache_dtype == "fp8":
+                raise SpecserveError("--kv-cache-dtype fp8: not emulated by the torch backend")
+            if self.world_size > 1:
+                raise SpecserveError("--tp/--pp: the torch backend runs on one device (use 1)")
+            return
+        if self.spec_mode == "eagle":
+            if self.pp_size != 1:
+                raise SpecserveError("--pp: EAGLE conversion needs pp=1 (pinned TensorRT-LLM)")
+            if self.quantize == "fp8":
+                raise SpecserveError("--quantize fp8 with --eagle: not supported by this plan "
+                                     "(examples/eagle/quantize.py was not verified at the pin)")
+            if self.max_batch_size > 512:
+                raise SpecserveError("--max-batch-size: EAGLE engines allow at most 512")
+            if (self.max_draft_len or 0) > 256:
+                raise SpecserveError("--max-draft-len: EAGLE allows at most 256")
+        if self.dtype == "float32" and self.quantize == "fp8":
+            raise SpecserveError("--dtype float32 with --quantize fp8: use float16 or bfloat16")
+
+
+def _one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
+    if value not in allowed:
+        raise SpecserveError(f"--{name.replace('_', '-')}: {value!r} is not one of "
+                             f"{[a for a in allowed if a is not None]}")
+
+
+def default_medusa_choices(num_heads: int) -> tuple[tuple[int, ...], ...]:
+    """Medusa's ``mc_sim_7b_63`` tree cut to ``num_heads`` levels (prefix-closed by depth)."""
+    from specserve.spec.tree import MC_SIM_7B_63, MedusaTree
+
+    return MedusaTree.from_choices([p for p in MC_SIM_7B_63 if len(p) <= num_heads]).choices
+
+
+def resolve(cfg: BuildConfig, target_cfg: dict[str, Any],
+            num_medusa_heads: int | None = None) -> BuildConfig:
+    """Fill the ``None`` limits from the target config and the speculation mode; check that
+    an explicit ``max_draft_len`` fits the Medusa tree."""
+    from specserve.spec.tree import MedusaTree
+
+    max_seq = cfg.max_seq_len or int(target_cfg.get("max_position_embeddings", 2048))
+    max_in = cfg.max_input_len or min(1024, max_seq // 2)
+    choices, draft_len = cfg.medusa_choices, cfg.max_draft_len
+    if cfg.spec_mode == "medusa":
+        assert num_medusa_heads is not None
+        tree = (MedusaTree.from_choices(choices, num_medusa_heads) if choices is not None
+                else MedusaTree.from_choices(default_medusa_choices(num_medusa_heads)))
+        choices = tree.choices
+        if draft_len is not None and draft_len < tree.num_nodes:
+            raise SpecserveError(f"--max-draft-len {draft_len}: the Medusa tree has "
+                                 f"{tree.num_nodes} nodes (max_draft_len must be >= that)")
+        draft_len = draft_len or tree.num_nodes
+    elif cfg.spec_mode == "eagle":
+        draft_len = draft_len or EAGLE_MAX_DRAFT_LEN
+    else:
+        draft_len = draft_len or DEFAULT_CHAIN_DRAFT_LEN
+    out = replace(cfg, max_seq_len=max_seq, max_input_len=max_in, max_draft_len=draft_len,
+                  medusa_choices=choices)
+    out.validate()
+    return out

@@ -1,0 +1,105 @@
+"""``build_config.json``: every input, resolved defaults, input file hashes, package versions
+and the exact commands of a build, so that it can be repeated and checked.
+
+The record holds no timestamps or absolute temp paths: the same inputs give the same bytes.
+Keys read by the Triton writer (docs/architecture.md): ``backend``, ``spec_mode``,
+``max_batch_size``, ``max_input_len``, ``max_seq_len``, ``max_draft_len``, ``medusa_choices``,
+``dtype``, ``quantize``, ``kv_cache_dtype``, ``tp_size``, ``pp_size``, ``world_size``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+from specserve import __version__
+from specserve.build.config import BuildConfig
+
+RECORD_VERSION = 1
+_HASHED_NAMES = ("config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                 "model.safetensors.index.json", "medusa_lm_head.safetensors",
+                 "medusa_lm_head.pt")
+_HASHED_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def input_hashes(cfg: BuildConfig) -> dict[str, str]:
+    """sha256 of the files each input directory contributes, keyed ``role/file``."""
+    out: dict[str, str] = {}
+    roles = {"model": cfg.model, "medusa": cfg.medusa, "draft": cfg.draft, "eagle": cfg.eagle}
+    for role, d in roles.items():
+        if d is None:
+            continue
+        for f in sorted(Path(d).iterdir()):
+            if f.is_file() and (f.name in _HASHED_NAMES or f.suffix in _HASHED_SUFFIXES):
+                out[f"{role}/{f.name}"] = sha256_file(f)
+    return out
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"specserve": __version__}
+    for dist in ("torch", "transformers", "safetensors", "tokenizers", "tensorrt_llm"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def cli_argv(cfg: BuildConfig) -> list[str]:
+    """The ``specserve build`` command line that repeats this build (resolved values)."""
+    argv = ["specserve", "build", "--model", cfg.model]
+    argv += {"medusa": ["--medusa", str(cfg.medusa)], "draft": ["--draft", str(cfg.draft)],
+             "eagle": ["--eagle", str(cfg.eagle)], "ngram": ["--ngram"]}[cfg.spec_mode]
+    argv += ["--backend", cfg.backend, "--dtype", cfg.dtype]
+    if cfg.quantize:
+        argv += ["--quantize", cfg.quantize]
+    if cfg.kv_cache_dtype:
+        argv += ["--kv-cache-dtype", cfg.kv_cache_dtype]
+    argv += ["--tp", str(cfg.tp_size), "--pp", str(cfg.pp_size),
+             "--max-batch-size", str(cfg.max_batch_size),
+             "--max-input-len", str(cfg.max_input_len), "--max-seq-len", str(cfg.max_seq_len),
+             "--max-draft-len", str(cfg.max_draft_len)]
+    if cfg.medusa_choices is not None:
+        argv += ["--medusa-choices",
+                 ", ".join("{" + ", ".join(map(str, p)) + "}" for p in cfg.medusa_choices)]
+    return argv + ["--out", cfg.out]
+
+
+def make_record(cfg: BuildConfig, commands: list[list[str]],
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole ``build_config.json`` for a resolved config."""
+    rec: dict[str, Any] = {
+        "record_version": RECORD_VERSION,
+        "backend": cfg.backend,
+        "spec_mode": cfg.spec_mode,
+        "max_batch_size": cfg.max_batch_size,
+        "max_input_len": cfg.max_input_len,
+        "max_seq_len": cfg.max_seq_len,
+        "max_draft_len": cfg.max_draft_len,
+        "medusa_choices": [list(p) for p in cfg.medusa_choices]
+        if cfg.medusa_choices is not None else None,
+        "dtype": cfg.dtype,
+        "quantize": cfg.quantize,
+        "kv_cache_dtype": cfg.kv_cache_dtype,
+        "tp_size": cfg.tp_size,
+        "pp_size": cfg.pp_size,
+        "world_size": cfg.world_size,
+        "config": cfg.to_dict(),
+        "input_hashes": input_hashes(cfg),
+        "versions": package_versions(),
+        "command": cli_argv(cfg),
+        "commands": commands,
+    }
+    rec.update(extra or {})
+    return rec

@@ -1,0 +1,171 @@
+"""TensorRT-LLM engine-flow commands for the pinned release (the one place the pin is named).
+
+Pinned: **TensorRT-LLM 1.2.1** (PyPI 2026-04-20), shipped in
+``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``. It is the newest stable release that
+still ships ``trtllm-build``, ``examples/medusa/convert_checkpoint.py``, the Medusa arguments of
+``examples/quantization/quantize.py`` and the C++ ``tensorrtllm`` Triton backend (all removed
+from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.md`` §2 and
+``trtllm-facts.md`` §1-2. Choices made here:
+
+- Medusa: ``--num_medusa_heads``/``--num_medusa_layers`` always explicit (the converter ignores
+  the heads' config.json); ``max_draft_len`` = tree nodes on both the converter
+  (``--max_medusa_token_len``) and ``trtllm-build``. FP8: ``quantize.py --qformat fp8
+  [--kv_cache_dtype fp8]`` with the Medusa arguments; heads stay fp16 (``--quant_medusa_head``
+  is never passed: it quantizes nothing and breaks builds).
+- Draft-target: Llama converter for both; target built with ``draft_tokens_external``; both
+  with paged context FMHA; the draft gathers generation logits so ``use_draft_logits`` works.
+  The draft is one rank (tp=pp=1), served as its own ``tensorrt_llm_draft`` model.
+- EAGLE: ``examples/eagle/convert_checkpoint.py`` (pp must be 1), mode ``eagle``.
+- N-gram: the target alone with ``draft_tokens_external`` (drafts come from the server side).
+- TP/PP: chosen at conversion (``--tp_size``/``--pp_size``, one ``rank{r}`` per GPU);
+  ``trtllm-build --workers`` = world size.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from specserve.build.config import EAGLE_MAX_NON_LEAVES, EAGLE_NUM_LAYERS, BuildConfig
+from specserve.build.plan import BuildPlan, BuildStep, staging_dir
+
+TRTLLM_VERSION = "1.2.1"
+TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+#: Where the TensorRT-LLM ``examples/`` tree is; override with $TRTLLM_EXAMPLES_DIR.
+DEFAULT_EXAMPLES_DIR = "/app/tensorrt_llm/examples"
+PYTHON = "python3"
+TRTLLM_BUILD = "trtllm-build"
+SCRIPTS = {
+    "medusa": "medusa/convert_checkpoint.py",
+    "llama": "models/core/llama/convert_checkpoint.py",
+    "eagle": "eagle/convert_checkpoint.py",
+    "quantize": "quantization/quantize.py",
+}
+FP8_CALIB_SIZE = 512
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Facts about the validated inputs that the commands depend on."""
+
+    model_type: str  # the target's HF model_type (llama, mistral, qwen2)
+    num_medusa_heads: int = 0
+    num_medusa_layers: int = 0
+    examples_dir: str = DEFAULT_EXAMPLES_DIR
+
+
+def pin() -> dict[str, str]:
+    return {"tensorrt_llm": TRTLLM_VERSION, "image": TRTLLM_IMAGE}
+
+
+def examples_dir() -> str:
+    return os.environ.get("TRTLLM_EXAMPLES_DIR", DEFAULT_EXAMPLES_DIR)
+
+
+def make_trtllm_plan(cfg: BuildConfig, inputs: PlanInputs) -> BuildPlan:
+    """The convert/quantize and ``trtllm-build`` steps for a resolved config (pure)."""
+    stage = staging_dir(cfg.out)
+    ckpt = os.path.join(stage, "_checkpoints")
+    steps = [_convert_target(cfg, inputs, os.path.join(ckpt, "target"))]
+    steps.append(_build(cfg, os.path.join(ckpt, "target"), os.path.join(stage, "target"),
+                        target=True))
+    notes = [f"run inside {TRTLLM_IMAGE} (TensorRT-LLM {TRTLLM_VERSION}) on the GPUs that will "
+             f"serve it; examples from {inputs.examples_dir}"]
+    if cfg.spec_mode == "draft":
+        assert cfg.draft is not None
+        draft_ckpt = os.path.join(ckpt, "draft")
+        steps.insert(1, _convert_plain(cfg, inputs, cfg.draft, draft_ckpt, "draft", 1, 1))
+        steps.append(_build(cfg, draft_ckpt, os.path.join(stage, "draft"), target=False))
+        notes.append("the draft is one rank; serve it as tensorrt_llm_draft (orchestrator mode)")
+    if cfg.quantize == "fp8":
+        notes.append(f"FP8 calibration reads cnn_dailymail ({FP8_CALIB_SIZE} samples) and needs "
+                     "a Hopper (sm90) or newer GPU")
+    return BuildPlan(backend="trtllm", out=cfg.out, staging=stage, steps=tuple(steps),
+                     world_size=cfg.world_size, notes=tuple(notes), pin=pin())
+
+
+def _script(inputs: PlanInputs, key: str) -> str:
+    return os.path.join(inputs.examples_dir, SCRIPTS[key])
+
+
+def _parallel(tp: int, pp: int) -> list[str]:
+    return ["--tp_size", str(tp), "--pp_size", str(pp)]
+
+
+def _convert_target(cfg: BuildConfig, inputs: PlanInputs, out: str) -> BuildStep:
+    if cfg.spec_mode == "medusa":
+        return _convert_medusa(cfg, inputs, out)
+    if cfg.spec_mode == "eagle":
+        assert cfg.eagle is not None
+        argv = [PYTHON, _script(inputs, "eagle"), "--model_dir", cfg.model,
+                "--eagle_model_dir", cfg.eagle, "--output_dir", out, "--dtype", cfg.dtype,
+                "--tp_size", str(cfg.tp_size), "--max_draft_len", str(cfg.max_draft_len),
+                "--num_eagle_layers", str(EAGLE_NUM_LAYERS),
+                "--max_non_leaves_per_layer", str(EAGLE_MAX_NON_LEAVES)]
+        return BuildStep("convert target + EAGLE", "convert", tuple(argv), out, cfg.tp_size)
+    return _convert_plain(cfg, inputs, cfg.model, out, "target", cfg.tp_size, cfg.pp_size)
+
+
+def _quantize_argv(cfg: BuildConfig, inputs: PlanInputs, model: str, out: str,
+                   tp: int, pp: int) -> list[str]:
+    argv = [PYTHON, _script(inputs, "quantize"), "--model_dir", model, "--output_dir", out,
+            "--dtype", cfg.dtype, "--qformat", "fp8"]
+    if cfg.kv_cache_dtype == "fp8":
+        argv += ["--kv_cache_dtype", "fp8"]
+    return argv + ["--calib_size", str(FP8_CALIB_SIZE), *_parallel(tp, pp)]
+
+
+def _convert_plain(cfg: BuildConfig, inputs: PlanInputs, model: str, out: str, role: str,
+                   tp: int, pp: int) -> BuildStep:
+    if cfg.quantize == "fp8":
+        argv = _quantize_argv(cfg, inputs, model, out, tp, pp)
+        return BuildStep(f"quantize {role} (fp8)", "quantize", tuple(argv), out, tp * pp)
+    argv = [PYTHON, _script(inputs, "llama"), "--model_dir", model, "--output_dir", out,
+            "--dtype", cfg.dtype, *_parallel(tp, pp)]
+    return BuildStep(f"convert {role}", "convert", tuple(argv), out, tp * pp)
+
+
+def _medusa_args(cfg: BuildConfig, inputs: PlanInputs) -> list[str]:
+    assert cfg.medusa is not None
+    return ["--medusa_model_dir", cfg.medusa,
+            "--num_medusa_heads", str(inputs.num_medusa_heads),
+            "--num_medusa_layers", str(inputs.num_medusa_layers)]
+
+
+def _convert_medusa(cfg: BuildConfig, inputs: PlanInputs, out: str) -> BuildStep:
+    if cfg.quantize == "fp8":
+        argv = _quantize_argv(cfg, inputs, cfg.model, out, cfg.tp_size, cfg.pp_size)
+        argv += [*_medusa_args(cfg, inputs), "--max_draft_len", str(cfg.max_draft_len),
+                 "--medusa_hidden_act", "silu"]
+        return BuildStep("quantize target (fp8) + merge Medusa heads (fp16)", "quantize",
+                         tuple(argv), out, cfg.world_size)
+    model_type = "qwen2" if inputs.model_type == "qwen2" else "llama"
+    argv = [PYTHON, _script(inputs, "medusa"), "--model_dir", cfg.model, "--output_dir", out,
+            "--dtype", cfg.dtype, *_parallel(cfg.tp_size, cfg.pp_size), *_medusa_args(cfg, inputs),
+            "--max_medusa_token_len", str(cfg.max_draft_len), "--medusa_hidden_act", "silu",
+            "--model_type", model_type]
+    return BuildStep("convert target + Medusa heads", "convert", tuple(argv), out,
+                     cfg.world_size)
+
+
+def _build(cfg: BuildConfig, ckpt: str, out: str, *, target: bool) -> BuildStep:
+    argv = [TRTLLM_BUILD, "--checkpoint_dir", ckpt, "--output_dir", out,
+            "--gemm_plugin", cfg.dtype]
+    if cfg.quantize == "fp8":  # the Medusa README's FP8 recipe: attention plugin in the dtype
+        argv += ["--gpt_attention_plugin", cfg.dtype]
+    if cfg.spec_mode in ("draft", "ngram", "eagle"):
+        argv += ["--use_paged_context_fmha", "enable"]
+    argv += ["--max_batch_size", str(cfg.max_batch_size), "--max_input_len",
+             str(cfg.max_input_len), "--max_seq_len", str(cfg.max_seq_len)]
+    mode = {"medusa": "medusa", "draft": "draft_tokens_external",
+            "ngram": "draft_tokens_external", "eagle": "eagle"}[cfg.spec_mode]
+    if target:
+        argv += ["--speculative_decoding_mode", mode, "--max_draft_len", str(cfg.max_draft_len)]
+        world = cfg.world_size
+    else:
+        argv += ["--gather_generation_logits"]
+        world = 1
+    if world > 1:
+        argv += ["--workers", str(world)]
+    name = "build target engine" if target else "build draft engine"
+    return BuildStep(name, "build", tuple(argv), out, world)

@@ -1,0 +1,120 @@
+"""``specserve build``: HF checkpoint + Medusa heads, a draft model, EAGLE or n-gram ->
+TensorRT-LLM 1.2.1 engines (exact commands, run inside NVIDIA's container) or a reference
+``torch`` engine. Parses options and calls :func:`specserve.build.builder.build_engine`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from specserve.cli._output import FORMAT_OPTION, emit
+from specserve.errors import SpecserveError
+
+EXAMPLES = """
+\b
+Examples:
+  # reference engine on this machine (what `make engine` does)
+  specserve build --model checkpoints/demo/target --medusa checkpoints/demo/medusa \\
+      --backend torch --out engines/demo
+  # print the exact TensorRT-LLM 1.2.1 commands for FP8 Medusa on 2 GPUs, touch nothing
+  specserve build --model llama-3-8b --medusa medusa-heads --backend trtllm \\
+      --quantize fp8 --kv-cache-dtype fp8 --tp 2 --out engines/l3 --dry-run --format json
+  # draft-target, custom tree sizes
+  specserve build --model target --draft draft --max-draft-len 5 --out engines/dt
+  specserve build --model target --medusa heads --medusa-choices "{0}, {0, 0}, {1}" \\
+      --out engines/small-tree
+"""
+
+
+def _choices(value: str | None) -> tuple[tuple[int, ...], ...] | None:
+    """``--medusa-choices``: brace form ``{0}, {0, 0}``, a list literal, or a file holding one."""
+    if value is None:
+        return None
+    from specserve.spec.tree import MedusaTree
+
+    path = Path(value)
+    text = value
+    if not value.lstrip().startswith(("{", "[")) and path.is_file():
+        text = path.read_text()
+    try:
+        return MedusaTree.from_brace(text).choices
+    except SpecserveError as e:
+        where = f"{path}: " if text is not value else ""
+        raise SpecserveError(f"{where}--medusa-choices: {e}") from e
+
+
+def _spec_mode(medusa: str | None, draft: str | None, ngram: bool, eagle: str | None) -> str:
+    given = [m for m, v in (("medusa", medusa), ("draft", draft), ("ngram", ngram),
+                            ("eagle", eagle)) if v]
+    if len(given) != 1:
+        raise SpecserveError("give exactly one of --medusa DIR, --draft DIR, --ngram, "
+                             f"--eagle DIR (got {', '.join(given) or 'none'})")
+    return given[0]
+
+
+def _text(summary: dict[str, Any]) -> str:
+    from specserve.build.plan import BuildPlan, BuildStep, render_text
+
+    p = summary["plan"]
+    plan = BuildPlan(backend=p["backend"], out=p["out"], staging=p["staging"],
+                     steps=tuple(BuildStep(s["name"], s["kind"], tuple(s["argv"]),
+                                           s["output_dir"], s["ranks"]) for s in p["steps"]),
+                     world_size=p["world_size"], notes=tuple(p["notes"]), pin=p["pin"])
+    c = summary["config"]
+    head = (f"{c['spec_mode']} | dtype {c['dtype']} | quantize {c['quantize'] or 'none'} | "
+            f"kv cache {c['kv_cache_dtype'] or 'default'} | max_draft_len {c['max_draft_len']} | "
+            f"batch {c['max_batch_size']} | input {c['max_input_len']} | seq {c['max_seq_len']}")
+    if summary["dry_run"]:
+        return f"dry run: nothing written\n{head}\n{render_text(plan)}"
+    return f"built {summary['out']}\n{head}\nrecord: {summary['build_config']}"
+
+
+@click.command("build", short_help="Build TensorRT-LLM or reference engines (Medusa, draft, ...).",
+               epilog=EXAMPLES)
+@click.option("--model", required=True, type=click.Path(), help="Target HF checkpoint directory.")
+@click.option("--medusa", type=click.Path(), help="Medusa heads directory (FasterDecoding).")
+@click.option("--draft", type=click.Path(), help="Draft model directory (same tokenizer).")
+@click.option("--ngram", is_flag=True, help="Prompt-lookup (n-gram) speculation, no draft.")
+@click.option("--eagle", type=click.Path(), help="EAGLE draft-head directory (trtllm only).")
+@click.option("--backend", type=click.Choice(["trtllm", "torch", "auto"]), default="auto",
+              show_default=True, help="auto = trtllm when tensorrt_llm imports and a GPU is "
+              "present, else torch.")
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]),
+              default="float16", show_default=True)
+@click.option("--quantize", type=click.Choice(["fp8"]), help="FP8 weights (Hopper+ for trtllm; "
+              "emulated e4m3 + per-channel scales for torch).")
+@click.option("--kv-cache-dtype", type=click.Choice(["fp8"]), help="FP8 KV cache (trtllm).")
+@click.option("--tp", "tp_size", type=int, default=1, show_default=True,
+              help="Tensor parallel size.")
+@click.option("--pp", "pp_size", type=int, default=1, show_default=True,
+              help="Pipeline parallel size.")
+@click.option("--max-batch-size", type=int, default=8, show_default=True)
+@click.option("--max-input-len", type=int, help="[default: min(1024, max_seq_len // 2)]")
+@click.option("--max-seq-len", type=int, help="[default: the model's max_position_embeddings]")
+@click.option("--max-draft-len", type=int, help="Draft tokens per step [default: Medusa tree "
+              "size; 4 for --draft/--ngram; 63 for --eagle].")
+@click.option("--medusa-choices", help="Medusa tree, '{0}, {0, 0}, {1}' or a file holding it "
+              "[default: mc_sim_7b_63 cut to the head count].")
+@click.option("--out", required=True, type=click.Path(), help="Engine directory, engines/NAME.")
+@click.option("--dry-run", is_flag=True, help="Validate and print the plan; write nothing.")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+@FORMAT_OPTION
+def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
+            backend: str, dtype: str, quantize: str | None, kv_cache_dtype: str | None,
+            tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
+            max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
+            out: str, dry_run: bool, force: bool, fmt: str) -> None:
+    """Validate a checkpoint and its speculation inputs, then build engines into --out
+    (written to a sibling temp dir and renamed on success; nothing is left on failure)."""
+    from specserve.build.builder import build_engine, resolve_backend
+    from specserve.build.config import BuildConfig
+
+    cfg = BuildConfig(
+        model=model, out=out, spec_mode=_spec_mode(medusa, draft, ngram, eagle), medusa=medusa,
+        draft=draft, eagle=eagle, backend=resolve_backend(backend), dtype=dtype,
+        quantize=quantize, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, pp_size=pp_size,
+        max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
+        max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices))
+    emit(build_engine(cfg, dry_run=dry_run, force=force), fmt, _text)

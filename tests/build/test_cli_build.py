@@ -1,0 +1,156 @@
+"""``specserve build`` through the CLI: dry-run plans, the Medusa brace form, and bad inputs
+(each one line, exit code 2, nothing left on disk)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from specserve.cli.main import cli
+from specserve.testing.tiny import TinyCheckpoint
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["build", *args], catch_exceptions=False)
+
+
+def _json(result: Result) -> dict[str, Any]:
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def _step(plan: dict[str, Any], name: str) -> list[str]:
+    (step,) = [s for s in plan["steps"] if name in s["name"]]
+    argv: list[str] = step["argv"]
+    return argv
+
+
+def _after(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_help_has_examples() -> None:
+    result = run("--help")
+    assert result.exit_code == 0
+    for text in ("--medusa", "--dry-run", "Examples:", "specserve build --model"):
+        assert text in result.output
+
+
+def test_dry_run_trtllm_touches_nothing(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    out = tmp_path / "engines" / "x"
+    data = _json(run("--model", str(tiny_ckpt.target), "--medusa", str(tiny_ckpt.medusa),
+                     "--backend", "trtllm", "--quantize", "fp8", "--kv-cache-dtype", "fp8",
+                     "--out", str(out), "--dry-run", "--format", "json"))
+    assert not (tmp_path / "engines").exists()
+    q = _step(data["plan"], "quantize target")
+    assert _after(q, "--qformat") == "fp8" and _after(q, "--num_medusa_heads") == "4"
+    assert data["plan"]["world_size"] == 1 and data["config"]["quantize"] == "fp8"
+
+
+def test_dry_run_text(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    result = run("--model", str(tiny_ckpt.target), "--draft", str(tiny_ckpt.draft),
+                 "--backend", "trtllm", "--out", str(tmp_path / "e"), "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "draft_tokens_external" in result.output and "[4/4] build draft engine" in result.output
+
+
+@pytest.mark.parametrize("form", ["brace", "list", "file"])
+def test_medusa_choices_forms_set_max_draft_len(tiny_ckpt: TinyCheckpoint, tmp_path: Path,
+                                                form: str) -> None:
+    brace = "{0}, {0, 0}, {1}, {0, 1}, {0, 0, 0}"
+    value = {"brace": brace, "list": "[[0], [0, 0], [1], [0, 1], [0, 0, 0]]"}.get(form)
+    if value is None:
+        (tmp_path / "tree.txt").write_text(brace + "\n")
+        value = str(tmp_path / "tree.txt")
+    data = _json(run("--model", str(tiny_ckpt.target), "--medusa", str(tiny_ckpt.medusa),
+                     "--backend", "trtllm", "--medusa-choices", value, "--out",
+                     str(tmp_path / "e"), "--dry-run", "--format", "json"))
+    assert data["config"]["max_draft_len"] == 5
+    assert data["config"]["medusa_choices"] == [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
+    assert _after(_step(data["plan"], "convert target"), "--max_medusa_token_len") == "5"
+    assert _after(_step(data["plan"], "build target"), "--max_draft_len") == "5"
+
+
+def _corrupt(ckpt: TinyCheckpoint, what: str) -> list[str]:
+    """Break one input; return the extra CLI args of the case."""
+    if what == "arch":
+        p = ckpt.target / "config.json"
+        p.write_text(p.read_text().replace("LlamaForCausalLM", "GPT2LMHeadModel"))
+    elif what == "qwen2":
+        p = ckpt.target / "config.json"
+        cfg = json.loads(p.read_text())
+        cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+        p.write_text(json.dumps(cfg))
+        return ["--ngram", "--backend", "trtllm", "--dry-run"]
+    elif what == "truncated":
+        f = ckpt.target / "model.safetensors"
+        f.write_bytes(f.read_bytes()[:1000])
+    elif what == "heads_hidden":
+        from specserve.testing.tiny import make_medusa_heads
+
+        vocab = json.loads((ckpt.target / "config.json").read_text())["vocab_size"]
+        make_medusa_heads(ckpt.medusa, 32, vocab)
+    elif what == "tokenizer":
+        p = ckpt.draft / "tokenizer_config.json"
+        cfg = json.loads(p.read_text())
+        cfg["eos_token"] = "<unk>"
+        p.write_text(json.dumps(cfg))
+        return ["--draft", str(ckpt.draft)]
+    return ["--medusa", str(ckpt.medusa)]
+
+
+CASES = [
+    ("arch", [], "target/config.json: architecture 'GPT2LMHeadModel' is not supported"),
+    ("truncated", [], "target/model.safetensors: truncated"),
+    ("qwen2", [], "model_type 'qwen2' with --ngram is not planned for trtllm"),
+    ("heads_hidden", [], "medusa/config.json: hidden_size 32 does not match the target's 64"),
+    ("tokenizer", [], "draft/tokenizer.json: special tokens differ"),
+    ("none", ["--tp", "3", "--backend", "trtllm"], "num_attention_heads 4 is not divisible by"),
+    ("none", ["--medusa-choices", "{0}, {0, 0, 0, 0, 0}"], "lacks its prefix"),
+    ("none", ["--medusa-choices", "{0}, {0, 0}, {0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0, 0}"],
+     "depth 5 exceeds the 4 heads"),
+    ("none", ["--medusa-choices", "{0}, {1}", "--max-draft-len", "1"], "tree has 2 nodes"),
+    ("none", ["--medusa-choices", "{0} {x}"], "medusa_choices: not a brace or list form"),
+    ("none", ["--ngram"], "give exactly one of --medusa DIR, --draft DIR, --ngram"),
+    ("none", ["--backend", "torch", "--kv-cache-dtype", "fp8", "--quantize", "fp8"],
+     "not emulated by the torch backend"),
+    ("none", ["--backend", "trtllm", "--quantize", "fp8"], "needs a Hopper"),
+    ("none", ["--backend", "trtllm"], "python3: not found on PATH (step 'convert target"),
+]
+
+
+@pytest.mark.parametrize(("what", "args", "message"), CASES)
+def test_bad_input(ckpt: TinyCheckpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   what: str, args: list[str], message: str) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no trtllm-build here
+    import torch
+
+    if "Hopper" in message and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    extra = _corrupt(ckpt, what) if what != "none" else ["--medusa", str(ckpt.medusa)]
+    out = tmp_path / "engines" / "bad"
+    result = CliRunner().invoke(cli, ["build", "--model", str(ckpt.target), *extra, *args,
+                                      "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert not out.exists() and not (out.parent / ".bad.building").exists()
+    assert not (tmp_path / "engines").exists() or not any((tmp_path / "engines").iterdir())
+
+
+def test_existing_out_needs_force(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = CliRunner().invoke(cli, ["build", "--model", str(tiny_ckpt.target), "--ngram",
+                                      "--backend", "torch", "--out", str(out)])
+    assert result.exit_code == 2 and "already exists (use --force" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    shutil.rmtree(out)

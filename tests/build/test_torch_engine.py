@@ -1,0 +1,140 @@
+"""The torch backend end to end: build a tiny engine, then ``generate --engine`` equals
+``generate --model`` token for token at temperature 0; rebuilds are byte-identical; FP8 stores
+e4m3 weights with per-channel scales; Ctrl-C leaves nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specserve.build import torch_engine
+from specserve.build.builder import build_engine
+from specserve.build.config import BuildConfig
+from specserve.build.fp8 import FP8_MAX, dequantize, quantize_per_channel
+from specserve.cli.main import cli
+from specserve.errors import SpecserveError
+from specserve.runtime.engine import load_engine
+from specserve.testing.tiny import TinyCheckpoint
+
+PROMPT = "def add(a, b):"
+GEN = ["--prompt", PROMPT, "--max-tokens", "20", "--ignore-eos", "--format", "json"]
+
+
+def cli_json(*args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def build(ckpt: TinyCheckpoint, out: Path, *extra: str) -> dict[str, Any]:
+    return cli_json("build", "--model", str(ckpt.target), *extra, "--backend", "torch",
+                    "--out", str(out), "--format", "json")
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(("source", "dtype"), [("medusa", "float32"), ("draft", "float32"),
+                                               ("medusa", "float16")])
+def test_generate_engine_equals_model(tiny_ckpt: TinyCheckpoint, tmp_path: Path, source: str,
+                                      dtype: str) -> None:
+    torch.set_num_threads(1)
+    src = tiny_ckpt.medusa if source == "medusa" else tiny_ckpt.draft
+    out = tmp_path / "engine"
+    build(tiny_ckpt, out, f"--{source}", str(src), "--dtype", dtype)
+    eng = cli_json("generate", "--engine", str(out), *GEN)
+    ref = cli_json("generate", "--model", str(tiny_ckpt.target), "--no-spec", "--dtype", dtype,
+                   *GEN)
+    assert eng["spec_mode"] == source and len(ref["token_ids"]) == 20
+    assert eng["token_ids"] == ref["token_ids"]
+    assert eng["stats"]["steps"] >= 2
+
+
+def test_layout_and_record(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    out = tmp_path / "e"
+    build(tiny_ckpt, out, "--medusa", str(tiny_ckpt.medusa), "--medusa-choices", "{0}, {0, 0}")
+    assert sorted(p.name for p in out.iterdir()) == ["build_config.json", "medusa", "target",
+                                                      "tokenizer"]
+    rec = json.loads((out / "build_config.json").read_text())
+    for key in ("backend", "spec_mode", "max_batch_size", "max_input_len", "max_seq_len",
+                "max_draft_len", "medusa_choices", "dtype", "quantize", "kv_cache_dtype",
+                "tp_size", "pp_size", "world_size", "input_hashes", "versions", "commands"):
+        assert key in rec, key
+    assert (rec["backend"], rec["spec_mode"], rec["max_draft_len"]) == ("torch", "medusa", 2)
+    assert rec["medusa_choices"] == [[0], [0, 0]]
+    weights = tiny_ckpt.target / "model.safetensors"
+    assert rec["input_hashes"]["model/model.safetensors"] == \
+        hashlib.sha256(weights.read_bytes()).hexdigest()
+    engine = load_engine(out)
+    assert engine.decoder.spec_mode == "medusa" and engine.build_config == rec
+    assert engine.decoder.target.dtype == torch.float16
+
+
+def test_rebuild_is_byte_identical(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    out = tmp_path / "e"
+    args = ("--medusa", str(tiny_ckpt.medusa), "--quantize", "fp8")
+    build(tiny_ckpt, out, *args)
+    first = tree_hashes(out)
+    build(tiny_ckpt, out, *args, "--force")
+    assert tree_hashes(out) == first and len(first) >= 9
+
+
+def test_fp8_engine_weights(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "e8"
+    build(tiny_ckpt, out, "--ngram", "--quantize", "fp8")
+    sd = load_file(str(out / "target" / "model.safetensors"))
+    q = sd["model.layers.0.self_attn.q_proj.weight"]
+    scale = sd["model.layers.0.self_attn.q_proj.weight_scale"]
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (q.shape[0],)
+    assert sd["model.embed_tokens.weight"].dtype == torch.float16
+    assert sd["lm_head.weight"].dtype == torch.float16
+    engine = load_engine(out)
+    loaded = engine.decoder.target.state_dict()["layers.0.attn.qkv.weight"][: q.shape[0]]
+    assert torch.equal(loaded, dequantize(q, scale).to(torch.float16))
+
+
+def test_fp8_rounding_bound() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 128, generator=g) * torch.logspace(-3, 1, 64)[:, None]
+    q, scale = quantize_per_channel(w)
+    err = (dequantize(q, scale) - w).abs()
+    # e4m3: 3 mantissa bits -> half-ulp relative error 2^-4 for normals; subnormal step
+    # 2^-9 * scale -> absolute error <= 2^-10 * scale.
+    bound = w.abs() / 16 + scale[:, None] * 2.0**-10
+    assert bool((err <= bound * (1 + 1e-6)).all())
+    assert torch.allclose(w.abs().amax(dim=1) / scale, torch.full((64,), FP8_MAX))
+
+
+def test_ctrl_c_during_torch_build(tiny_ckpt: TinyCheckpoint, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch_engine, "write_medusa", interrupted)
+    out = tmp_path / "engines" / "e"
+    cfg = BuildConfig(model=str(tiny_ckpt.target), out=str(out), spec_mode="medusa",
+                      medusa=str(tiny_ckpt.medusa))
+    with pytest.raises(KeyboardInterrupt):
+        build_engine(cfg)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_load_engine_errors(tmp_path: Path) -> None:
+    with pytest.raises(SpecserveError, match="engine directory not found"):
+        load_engine(tmp_path / "nope")
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "build_config.json").write_text(json.dumps(
+        {"backend": "trtllm", "spec_mode": "medusa", "dtype": "float16", "max_draft_len": 63}))
+    with pytest.raises(SpecserveError, match="engines run in TensorRT-LLM"):
+        load_engine(tmp_path / "e")
