@@ -1,0 +1,349 @@
+"""The reference speculative decoder: propose, verify in one target forward, keep the accepted
+path (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding";
+Chen et al. 2023; Medusa tree attention, Cai et al. 2024).
+
+The loop composes; it does not compute: proposers live in :mod:`specserve.runtime.proposers`,
+the model in :mod:`specserve.runtime.model`, and all acceptance math in :mod:`specserve.spec`
+(``greedy_verify``, ``rejection_sample``, ``typical_acceptance``, ``tree_greedy_verify``).
+
+Invariant per sequence: ``seqs[b] = prompt + generated``; its last token (the "pending" token,
+sampled from the target but not yet fed) is not in the target cache, so
+``cache.lengths[b] == len(seqs[b]) - 1``. One step, for every unfinished sequence:
+
+1. propose K drafts after the pending token (or a Medusa tree rooted at it);
+2. run the target once over ``[pending, drafts]`` (chain, causal mask) or the tree nodes (tree
+   mask, depth positions);
+3. verify: greedy at temperature 0, lossless rejection sampling otherwise; emitted = accepted
+   drafts + one recovered/bonus token;
+4. keep the accepted K/V (advance the length; gather the accepted tree path into place), roll
+   the proposer back, apply stop conditions, record stats and stream the new tokens.
+
+The first generated token comes from the prefill forward and is not counted as a verify step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specserve.errors import SpecserveError
+from specserve.runtime.model import KVCache, Transformer
+from specserve.runtime.params import SamplingParams
+from specserve.runtime.proposers import ChainProposal, ChainProposer, MedusaProposer, Proposer
+from specserve.spec.sampling import logits_to_probs, sample
+from specserve.spec.stats import AcceptanceStats
+from specserve.spec.tree import tree_greedy_verify
+from specserve.spec.verify import greedy_verify, rejection_sample, typical_acceptance
+
+__all__ = ["GenerationResult", "SamplingParams", "SpecDecoder"]
+
+OnStep = Callable[[int, list[int]], None]
+
+
+@dataclass
+class GenerationResult:
+    """One request's output. ``finish_reason``: "stop" (end_id/stop token, not included) or
+    "length" (max_tokens). Times are ``time.time_ns()``."""
+
+    token_ids: list[int]
+    stats: AcceptanceStats
+    finish_reason: str
+    first_token_time_ns: int
+    last_token_time_ns: int
+
+
+class _Batch:
+    """Mutable per-call state: sequences, outputs, stop flags, stats, generators, times."""
+
+    def __init__(self, prompts: list[list[int]], params: list[SamplingParams],
+                 device: torch.device) -> None:
+        n = len(prompts)
+        self.params = params
+        self.seqs = [list(p) for p in prompts]
+        self.out: list[list[int]] = [[] for _ in range(n)]
+        self.done = [False] * n
+        self.finish = [""] * n
+        self.stats = [AcceptanceStats() for _ in range(n)]
+        self.stop = [p.stop_ids for p in params]
+        self.first, self.last = [0] * n, [0] * n
+        self.gens = []
+        for p in params:
+            g = torch.Generator(device=device)
+            if p.seed is None:
+                g.seed()
+            else:
+                g.manual_seed(p.seed)
+            self.gens.append(g)
+        self.hidden_last: torch.Tensor | None = None  # [B, H] for Medusa heads
+        self.k: list[int] = []  # per-sequence draft length (chain steps)
+
+    def active(self) -> list[int]:
+        return [b for b, d in enumerate(self.done) if not d]
+
+    def emit(self, b: int, tokens: list[int]) -> list[int]:
+        """Append tokens to sequence b up to a stop condition; the tokens actually emitted."""
+        p, out, new = self.params[b], self.out[b], []
+        for t in tokens:
+            if t in self.stop[b] and len(out) >= p.min_tokens:
+                self.done[b], self.finish[b] = True, "stop"
+                break
+            out.append(t)
+            new.append(t)
+            if len(out) >= p.max_tokens:
+                self.done[b], self.finish[b] = True, "length"
+                break
+            if p.stop_sequences and len(out) >= p.min_tokens and any(
+                    out[-len(w):] == list(w) for w in p.stop_sequences):
+                self.done[b], self.finish[b] = True, "stop"
+                break
+        self.seqs[b].extend(new)
+        if new or self.done[b]:  # a request stopped before any token still gets its times
+            now = time.time_ns()
+            self.first[b] = self.first[b] or now
+            self.last[b] = now
+        return new
+
+
+class SpecDecoder:
+    """Speculative decoding with a target :class:`Transformer` and an optional proposer
+    (None = plain decoding, the baseline)."""
+
+    def __init__(self, target: Transformer, proposer: Proposer | None = None,
+                 adaptive_draft_len: bool = False) -> None:
+        """``adaptive_draft_len``: per sequence, draft up to 2 more tokens after a step that
+        accepted everything and 1 fewer (at least 1) after a rejection, within the proposer's
+        ``max_draft_len`` (the schedule of HF's assisted generation; chain proposers only).
+        Lossless either way; off by default so that K is what was asked for."""
+        self.target = target
+        self.proposer = proposer
+        self.adaptive_draft_len = adaptive_draft_len
+        self.device = target.device
+        self._cache: KVCache | None = None
+        self._lock = threading.Lock()  # one generate() at a time: the KV cache is reused
+        if isinstance(proposer, MedusaProposer):
+            proposer.to(self.device, target.dtype)
+
+    @property
+    def spec_mode(self) -> str:
+        return self.proposer.name if self.proposer is not None else "none"
+
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | Sequence[SamplingParams],
+                 on_step: OnStep | None = None) -> list[GenerationResult]:
+        """Generate for a batch of token-id prompts; ``on_step(seq_index, new_token_ids)`` is
+        called whenever a sequence emits tokens (first token included)."""
+        plist = self._check(prompts, params)
+        with self._lock:
+            return self._generate(prompts, plist, on_step)
+
+    def _generate(self, prompts: list[list[int]], plist: list[SamplingParams],
+                  on_step: OnStep | None) -> list[GenerationResult]:
+        st = _Batch(prompts, plist, self.device)
+        max_len = max(map(len, prompts)) + max(p.max_tokens for p in plist) + self._lookahead()
+        cache = self._get_cache(len(prompts), max_len)
+        tree = isinstance(self.proposer, MedusaProposer) and all(
+            p.temperature == 0 for p in plist)
+        with torch.inference_mode():
+            self._prefill(st, cache, on_step)
+            if isinstance(self.proposer, ChainProposer):
+                self.proposer.start([list(p) for p in prompts], max_len)
+            while not all(st.done):
+                if tree:
+                    self._tree_step(st, cache, on_step)
+                else:
+                    self._chain_step(st, cache, on_step)
+        return [GenerationResult(st.out[b], st.stats[b], st.finish[b], st.first[b], st.last[b])
+                for b in range(len(prompts))]
+
+    def _check(self, prompts: list[list[int]],
+               params: SamplingParams | Sequence[SamplingParams]) -> list[SamplingParams]:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise SpecserveError("generate: every prompt needs at least one token")
+        vocab = self.target.cfg.vocab_size
+        for prompt in prompts:
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise SpecserveError(f"generate: token id {bad[0]} outside the vocab ({vocab})")
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(prompts):
+            raise SpecserveError(f"generate: {len(plist)} params for {len(prompts)} prompts")
+        for p in plist:
+            p.validate()
+        return plist
+
+    def _lookahead(self) -> int:
+        p = self.proposer
+        if isinstance(p, MedusaProposer):
+            return p.tree.num_nodes + 2
+        return (p.max_draft_len if isinstance(p, ChainProposer) else 0) + 2
+
+    def _get_cache(self, batch: int, max_len: int) -> KVCache:
+        if max_len > self.target.cfg.max_position_embeddings + self._lookahead():
+            raise SpecserveError(
+                f"generate: prompt + max_tokens = {max_len} exceeds the model's "
+                f"max_position_embeddings ({self.target.cfg.max_position_embeddings})")
+        c = self._cache
+        if c is None or c.batch != batch or c.max_len < max_len:
+            c = self._cache = self.target.new_cache(batch, max_len)
+        c.lengths = [0] * batch
+        return c
+
+    def _prefill(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
+        """Run the prompts (right-padded) and sample each sequence's first token."""
+        dev, n = self.device, len(st.seqs)
+        lens = [len(s) for s in st.seqs]
+        tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in st.seqs], device=dev)
+        hidden = self.target(tokens, cache)  # [B, P, H]
+        last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
+        cache.lengths = lens
+        logits = self.target.logits(last)[:, None]  # [B, 1, V]
+        self._ban_stops(st, logits, [0])
+        first = self._pick(st, logits[:, 0])
+        st.hidden_last = last
+        for b in range(n):
+            self._deliver(st, b, st.emit(b, [first[b]]), on_step)
+
+    def _pick(self, st: _Batch, logits: torch.Tensor) -> list[int]:
+        """One token per row from logits [B, V]: argmax, or sampled with the row's params."""
+        tok = [int(t) for t in logits.argmax(dim=-1).tolist()]  # [B]
+        for b in st.active():
+            if st.params[b].temperature > 0:
+                tok[b] = self._pick_row(st, b, logits[b:b + 1])[0]
+        return tok
+
+    @staticmethod
+    def _pick_row(st: _Batch, b: int, logits: torch.Tensor) -> list[int]:
+        """Sample row b's token from logits [1, V] with its params and generator."""
+        p = st.params[b]
+        probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # [1, V]
+        return [int(sample(probs, st.gens[b])[0])]
+
+    def _ban_stops(self, st: _Batch, logits: torch.Tensor, depth: list[int]) -> None:
+        """Forbid stop tokens at positions that would come before ``min_tokens`` (in place)."""
+        for b in st.active():
+            p, done = st.params[b], len(st.out[b])
+            if p.min_tokens > done and st.stop[b]:
+                ids = list(st.stop[b])
+                for j, d in enumerate(depth):
+                    if done + d < p.min_tokens:
+                        logits[b, j, ids] = float("-inf")
+
+    @staticmethod
+    def _deliver(st: _Batch, b: int, new: list[int], on_step: OnStep | None) -> None:
+        if new and on_step is not None:
+            on_step(b, new)
+
+    def _propose(self, st: _Batch, limits: list[int]) -> ChainProposal:
+        p = self.proposer
+        if isinstance(p, MedusaProposer):
+            assert st.hidden_last is not None
+            return p.chain(st.hidden_last, limits)
+        assert isinstance(p, ChainProposer)
+        return p.propose(st.seqs, limits, st.params, st.gens)
+
+    def _chain_step(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
+        """Steps 1-4 for a chain of drafts (K = 0 is a plain decoding step)."""
+        act, dev, n = st.active(), self.device, len(st.seqs)
+        kmax = getattr(self.proposer, "max_draft_len", 0)
+        if not st.k:
+            st.k = [kmax] * n
+        limits = [0 if st.done[b] else min(st.k[b], st.params[b].max_tokens - len(st.out[b]) - 1)
+                  for b in range(n)]  # no drafts beyond max_tokens
+        counts, prop, k = [0] * n, None, 0
+        if max(limits) > 0:  # 1. propose
+            prop = self._propose(st, limits)
+            counts = [min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)]
+            k = max(counts)
+        pending = torch.tensor([[s[-1]] for s in st.seqs], device=dev)  # [B, 1]
+        drafts = pending[:, :0] if prop is None else prop.tokens[:, :k].to(dev)  # [B, k]
+        tokens = torch.cat([pending, drafts], dim=1) if k else pending  # [B, k+1]
+        hidden = self.target(tokens, cache)  # 2. verify forward [B, k+1, H]
+        logits = self.target.logits(hidden)  # [B, k+1, V]
+        self._ban_stops(st, logits, list(range(k + 1)))
+        if k == 0:  # 3. verify (or just sample)
+            emitted = [[t] for t in self._pick(st, logits[:, 0])]
+        else:
+            assert prop is not None
+            q = prop.probs[:, :k] if prop.probs is not None else None
+            emitted = self._verify_chain(st, drafts, q, logits, counts)
+        last = [0] * n
+        for b in act:  # 4. keep, stop, stats, stream
+            toks = emitted[b][:counts[b] + 1]
+            cache.lengths[b] += len(toks)
+            last[b] = len(toks) - 1
+            new = st.emit(b, toks)
+            st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
+            self._deliver(st, b, new, on_step)
+            if self.adaptive_draft_len and counts[b]:
+                grow = len(toks) - 1 == counts[b]
+                st.k[b] = min(st.k[b] + 2, kmax) if grow else max(st.k[b] - 1, 1)
+        if isinstance(self.proposer, MedusaProposer):
+            st.hidden_last = hidden[torch.arange(n, device=dev), torch.tensor(last, device=dev)]
+        elif isinstance(self.proposer, ChainProposer):
+            self.proposer.rollback([len(s) for s in st.seqs])
+
+    def _verify_chain(self, st: _Batch, drafts: torch.Tensor, q: torch.Tensor | None,
+                      logits: torch.Tensor, counts: list[int]) -> list[list[int]]:
+        """Emitted tokens per row. drafts [B, K], q [B, K, V] | None, logits [B, K+1, V];
+        row b has ``counts[b]`` real drafts. Greedy rows are verified together (padding drafts
+        are cut afterwards); a sampled row uses only its own drafts and generator, so its output
+        does not depend on the rest of the batch."""
+        out: list[list[int]] = [[] for _ in st.seqs]
+        act = st.active()
+        greedy = [b for b in act if st.params[b].temperature == 0]
+        if greedy:
+            idx = torch.tensor(greedy, device=drafts.device)
+            res = greedy_verify(drafts[idx], logits[idx])
+            toks, nums = res.tokens.tolist(), res.num_emitted.tolist()
+            for i, b in enumerate(greedy):
+                out[b] = toks[i][:nums[i]]
+        typical = isinstance(self.proposer, MedusaProposer) and \
+            self.proposer.acceptance == "typical"
+        for b in act:
+            p, c = st.params[b], counts[b]
+            if p.temperature == 0:
+                continue
+            if c == 0:  # exactly the plain sampling path
+                out[b] = self._pick_row(st, b, logits[b:b + 1, 0])
+                continue
+            probs = logits_to_probs(logits[b:b + 1, :c + 1], p.temperature, p.top_k, p.top_p)
+            d = drafts[b:b + 1, :c]  # [1, c]
+            if typical:
+                r = typical_acceptance(d, probs, st.gens[b])
+            else:
+                r = rejection_sample(d, None if q is None else q[b:b + 1, :c], probs, st.gens[b])
+            out[b] = r.emitted(0)
+        return out
+
+    def _tree_step(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
+        """Steps 1-4 for a Medusa tree (greedy; longest accepted root-to-leaf path)."""
+        mp, dev, n = self.proposer, self.device, len(st.seqs)
+        assert isinstance(mp, MedusaProposer) and st.hidden_last is not None
+        buf = mp.buffers
+        pending = torch.tensor([s[-1] for s in st.seqs], device=dev)  # [B]
+        tree_tokens = mp.tree_tokens(pending, st.hidden_last)  # [B, N+1]
+        hidden = self.target(tree_tokens, cache, None, buf.position_ids,
+                             buf.attn_mask)  # [B, N+1, H]
+        logits = self.target.logits(hidden)  # [B, N+1, V]
+        self._ban_stops(st, logits, buf.position_ids.tolist())
+        res = tree_greedy_verify(tree_tokens, logits, buf)
+        toks, nums, paths = res.tokens.tolist(), res.num_emitted.tolist(), \
+            res.accepted_nodes.tolist()
+        heads, ranks = buf.head_index.tolist(), buf.topk_rank.tolist()
+        last = [0] * n
+        for b in st.active():
+            keep = min(nums[b], st.params[b].max_tokens - len(st.out[b]))  # not past max_tokens
+            path = paths[b][:keep]
+            last[b] = path[-1]
+            cache.keep_nodes(b, path)
+            cache.lengths[b] += len(path)
+            new = st.emit(b, toks[b][:keep])
+            st.stats[b].observe(mp.tree.num_nodes, len(path) - 1, num_emitted=len(new),
+                                positions_drafted=mp.tree.depth,
+                                nodes=[(heads[j], ranks[j]) for j in path[1:]])
+            self._deliver(st, b, new, on_step)
+        st.hidden_last = hidden[torch.arange(n, device=dev), torch.tensor(last, device=dev)]

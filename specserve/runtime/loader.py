@@ -1,0 +1,110 @@
+"""Assemble a :class:`SpecDecoder` from local checkpoint directories, and run one text prompt.
+
+The adapter between files and the decoder: loads the target, then at most one proposer (Medusa
+heads in the FasterDecoding layout, a draft model with a matching tokenizer, or n-gram lookup),
+each checked by :mod:`specserve.runtime.checkpoint` so bad input is one SpecserveError line.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.errors import SpecserveError
+from specserve.runtime.checkpoint import check_tokenizers_match, load_medusa_heads
+from specserve.runtime.decoder import SpecDecoder
+from specserve.runtime.model import load_model
+from specserve.runtime.params import SamplingParams
+from specserve.runtime.proposers import (
+    DraftModelProposer,
+    MedusaProposer,
+    NgramProposer,
+    Proposer,
+)
+from specserve.spec.tree import MC_SIM_7B_63, MedusaTree
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise SpecserveError(f"dtype {name!r} not supported (choose from {sorted(DTYPES)})")
+    return DTYPES[name]
+
+
+def medusa_tree(num_heads: int, choices: str | list[list[int]] | None = None) -> MedusaTree:
+    """The given tree (brace or list form; its depth must not exceed ``num_heads``), or by default
+    Medusa's ``mc_sim_7b_63`` restricted to paths no deeper than ``num_heads``."""
+    if choices is None:
+        return MedusaTree.from_choices([c for c in MC_SIM_7B_63 if len(c) <= num_heads])
+    if isinstance(choices, str):
+        return MedusaTree.from_brace(choices, num_heads)
+    return MedusaTree.from_choices(choices, num_heads)
+
+
+def build_decoder(
+    model_dir: str | Path,
+    *,
+    medusa_dir: str | Path | None = None,
+    draft_dir: str | Path | None = None,
+    ngram: bool = False,
+    max_draft_len: int = 4,
+    medusa_choices: str | list[list[int]] | None = None,
+    medusa_acceptance: str = "greedy",
+    dtype: str = "float32",
+    device: str = "cpu",
+    adaptive_draft_len: bool = False,
+) -> SpecDecoder:
+    """A decoder over ``model_dir`` with at most one of Medusa heads, a draft model, n-gram."""
+    if sum([medusa_dir is not None, draft_dir is not None, ngram]) > 1:
+        raise SpecserveError("choose at most one of --medusa, --draft, --ngram")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecserveError(f"device {device!r}: CUDA is not available")
+    torch_dtype = parse_dtype(dtype)
+    if draft_dir is not None:
+        check_tokenizers_match(model_dir, draft_dir)
+    target = load_model(model_dir, torch_dtype, device)
+    proposer: Proposer | None = None
+    if medusa_dir is not None:
+        heads = load_medusa_heads(medusa_dir, target.cfg.hidden_size, target.cfg.vocab_size)
+        tree = medusa_tree(heads.num_heads, medusa_choices)
+        proposer = MedusaProposer(heads.to(device=device, dtype=torch_dtype), tree,
+                                  medusa_acceptance)
+    elif draft_dir is not None:
+        proposer = DraftModelProposer(load_model(draft_dir, torch_dtype, device), max_draft_len)
+    elif ngram:
+        proposer = NgramProposer(max_draft_len, device=device)
+    return SpecDecoder(target, proposer, adaptive_draft_len=adaptive_draft_len)
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The HF tokenizer saved in ``model_dir`` (local files only)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as e:
+        raise SpecserveError(f"{model_dir}: cannot load the tokenizer ({e})") from e
+
+
+def generate_text(decoder: SpecDecoder, tokenizer: Any, prompt: str,
+                  params: SamplingParams) -> dict[str, Any]:
+    """Encode, generate, decode: text, token ids, stats and wall-clock rates."""
+    ids = list(tokenizer(prompt)["input_ids"])
+    start = time.time_ns()
+    (res,) = decoder.generate([ids], params)
+    elapsed = max(res.last_token_time_ns - start, 1) / 1e9
+    stats = res.stats.to_dict()
+    return {
+        "text": tokenizer.decode(res.token_ids, skip_special_tokens=True),
+        "token_ids": res.token_ids,
+        "prompt_tokens": len(ids),
+        "finish_reason": res.finish_reason,
+        "spec_mode": decoder.spec_mode,
+        "stats": stats,
+        "time_to_first_token_s": (res.first_token_time_ns - start) / 1e9,
+        "tokens_per_s": len(res.token_ids) / elapsed,
+    }

@@ -1,0 +1,356 @@
+"""A compact Llama-family decoder (Llama, Mistral, Qwen2) with a static KV cache.
+
+The forward follows the Llama architecture (Touvron et al. 2023, arXiv 2302.13971): RMSNorm,
+rotary position embeddings (Su et al., arXiv 2104.09864; ``rope_theta``, and the "llama3" and
+"linear" ``rope_scaling`` types), grouped-query attention (Ainslie et al., arXiv 2305.13245) and a
+SwiGLU MLP. Qwen2's q/k/v biases and tied embeddings are read from the checkpoint. Mistral's
+sliding window is not applied (identical output while sequences are shorter than the window).
+In the spirit of gpt-fast: one small file, preallocated cache, fused q/k/v and gate/up matmuls.
+
+One call, :meth:`Transformer.forward`, handles prefill, single-token decode, a chain of K draft
+tokens and a whole Medusa tree: callers pass per-row cache lengths, position ids and a boolean
+``node_mask`` [T, T] saying which of the T new tokens see each other (causal for a chain, the tree
+ancestor mask from :func:`specserve.spec.tree.build_tree_buffers` for a tree). New K/V are written
+at ``length[b] + t``; only ``KVCache.lengths`` decides what is valid, so rolling back is setting a
+length, and a tree path is kept by :meth:`KVCache.keep_nodes`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.errors import SpecserveError
+from specserve.runtime.checkpoint import load_state_dict, load_target_config
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape and numerics of a Llama-family checkpoint (from its ``config.json``)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: tuple[tuple[str, Any], ...]
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    model_type: str
+    eos_token_id: int | None
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
+        rope = dict(cfg.get("rope_parameters") or {})
+        scaling = dict(cfg.get("rope_scaling") or {})
+        scaling.update({k: v for k, v in rope.items() if k != "rope_theta"})
+        theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        heads = int(cfg["num_attention_heads"])
+        eos = cfg.get("eos_token_id")
+        return cls(
+            vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]), num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+            rope_scaling=tuple(sorted((str(k), v) for k, v in scaling.items()
+                                      if not isinstance(v, (dict, list)))),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            model_type=str(cfg.get("model_type")),
+            eos_token_id=int(eos[0]) if isinstance(eos, list) and eos else
+            (int(eos) if isinstance(eos, int) else None),
+        )
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse rotary frequencies [D/2] (float32), with llama3/linear scaling applied."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    sc = dict(cfg.rope_scaling)
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "linear":
+        inv = inv / float(sc["factor"])
+    elif kind == "llama3":
+        factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), \
+            float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = ((old / wavelen) - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        inv = torch.where(is_mid, mid, scaled)
+    elif kind != "default":
+        raise SpecserveError(f"rope_scaling type {kind!r} not supported (default, linear, llama3)")
+    return inv.float()
+
+
+class KVCache:
+    """Static per-layer K/V buffers [B, n_kv, S_max, D] and per-row valid lengths."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.batch, self.max_len = batch, max_len
+        self.lengths: list[int] = [0] * batch
+
+    def keep_nodes(self, row: int, nodes: list[int]) -> None:
+        """Move the K/V of tree nodes ``nodes`` (written at length+node) to length+0..n-1."""
+        if nodes == list(range(len(nodes))):
+            return
+        base = self.lengths[row]
+        src = torch.tensor([base + n for n in nodes], device=self.k[0].device)
+        dst = torch.arange(base, base + len(nodes), device=src.device)
+        for buf in (*self.k, *self.v):
+            buf[row, :, dst] = buf[row, :, src]
+
+
+def step_mask(lengths: torch.Tensor, node_mask: torch.Tensor, span: int) -> torch.Tensor:
+    """Attention mask [B, 1, T, span] for T new tokens written at ``lengths[b] + t``.
+
+    lengths: [B] int64 valid cache length per row; node_mask: [T, T] bool (new i sees new j).
+    """
+    t = node_mask.shape[0]
+    keys = torch.arange(span, device=lengths.device)
+    rel = keys[None, :] - lengths[:, None]  # [B, S]
+    past = rel < 0
+    in_new = (rel >= 0) & (rel < t)
+    new = node_mask[:, rel.clamp(0, t - 1)].permute(1, 0, 2)  # [B, T, S]
+    return (past[:, None, :] | (in_new[:, None, :] & new))[:, None]
+
+
+class Attention(nn.Module):
+    """Weights of one attention block (fused q/k/v); the math is in :func:`_attention`."""
+
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=qkv_bias)
+        self.o = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=o_bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+
+def _rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    """RMSNorm computed in float32, scaled in the model dtype (as HF Llama)."""
+    xf = x.float()
+    # mean(x^2) via vector_norm: one fast reduction (mean() costs several times more on CPU)
+    inv = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+    y: torch.Tensor = norm.weight * (xf * inv.add_(norm.eps).rsqrt_()).to(x.dtype)
+    return y
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool, o_bias: bool, mlp_bias: bool) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, qkv_bias, o_bias)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=mlp_bias)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=mlp_bias)
+
+
+@dataclass
+class _Step:
+    """Per-forward inputs shared by all layers."""
+
+    cos: torch.Tensor  # [B or 1, T, 1, D] in the model dtype
+    sin: torch.Tensor  # [B or 1, T, 1, D]
+    write: torch.Tensor | int  # common write offset, or [B, T] absolute slots
+    span: int  # keys attended: cache[:, :, :span]
+    mask: torch.Tensor | None  # [B, 1, T, span] bool, None when every key is visible
+
+
+def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Tensor,
+               st: _Step) -> torch.Tensor:
+    b, t, _ = x.shape  # x: [B, T, H]
+    nh, nkv, hd = a.nh, a.nkv, a.hd
+    qkv = F.linear(x, a.qkv.weight, a.qkv.bias).view(b, t, nh + 2 * nkv, hd)
+    qk = qkv[:, :, :nh + nkv]  # [B, T, nh+nkv, D]: rotate q and k together
+    x1, x2 = qk.chunk(2, dim=-1)
+    qk = qk * st.cos + torch.cat([-x2, x1], dim=-1) * st.sin
+    q, k, v = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:], qkv[:, :, nh + nkv:]
+    if isinstance(st.write, int):  # every row writes at the same offset
+        kbuf[:, :, st.write:st.write + t] = k.transpose(1, 2)
+        vbuf[:, :, st.write:st.write + t] = v.transpose(1, 2)
+    else:
+        rows = torch.arange(b, device=x.device)[:, None]
+        kbuf[rows, :, st.write] = k
+        vbuf[rows, :, st.write] = v
+    out = F.scaled_dot_product_attention(
+        q, kbuf[:, :, :st.span], vbuf[:, :, :st.span], attn_mask=st.mask,
+        enable_gqa=nh != nkv)  # [B, nh, T, D]
+    return F.linear(out.transpose(1, 2).reshape(b, t, nh * hd), a.o.weight, a.o.bias)
+
+
+def _block(x: torch.Tensor, blk: Block, kbuf: torch.Tensor, vbuf: torch.Tensor,
+           st: _Step) -> torch.Tensor:
+    x = x + _attention(_rms_norm(x, blk.attn_norm), blk.attn, kbuf, vbuf, st)
+    g, u = F.linear(_rms_norm(x, blk.mlp_norm), blk.gate_up.weight, blk.gate_up.bias).chunk(
+        2, dim=-1)
+    return x + F.linear(F.silu(g) * u, blk.down.weight, blk.down.bias)
+
+
+class Transformer(nn.Module):
+    """Llama-family causal LM: tokens + cache in, final-norm hidden states out."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool = False, o_bias: bool = False,
+                 mlp_bias: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            Block(cfg, qkv_bias, o_bias, mlp_bias) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache(self.cfg, batch, max_len, self.dtype, self.device)
+
+    def rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [>= n, D] in the model dtype for positions 0.. (cached, grown on demand)."""
+        tab = self._rope
+        if tab is None or tab[0].shape[0] < n or tab[0].dtype != self.dtype \
+                or tab[0].device != self.device:
+            size = max(n, 2 * (tab[0].shape[0] if tab is not None else 1024))
+            ang = torch.arange(size, device=self.device).float()[:, None] * self.inv_freq
+            ang = torch.cat([ang, ang], dim=-1)  # [S, D]
+            tab = self._rope = (ang.cos().to(self.dtype), ang.sin().to(self.dtype))
+        return tab
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor | None = None,
+                depth: torch.Tensor | None = None,
+                node_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [B, T, H] (after the final norm) of T new tokens per row.
+
+        tokens: [B, T] int64, written at ``cache.lengths[b] + t``; lengths: [B] int64 copy of
+        ``cache.lengths`` (made here when None); depth: [T] int64 position offset of each new
+        token (None: 0..T-1, a chain; tree depths otherwise); node_mask: [T, T] bool (None:
+        causal). The cache is written but ``cache.lengths`` is left to the caller.
+        """
+        b, t = tokens.shape
+        lens = cache.lengths
+        span = max(lens) + t
+        if span > cache.max_len:
+            raise SpecserveError(f"sequence length {span} exceeds the KV cache ({cache.max_len})")
+        uniform = all(x == lens[0] for x in lens)
+        cos_t, sin_t = self.rope_tables(span)
+        if lengths is None and not (uniform and depth is None and t == 1):
+            lengths = torch.tensor(lens, device=tokens.device)
+        if uniform and depth is None:  # positions L..L+T-1 for every row: views, no gather
+            cos, sin = cos_t[lens[0]:span][None, :, None], sin_t[lens[0]:span][None, :, None]
+        else:
+            assert lengths is not None
+            off = depth if depth is not None else torch.arange(t, device=tokens.device)
+            pos = lengths[:, None] + off[None, :]  # [B, T]
+            cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]  # [B, T, 1, D]
+        write: torch.Tensor | int = lens[0]
+        if not uniform:
+            assert lengths is not None
+            write = lengths[:, None] + torch.arange(t, device=tokens.device)  # [B, T]
+        mask = None
+        if not (t == 1 and uniform):
+            assert lengths is not None
+            if node_mask is None:
+                node_mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
+            mask = step_mask(lengths, node_mask, span)
+        st = _Step(cos, sin, write, span, mask)
+        x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
+        for i, layer in enumerate(self.layers):
+            x = _block(x, cast(Block, layer), cache.k[i], cache.v[i], st)
+        return _rms_norm(x, self.norm)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [..., V] from hidden states [..., H]."""
+        return F.linear(hidden, self.lm_head.weight).float()
+
+
+_LAYER_MAP = {"input_layernorm.weight": "attn_norm.weight",
+              "post_attention_layernorm.weight": "mlp_norm.weight",
+              "self_attn.o_proj.weight": "attn.o.weight", "self_attn.o_proj.bias": "attn.o.bias",
+              "mlp.down_proj.weight": "down.weight", "mlp.down_proj.bias": "down.bias"}
+
+
+def _convert(sd: dict[str, torch.Tensor], cfg: ModelConfig, src: Path) -> dict[str, torch.Tensor]:
+    """HF state dict -> ours (fused q/k/v and gate/up)."""
+    def take(name: str) -> torch.Tensor:
+        if name not in sd:
+            raise SpecserveError(f"{src}: missing tensor {name!r}")
+        return sd[name]
+
+    out = {"embed.weight": take("model.embed_tokens.weight"),
+           "norm.weight": take("model.norm.weight")}
+    out["lm_head.weight"] = out["embed.weight"] if cfg.tie_word_embeddings or \
+        "lm_head.weight" not in sd else sd["lm_head.weight"]
+    for i in range(cfg.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        for hf, ours in _LAYER_MAP.items():
+            if p + hf in sd or not hf.endswith("bias"):
+                out[q + ours] = take(p + hf)
+        out[q + "attn.qkv.weight"] = torch.cat(
+            [take(f"{p}self_attn.{n}_proj.weight") for n in "qkv"])
+        if f"{p}self_attn.q_proj.bias" in sd:
+            out[q + "attn.qkv.bias"] = torch.cat(
+                [take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
+        out[q + "gate_up.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"),
+                                               take(p + "mlp.up_proj.weight")])
+        if p + "mlp.gate_proj.bias" in sd:
+            out[q + "gate_up.bias"] = torch.cat([take(p + "mlp.gate_proj.bias"),
+                                                 take(p + "mlp.up_proj.bias")])
+    return out
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> Transformer:
+    """Load a local HF Llama/Mistral/Qwen2 directory (safetensors) into a :class:`Transformer`."""
+    d = Path(model_dir)
+    cfg = ModelConfig.from_hf(load_target_config(d))
+    sd = load_state_dict(d)
+    l0 = "model.layers.0."
+    model = Transformer(cfg, qkv_bias=l0 + "self_attn.q_proj.bias" in sd,
+                        o_bias=l0 + "self_attn.o_proj.bias" in sd,
+                        mlp_bias=l0 + "mlp.gate_proj.bias" in sd)
+    ours = _convert(sd, cfg, d)
+    expected = model.state_dict()
+    for name, tensor in ours.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise SpecserveError(
+                f"{d}: tensor for {name!r} has shape {list(tensor.shape)}, config.json implies "
+                f"{list(expected[name].shape)}")
+    model.load_state_dict(ours, strict=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model = model.to(device=device, dtype=dtype).eval()
+    model.inv_freq = model.inv_freq.float()  # keep RoPE angles in float32
+    return model
