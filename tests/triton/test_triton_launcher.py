@@ -1,0 +1,162 @@
+"""The launcher: clean failures (message, exit code, nothing left behind) on a real server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specserve.errors import ServerError
+from specserve.triton.server import (
+    TritonInstall,
+    TritonServer,
+    build_command,
+    error_lines,
+    find_free_port,
+)
+
+BROKEN_CONFIG = """name: "broken"
+backend: "python"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "y" data_type: TYPE_INT32 dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+BROKEN_MODEL = """import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("deliberately broken model for the specserve launcher test")
+"""
+
+
+ECHO_MODEL = """import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
+"""
+
+
+def echo_repo(root: Path) -> Path:
+    repo = root / "echo-repo"
+    (repo / "echo" / "1").mkdir(parents=True)
+    (repo / "echo" / "config.pbtxt").write_text(BROKEN_CONFIG.replace("broken", "echo"))
+    (repo / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    return repo
+
+
+def broken_repo(root: Path) -> Path:
+    repo = root / "repo"
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "config.pbtxt").write_text(BROKEN_CONFIG)
+    (repo / "broken" / "1" / "model.py").write_text(BROKEN_MODEL)
+    return repo
+
+
+def descendants_of(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.server
+def test_broken_model_fails_cleanly(tmp_path: Path) -> None:
+    server = TritonServer(broken_repo(tmp_path), log_path=tmp_path / "server.log")
+    with pytest.raises(ServerError) as info:
+        server.start(timeout_s=60)
+    msg = str(info.value)
+    assert "deliberately broken model" in msg
+    assert "tritonserver exited" in msg
+    assert not server.is_running()
+    assert descendants_of(os.getpid()) == []  # no tritonserver or stub left
+    assert not list(Path("/dev/shm").glob(f"specserve{os.getpid()}p*"))
+
+
+@pytest.mark.server
+def test_cli_serve_broken_repo_exits_nonzero(tmp_path: Path) -> None:
+    from specserve.cli.main import cli
+
+    repo = broken_repo(tmp_path)
+    ports = [str(find_free_port()) for _ in range(3)]
+    res = CliRunner().invoke(cli, ["serve", "--repo", str(repo), "--http-port", ports[0],
+                                   "--grpc-port", ports[1], "--metrics-port", ports[2],
+                                   "--timeout", "60", "--log", str(tmp_path / "serve.log")])
+    assert res.exit_code == 3
+    assert "error:" in res.output and "deliberately broken model" in res.output
+    assert "deliberately broken model" in (tmp_path / "serve.log").read_text()  # log kept
+    assert descendants_of(os.getpid()) == []
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        server = TritonServer(broken_repo(tmp_path), grpc_port=port)
+        with pytest.raises(ServerError, match=f"grpc port {port} on 127.0.0.1 is already in use"):
+            server.start(timeout_s=5)
+    assert server.pid is None
+
+
+def test_missing_repo_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ServerError, match="model repository not found"):
+        TritonServer(tmp_path / "nope").start(timeout_s=5)
+
+
+def test_world_size_two_launches_through_mpirun() -> None:
+    install = TritonInstall(binary=Path("/opt/tritonserver/bin/tritonserver"), bundled=False)
+    cmd = build_command(install, Path("/r"), host="127.0.0.1", http_port=1, grpc_port=2,
+                        metrics_port=3, backend_dir=None, shm_prefix="p", world_size=2)
+    assert cmd[:2] == ["mpirun", "--allow-run-as-root"]
+    ranks = " ".join(cmd).split(" : ")
+    assert len(ranks) == 2
+    assert "--grpc-port=2" in ranks[0] and "--disable-auto-complete-config" in ranks[0]
+    assert "--model-control-mode=explicit" in ranks[1]
+    assert "--load-model=tensorrt_llm" in ranks[1] and "--grpc-port" not in ranks[1]
+    assert "shm-region-prefix-name=pr1_" in ranks[1]
+
+
+def test_error_lines_picks_glog_errors() -> None:
+    log = ("I1130 01:00:00.000 1 server.cc:1] fine\n"
+           'E1130 01:00:00.500 1 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+           "E1130 01:00:01.000 1 model.cc:2] failed to load 'x'\n"
+           "error: creating server: Internal - failed to load all models\n")
+    assert error_lines(log) == [log.splitlines()[2], log.splitlines()[3]]
+
+
+@pytest.mark.server
+def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path: Path) -> None:
+    ports = [str(find_free_port()) for _ in range(3)]
+    cmd = [sys.executable, "-m", "specserve.cli.main", "serve", "--repo",
+           str(echo_repo(tmp_path)), "--http-port", ports[0], "--grpc-port", ports[1],
+           "--metrics-port", ports[2], "--timeout", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until ready (or failure output)
+        assert line.startswith("ready in") and f"127.0.0.1:{ports[1]}" in line, line
+        server_pids = descendants_of(proc.pid)
+        assert server_pids
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.2)
+    assert all(not Path(f"/proc/{pid}").exists() for pid in server_pids)
