@@ -1,0 +1,93 @@
+"""``specserve bench``: stream requests to a Triton server and report latency and acceptance."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from specserve.cli._output import FORMAT_OPTION, emit
+
+EXAMPLES = """
+\b
+Examples:
+  # spec vs no-speculation baseline served side by side, 4 concurrent streams
+  specserve bench --url 127.0.0.1:8001 --baseline-model ensemble_baseline \\
+      --concurrency 4 --requests 64 --out reports/bench
+\b
+  # open loop at 2 requests/s over HTTP generate_stream, with SLOs for goodput
+  specserve bench --url 127.0.0.1:8000 --protocol http --request-rate 2 \\
+      --dataset prompts.jsonl --slo ttft=200,tpot=50 --out reports/rate2
+\b
+  # machine-readable summary
+  specserve bench --url 127.0.0.1:8001 --requests 8 --format json --out reports/q
+
+Requests and warmup count per variant. Every request goes to OUT/requests.jsonl as it
+completes; OUT also gets summary.json, summary.csv, PNG plots and README.md. Exit code 0 when
+every measured request completed, 1 for a partial report, 2 for bad input, 3 when the server
+cannot be reached.
+"""
+
+
+def _text(s: dict[str, Any]) -> str:
+    from specserve.client.report import speedup_table, text_table
+
+    lines = [text_table(s)]
+    if s["speedup"]:
+        lines += ["", speedup_table(s["speedup"])]
+    if s.get("aborted"):
+        lines += ["", f"aborted: {s['aborted']}"]
+    r = s["records"]
+    lines += ["", f"{r['completed']} completed, {r['error']} errors, {r['cancelled']} cancelled;"
+              f" report in {s['config']['out']} ({s['status']})"]
+    return "\n".join(lines)
+
+
+@click.command("bench", epilog=EXAMPLES,
+               short_help="Benchmark a served model: latency, acceptance, speedup.")
+@click.option("--url", required=True, help="Server HOST:PORT (gRPC port, or HTTP port).")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc",
+              show_default=True)
+@click.option("--model", default="ensemble", show_default=True, help="Model to benchmark.")
+@click.option("--baseline-model", default=None, help="No-speculation model for the speedup.")
+@click.option("--baseline-url", default=None, help="Server of the baseline (default --url).")
+@click.option("--concurrency", type=int, default=None, help="Closed loop: streams in flight.")
+@click.option("--request-rate", type=float, default=None, help="Open loop: Poisson req/s.")
+@click.option("--requests", "n_requests", type=int, default=32, show_default=True,
+              help="Measured requests per variant.")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Per variant.")
+@click.option("--dataset", type=click.Path(dir_okay=False), default=None,
+              help="JSONL prompts: {\"prompt\": ..., \"max_tokens\": optional}.")
+@click.option("--prompts", default=None, help="Builtin prompt set: builtin-code (default).")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--temperature", type=float, default=None)
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds prompts, arrivals, bootstrap and the server's sampler.")
+@click.option("--end-id", type=int, default=None, help="End-of-sequence token id to send.")
+@click.option("--stream/--no-stream", default=True, show_default=True)
+@click.option("--slo", default=None, help="Goodput SLOs in ms, e.g. ttft=200,tpot=50.")
+@click.option("--tokenizer", type=click.Path(exists=True), default=None,
+              help="Count tokens with this tokenizer when the server sends no counts.")
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
+              help="Per-request timeout (s).")
+@click.option("--out", default="reports/bench", show_default=True, help="Report directory.")
+@FORMAT_OPTION
+def command(fmt: str, n_requests: int, **kw: Any) -> None:
+    """Stream requests to Triton, record every request, summarize and plot.
+
+    Records TTFT, ITL per token (a chunk's gap divided over its tokens), TPOT, E2E, tokens per
+    step and the server's acceptance figures; with a baseline, spec and baseline requests are
+    interleaved and the report gives each metric's speedup with a 95% bootstrap interval.
+    """
+    from specserve.client.config import BenchmarkConfig
+    from specserve.client.run import run_benchmark
+
+    cfg = BenchmarkConfig(requests=n_requests, **kw)
+    cfg.validate()
+    outcome = run_benchmark(cfg)
+    emit(outcome.summary, fmt, _text)
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)

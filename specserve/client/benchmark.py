@@ -1,0 +1,287 @@
+"""Load generation for ``specserve bench``: closed loop or Poisson open loop, spec and baseline
+requests interleaved in one run, every request recorded as it completes.
+
+- Closed loop (``--concurrency N``): N workers, each sends its next request when the previous
+  one finished (genai-perf/perf_analyzer ``--concurrency``).
+- Open loop (``--request-rate R``): arrivals of a Poisson process of rate R (exponential gaps
+  from a seeded generator), independent of completions (vLLM ``bench serve --request-rate``).
+- With a baseline, prompt i is sent once to each variant, in alternating order
+  (spec, baseline), (baseline, spec), ... so both see the same load and the same prompts.
+- Warmup requests go first (recorded with ``phase="warmup"``, left out of summaries).
+- After ``abort_after_errors`` consecutive failed requests (unreachable, dying or unloaded
+  server; a rejected request between successes does not count) no new request is sent; the run
+  ends with the records it has (``aborted`` says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from specserve.client.config import BenchmarkConfig
+from specserve.client.datasets import Prompt, load_prompts
+from specserve.client.metrics import RequestRecord, make_record
+from specserve.client.tokens import resolve_chunk_tokens
+from specserve.client.transport import GenParams, RawResult, Transport, make_transport
+from specserve.errors import SpecserveError
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int
+    variant: str         # "spec" | "baseline"
+    phase: str           # "warmup" | "measure"
+    prompt_index: int
+    prompt: Prompt
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one variant's requests go."""
+
+    transport: Transport
+    model: str
+    declared: frozenset[str]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    records: tuple[RequestRecord, ...]
+    measure_duration_s: float
+    aborted: str | None
+    interrupted: bool
+    inputs_declared: dict[str, list[str]]
+
+
+def plan_jobs(prompts: list[Prompt], warmup: int, requests: int, baseline: bool) -> list[Job]:
+    """Warmup jobs then measured jobs; with a baseline, each prompt once per variant."""
+    jobs: list[Job] = []
+    for phase, count, offset in (("warmup", warmup, 0), ("measure", requests, warmup)):
+        for i in range(count):
+            pi = offset + i
+            order = ["spec"] if not baseline else (
+                ["spec", "baseline"] if i % 2 == 0 else ["baseline", "spec"])
+            for variant in order:
+                jobs.append(Job(len(jobs), variant, phase, pi, prompts[pi]))
+    return jobs
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Send times (seconds from the start) of ``n`` Poisson arrivals at ``rate`` per second."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)  # [n]
+    return [float(x) for x in np.cumsum(gaps) - gaps[0]]
+
+
+class Runner:
+    """Runs the jobs of one benchmark and hands every record to ``on_record``."""
+
+    def __init__(self, cfg: BenchmarkConfig, targets: dict[str, Target],
+                 on_record: Callable[[RequestRecord], None],
+                 count_text: Callable[[str], int] | None) -> None:
+        self.cfg = cfg
+        self.targets = targets
+        self.on_record = on_record
+        self.count_text = count_text
+        self.records: list[RequestRecord] = []
+        self.aborted: str | None = None
+        self.interrupted = False
+        self._errors_in_row = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def stopping(self) -> bool:
+        return self.aborted is not None or self.interrupted
+
+    def _params(self, job: Job) -> GenParams:
+        c = self.cfg
+        return GenParams(max_tokens=job.prompt.max_tokens or c.max_tokens, stream=c.stream,
+                         temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed,
+                         end_id=c.end_id)
+
+    async def run_job(self, job: Job) -> None:
+        t = self.targets[job.variant]
+        raw = RawResult(send_wall_s=time.time())
+        try:
+            raw = await t.transport.generate(t.model, job.prompt.text, self._params(job),
+                                             t.declared, self.cfg.timeout_s)
+        except asyncio.CancelledError:
+            raw.cancelled, raw.error = True, None
+            self._record(job, raw)
+            raise
+        self._record(job, raw)
+
+    def _record(self, job: Job, raw: RawResult) -> None:
+        counts, source = resolve_chunk_tokens(raw.chunk_num_tokens, raw.chunk_texts,
+                                              self.cfg.num_output_tokens_mode, self.count_text)
+        t = self.targets[job.variant]
+        rec = make_record(
+            index=job.index, variant=job.variant, phase=job.phase, model=t.model,
+            url=t.transport.url, prompt_index=job.prompt_index, send_time_unix_s=raw.send_wall_s,
+            streaming=self.cfg.stream, chunk_times_s=raw.chunk_times_s, chunk_tokens=counts,
+            end_s=raw.end_s if not (raw.error or raw.cancelled) else None,
+            token_count_source=source, server=raw.server, spec_stats=raw.spec_stats,
+            error=raw.error, cancelled=raw.cancelled, output_text="".join(raw.chunk_texts))
+        self._errors_in_row = self._errors_in_row + 1 if rec.status == "error" else 0
+        if self._errors_in_row >= self.cfg.abort_after_errors and not self.aborted:
+            kind = "connection errors" if raw.connection_error else "failed requests"
+            self.aborted = f"{self._errors_in_row} {kind} in a row; last: {raw.error}"
+        self.records.append(rec)
+        self.on_record(rec)
+
+    async def closed_loop(self, jobs: list[Job], concurrency: int) -> None:
+        it = iter(jobs)
+
+        async def worker() -> None:
+            for job in it:
+                if self.stopping:
+                    return
+                await self.run_job(job)
+
+        tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(jobs)))]
+        self._tasks.extend(tasks)
+        await asyncio.gather(*tasks)
+
+    async def settle(self) -> None:
+        """After an interrupt: let every cancelled request write its record."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def open_loop(self, jobs: list[Job], rate: float, seed: int) -> None:
+        start = time.perf_counter()
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            for job, at in zip(jobs, poisson_arrivals(len(jobs), rate, seed), strict=True):
+                delay = start + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if self.stopping:
+                    break
+                tasks.append(asyncio.create_task(self.run_job(job)))
+                self._tasks.append(tasks[-1])
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def _transports(cfg: BenchmarkConfig) -> dict[str, tuple[Transport, str]]:
+    spec_tr = make_transport(cfg.protocol, cfg.url)
+    out = {"spec": (spec_tr, cfg.model)}
+    if cfg.has_baseline:
+        url = cfg.baseline_url or cfg.url
+        tr = spec_tr if url == cfg.url else make_transport(cfg.protocol, url)
+        out["baseline"] = (tr, cfg.baseline_model or cfg.model)
+    return out
+
+
+async def _run(cfg: BenchmarkConfig, jobs: list[Job], on_record: Callable[[RequestRecord], None],
+               count_text: Callable[[str], int] | None) -> RunResult:
+    transports = _transports(cfg)
+    try:
+        targets = {v: Target(tr, model, await tr.declared_inputs(model))
+                   for v, (tr, model) in transports.items()}
+        return await _measure(cfg, jobs, targets, on_record, count_text)
+    finally:
+        for tr in {id(t): t for t, _ in transports.values()}.values():
+            await tr.close()
+
+
+async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Target],
+                   on_record: Callable[[RequestRecord], None],
+                   count_text: Callable[[str], int] | None) -> RunResult:
+    runner = Runner(cfg, targets, on_record, count_text)
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+
+    def interrupt() -> None:
+        runner.interrupted = True
+        if main is not None:
+            main.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+    except (ValueError, RuntimeError):  # not the main thread: Ctrl-C stays default
+        pass
+    duration = 0.0
+    try:
+        warm = [j for j in jobs if j.phase == "warmup"]
+        meas = [j for j in jobs if j.phase == "measure"]
+        await runner.closed_loop(warm, cfg.closed_loop_concurrency)
+        t0 = time.perf_counter()
+        try:
+            if cfg.request_rate is not None:
+                await runner.open_loop(meas, cfg.request_rate, cfg.seed)
+            else:
+                await runner.closed_loop(meas, cfg.closed_loop_concurrency)
+        finally:
+            duration = time.perf_counter() - t0
+    except asyncio.CancelledError:
+        if not runner.interrupted:
+            raise
+        if main is not None:
+            main.uncancel()
+        await runner.settle()
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return RunResult(tuple(runner.records), duration, runner.aborted, runner.interrupted,
+                     {v: sorted(t.declared) for v, t in targets.items()})
+
+
+def tokenizer_counter(path: str | None) -> Callable[[str], int] | None:
+    """A text -> token count function from a tokenizer folder or file (fallback only)."""
+    if path is None:
+        return None
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    f = p / "tokenizer.json" if p.is_dir() else p
+    try:
+        tok = Tokenizer.from_file(str(f))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+        raise SpecserveError(f"{f}: cannot load tokenizer ({e})") from e
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+class JsonlSink:
+    """Appends one JSON line per record and flushes it at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f: IO[str] | None = None   # opened at the first record
+
+    def __call__(self, rec: RequestRecord) -> None:
+        if self._f is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = self.path.open("w", encoding="utf-8")
+        self._f.write(json.dumps(rec.to_dict(), sort_keys=True) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+def run_load(cfg: BenchmarkConfig, on_record: Callable[[RequestRecord], None],
+             progress: Any = None) -> RunResult:
+    """Run the benchmark's requests (blocking); ``progress(rec)`` is called for each record."""
+    cfg.validate()
+    n = cfg.warmup + cfg.requests
+    prompts = load_prompts(cfg.dataset, cfg.prompts, n, cfg.seed)
+    jobs = plan_jobs(prompts, cfg.warmup, cfg.requests, cfg.has_baseline)
+    count_text = tokenizer_counter(cfg.tokenizer)
+
+    def both(rec: RequestRecord) -> None:
+        on_record(rec)
+        if progress is not None:
+            progress(rec)
+
+    return asyncio.run(_run(cfg, jobs, both, count_text))

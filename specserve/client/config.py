@@ -1,0 +1,84 @@
+"""``BenchmarkConfig``: every input of a ``specserve bench`` run (saved in ``summary.json``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from specserve.client.tokens import COUNT_MODES
+from specserve.config import JsonConfig
+from specserve.errors import SpecserveError
+
+_HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig(JsonConfig):
+    """A benchmark run. ``requests`` and ``warmup`` count per variant (spec, baseline)."""
+
+    url: str
+    out: str
+    protocol: str = "grpc"
+    model: str = "ensemble"
+    baseline_model: str | None = None
+    baseline_url: str | None = None
+    concurrency: int | None = None          # closed loop (default 1 when no request_rate)
+    request_rate: float | None = None       # open loop, Poisson arrivals per second
+    requests: int = 32
+    warmup: int = 2
+    dataset: str | None = None
+    prompts: str | None = None
+    max_tokens: int = 64
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    end_id: int | None = None
+    stream: bool = True
+    slo: str | None = None                  # "ttft=200,tpot=50" (milliseconds)
+    tokenizer: str | None = None            # fallback token counting only
+    timeout_s: float = 300.0                # per request
+    num_output_tokens_mode: str = "per_response"
+    bootstrap: int = 2000
+    abort_after_errors: int = 5              # consecutive failed requests
+
+    @property
+    def has_baseline(self) -> bool:
+        return self.baseline_model is not None or self.baseline_url is not None
+
+    @property
+    def closed_loop_concurrency(self) -> int:
+        return self.concurrency if self.concurrency is not None else 1
+
+    def validate(self) -> None:
+        for name in ("url", "baseline_url"):
+            v = getattr(self, name)
+            if v is not None and not _HOSTPORT.match(v):
+                raise SpecserveError(f"--{name.replace('_', '-')}: '{v}' is not HOST:PORT")
+        if self.protocol not in ("grpc", "http"):
+            raise SpecserveError(f"--protocol: '{self.protocol}' is not grpc or http")
+        if self.concurrency is not None and self.request_rate is not None:
+            raise SpecserveError("give --concurrency or --request-rate, not both")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise SpecserveError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise SpecserveError(f"--request-rate must be > 0, got {self.request_rate}")
+        if self.requests < 1 or self.warmup < 0 or self.max_tokens < 1:
+            raise SpecserveError("--requests and --max-tokens must be >= 1, --warmup >= 0")
+        if self.dataset and self.prompts:
+            raise SpecserveError("give --dataset or --prompts, not both")
+        if self.temperature is not None and self.temperature < 0:
+            raise SpecserveError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise SpecserveError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.seed < 0:
+            raise SpecserveError(f"--seed must be >= 0 (UINT64), got {self.seed}")
+        if self.abort_after_errors < 1:
+            raise SpecserveError(f"abort_after_errors must be >= 1, got {self.abort_after_errors}")
+        if self.timeout_s <= 0:
+            raise SpecserveError(f"--timeout must be > 0, got {self.timeout_s}")
+        if self.num_output_tokens_mode not in COUNT_MODES:
+            raise SpecserveError(f"num_output_tokens_mode must be one of {COUNT_MODES}")
+        if self.baseline_url is not None and self.baseline_model is None and \
+                self.baseline_url == self.url:
+            raise SpecserveError("--baseline-url is the --url itself; give --baseline-model")

@@ -1,0 +1,152 @@
+"""PNG plots of a benchmark run (matplotlib, Agg backend): latency CDFs, ITL histogram,
+tokens-per-step histogram, spec vs baseline bars with bootstrap 95% confidence intervals."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specserve.client.metrics import RequestRecord
+from specserve.client.summary import Speedup, per_request_values
+
+COLORS = {"spec": "tab:blue", "baseline": "tab:orange"}
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _by_variant(records: Sequence[RequestRecord]) -> dict[str, list[RequestRecord]]:
+    out: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if r.phase == "measure" and r.status == "completed":
+            out.setdefault(r.variant, []).append(r)
+    return out
+
+
+def latency_cdfs(records: Sequence[RequestRecord], path: Path) -> None:
+    plt = _plt()
+    groups = _by_variant(records)
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
+    panels = (("ttft_s", "Time to first token"), ("tpot_s", "Time per output token"),
+              ("itl_s", "Inter-token latency (request mean)"), ("e2e_s", "End-to-end latency"))
+    for ax, (metric, title) in zip(axes.flat, panels, strict=True):
+        for variant, rs in groups.items():
+            vals = sorted(v * 1e3 for v in per_request_values(rs, metric))
+            if vals:
+                ys = [(i + 1) / len(vals) for i in range(len(vals))]
+                ax.step(vals, ys, where="post", color=COLORS.get(variant),
+                        label=f"{variant} (n={len(vals)})")
+        ax.set_title(title)
+        ax.set_xlabel("milliseconds")
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(loc="lower right")
+    fig.suptitle("Latency CDFs (completed requests)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def itl_histogram(records: Sequence[RequestRecord], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    groups = {v: [x * 1e3 for r in rs for x in r.itl_token_s]
+              for v, rs in _by_variant(records).items()}
+    every = [x for vals in groups.values() for x in vals]
+    if every:
+        lo, hi = min(every), max(every)
+        bins = [lo + (hi - lo) * i / 50 for i in range(51)] if hi > lo else 10
+        for variant, vals in groups.items():
+            if vals:
+                ax.hist(vals, bins=bins, alpha=0.55, color=COLORS.get(variant),
+                        label=f"{variant} (n={len(vals)} tokens)")
+    ax.set_title("Inter-token latency per token (chunk gap / tokens in the chunk)")
+    ax.set_xlabel("inter-token latency (ms)")
+    ax.set_ylabel("tokens")
+    ax.grid(alpha=0.3)
+    if ax.has_data():
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def tokens_per_step(records: Sequence[RequestRecord], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    groups = _by_variant(records)
+    width = 0.8 / max(len(groups), 1)
+    ticks: set[int] = set()
+    for j, (variant, rs) in enumerate(groups.items()):
+        hist = Counter(k for r in rs if r.streaming for k in r.tokens_per_step)
+        total = sum(hist.values())
+        if total:
+            ks = sorted(hist)
+            ticks.update(ks)
+            mean = sum(k * c for k, c in hist.items()) / total
+            ax.bar([k + (j - (len(groups) - 1) / 2) * width for k in ks],
+                   [hist[k] / total for k in ks], width=width, color=COLORS.get(variant),
+                   label=f"{variant}: mean {mean:.2f} tokens/step ({total} steps)")
+    ax.set_xticks(sorted(ticks))
+    ax.set_title("Tokens per streamed step (chunk size)")
+    ax.set_xlabel("tokens in one streamed response")
+    ax.set_ylabel("fraction of steps")
+    ax.grid(alpha=0.3, axis="y")
+    if ax.has_data():
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def speedup_bars(speedups: dict[str, Speedup], path: Path) -> None:
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 5))
+    lat = [m for m in ("ttft_s", "tpot_s", "itl_s", "e2e_s") if m in speedups]
+    xs = range(len(lat))
+    ax1.bar([x - 0.2 for x in xs], [speedups[m].spec_mean * 1e3 for m in lat], 0.4,
+            color=COLORS["spec"], label="spec")
+    ax1.bar([x + 0.2 for x in xs], [speedups[m].baseline_mean * 1e3 for m in lat], 0.4,
+            color=COLORS["baseline"], label="baseline")
+    ax1.set_xticks(list(xs), [m.removesuffix("_s").upper() for m in lat])
+    ax1.set_yscale("log")
+    ax1.set_ylabel("mean latency (ms, log scale)")
+    ax1.set_title("Mean latency: spec vs baseline")
+    ax1.legend()
+    names = list(speedups)
+    pts = [speedups[m].speedup for m in names]
+    err = [[p - speedups[m].ci_low for m, p in zip(names, pts, strict=True)],
+           [speedups[m].ci_high - p for m, p in zip(names, pts, strict=True)]]
+    ax2.bar(range(len(names)), pts, yerr=err, capsize=6, color="tab:green")
+    ax2.axhline(1.0, color="black", lw=1, ls="--")
+    ax2.set_xticks(range(len(names)), [m.removesuffix("_s") for m in names], rotation=20)
+    ax2.set_ylabel("speedup (x, >1 = speculation better)")
+    ax2.set_title("Speedup with bootstrap 95% CI")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_plots(records: Sequence[RequestRecord], speedups: dict[str, Speedup],
+                out: Path) -> list[str]:
+    """Write every plot that has data into ``out``; return their file names."""
+    names = ["latency_cdf.png", "itl_histogram.png", "tokens_per_step.png"]
+    latency_cdfs(records, out / names[0])
+    itl_histogram(records, out / names[1])
+    tokens_per_step(records, out / names[2])
+    if speedups:
+        names.append("speedup.png")
+        speedup_bars(speedups, out / names[3])
+    return names

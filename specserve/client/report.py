@@ -1,0 +1,172 @@
+"""The report of a benchmark run: ``summary.json``, ``summary.csv``, plots and ``README.md``.
+
+Every file but ``requests.jsonl`` (written record by record while the run goes) is written to a
+temporary name and renamed into place, so a report is never half-written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from specserve.client.metrics import RequestRecord
+from specserve.client.summary import Slo, Speedup, summarize
+
+DIST_METRICS = (("ttft_ms", "ms"), ("tpot_ms", "ms"), ("itl_ms", "ms"), ("itl_chunk_ms", "ms"),
+                ("e2e_ms", "ms"), ("per_user_tok_s", "tok/s"))
+SCALARS = (("request_throughput_rps", "req/s"), ("output_token_throughput_tok_s", "tok/s"),
+           ("goodput_rps", "req/s"), ("goodput_fraction", "fraction"),
+           ("completed", "requests"), ("errors", "requests"), ("cancelled", "requests"))
+
+
+def build_summary(records: Sequence[RequestRecord], duration_s: float, slo: Slo | None,
+                  sp: dict[str, Speedup], extra: dict[str, Any]) -> dict[str, Any]:
+    """Everything in ``summary.json`` (``sp`` from :func:`summary.speedups`)."""
+    variants = sorted({r.variant for r in records}, key=lambda v: v != "spec")
+    meas = [r for r in records if r.phase == "measure"]
+    return {
+        **extra,
+        "measure_duration_s": duration_s,
+        "slo": asdict(slo) if slo else None,
+        "records": {
+            "total": len(records), "warmup": sum(r.phase == "warmup" for r in records),
+            **{s: sum(r.status == s for r in meas) for s in ("completed", "error", "cancelled")},
+        },
+        "token_count_sources": dict(Counter(r.token_count_source for r in meas
+                                            if r.status == "completed")),
+        "variants": {v: summarize(records, v, duration_s, slo).to_dict() for v in variants},
+        "speedup": {m: asdict(s) for m, s in sp.items()},
+    }
+
+
+def csv_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flat rows: one per (variant, metric), plus one per speedup."""
+    rows: list[dict[str, Any]] = []
+    for v, vs in summary["variants"].items():
+        for name, unit in DIST_METRICS:
+            d = vs[name]
+            rows.append({"variant": v, "metric": name, "unit": unit, **{
+                k: d[k] for k in ("n", "mean", "p50", "p90", "p99", "min", "max")}})
+        for name, unit in SCALARS:
+            rows.append({"variant": v, "metric": name, "unit": unit, "value": vs[name]})
+        acc = vs["acceptance"]
+        for name in ("acceptance_rate", "tau_stream", "tau_server"):
+            rows.append({"variant": v, "metric": name, "unit": "", "value": acc[name]})
+    for m, s in summary["speedup"].items():
+        rows.append({"variant": "speedup", "metric": m, "unit": "x", "value": s["speedup"],
+                     "ci_low": s["ci_low"], "ci_high": s["ci_high"], "n": s["n_spec"]})
+    return rows
+
+
+CSV_FIELDS = ("variant", "metric", "unit", "n", "mean", "p50", "p90", "p99", "min", "max",
+              "value", "ci_low", "ci_high")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def text_table(summary: dict[str, Any]) -> str:
+    """A Markdown table of the main figures, one column per variant."""
+    vs = summary["variants"]
+    names = list(vs)
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for name, unit in DIST_METRICS:
+        for stat in ("mean", "p50", "p90", "p99"):
+            cells = [_fmt(vs[v][name][stat]) for v in names]
+            lines.append(f"| {name.rsplit('_', 1)[0]} {stat} ({unit}) | " + " | ".join(cells)
+                         + " |")
+    for name, unit in SCALARS:
+        lines.append(f"| {name} ({unit}) | " + " | ".join(_fmt(vs[v][name], 3) for v in names)
+                     + " |")
+    for name in ("acceptance_rate", "tau_stream", "tau_server"):
+        lines.append(f"| {name} | " + " | ".join(
+            _fmt(vs[v]["acceptance"][name], 3) for v in names) + " |")
+    return "\n".join(lines)
+
+
+def speedup_table(sp: dict[str, Any]) -> str:
+    lines = ["| metric | spec mean | baseline mean | speedup | 95% CI |", "|---|---|---|---|---|"]
+    for m, s in sp.items():
+        scale, unit = (1e3, "ms") if m != "per_user_tok_s" else (1.0, "tok/s")
+        lines.append(f"| {m.removesuffix('_s')} | {s['spec_mean'] * scale:.2f} {unit} | "
+                     f"{s['baseline_mean'] * scale:.2f} {unit} | {s['speedup']:.3f}x | "
+                     f"[{s['ci_low']:.3f}, {s['ci_high']:.3f}] |")
+    return "\n".join(lines)
+
+
+def _setup_line(cfg: dict[str, Any]) -> str:
+    base = ""
+    if cfg.get("baseline_model") or cfg.get("baseline_url"):
+        base = (f", baseline `{cfg.get('baseline_model') or cfg.get('model')}` at "
+                f"`{cfg.get('baseline_url') or cfg.get('url')}`")
+    load = (f"open loop at {cfg['request_rate']} req/s" if cfg.get("request_rate")
+            else f"closed loop at concurrency {cfg.get('concurrency') or 1}")
+    return (f"Server `{cfg.get('url')}` ({cfg.get('protocol')}), model `{cfg.get('model')}`"
+            f"{base}; {load}, max_tokens {cfg.get('max_tokens')}, stream {cfg.get('stream')}.")
+
+
+def readme(summary: dict[str, Any], plots: list[str]) -> str:
+    r = summary["records"]
+    parts = [
+        "# specserve bench report", "", _setup_line(summary.get("config", {})), "",
+        f"Requests measured: {r['completed']} completed, {r['error']} errors, "
+        f"{r['cancelled']} cancelled ({r['warmup']} warmup not counted). "
+        f"Token counts from: {summary['token_count_sources']}.",
+    ]
+    if summary.get("aborted"):
+        parts += ["", f"**Run aborted:** {summary['aborted']}"]
+    parts += ["", "## Summary", "", text_table(summary)]
+    if summary["speedup"]:
+        parts += ["", "## Speedup vs baseline (ratio of means, >1 = speculation better)", "",
+                  speedup_table(summary["speedup"])]
+    parts += ["", "ITL is per token: a chunk's gap divided over the tokens it carries; "
+              "`itl_chunk` is the naive per-chunk gap. TPOT = (E2E - TTFT) / (tokens - 1).", ""]
+    parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    parts += ["", "Files: `requests.jsonl` (one record per request), `summary.json`, "
+              "`summary.csv`.", ""]
+    return "\n".join(parts)
+
+
+def write_report(out: Path, summary: dict[str, Any], records: Sequence[RequestRecord],
+                 sp: dict[str, Speedup], plots: bool = True) -> list[str]:
+    """Write summary.json/csv, the plots and README.md into ``out``; return the file names."""
+    out.mkdir(parents=True, exist_ok=True)
+    _write_text_atomic(out / "summary.json",
+                       json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(csv_rows(summary))
+    _write_text_atomic(out / "summary.csv", buf.getvalue())
+    names: list[str] = []
+    if plots:
+        from specserve.client.plots import write_plots
+
+        names = write_plots(records, sp, out)
+    _write_text_atomic(out / "README.md", readme(summary, names))
+    return ["requests.jsonl", "summary.json", "summary.csv", *names, "README.md"]

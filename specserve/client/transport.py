@@ -1,0 +1,367 @@
+"""Transports to a Triton server serving the TensorRT-LLM ensemble (thin I/O adapters).
+
+- gRPC: tritonclient's bi-directional ``ModelStreamInfer`` (``start_stream`` /
+  ``async_stream_infer`` with ``enable_empty_final_response=True``, so the end of a request is
+  the response flagged ``triton_final_response``). One stream carries one request at a time,
+  which makes every error attributable to its request; streams are pooled across requests.
+- HTTP: Triton's generate extension, ``POST /v2/models/M/generate_stream`` (server-sent events,
+  one ``data: {json}`` event per response) and ``POST /v2/models/M/generate``. Triton answers
+  some failures with HTTP 200 and an ``error`` field in the body, so bodies are checked.
+
+Each call returns a :class:`RawResult`: arrival times of every response carrying data, its text,
+its ``num_output_tokens`` when present, the last value of every perf output, and
+``spec_stats_json`` when the reference backend sends it. Times are ``time.perf_counter()``
+seconds after the send. Inputs a model does not declare are left out (see
+:func:`build_inputs`), so the same client talks to TRT-LLM's ensemble and to simpler ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from specserve.client.metrics import PERF_OUTPUTS
+from specserve.errors import ServerError
+
+# Ensemble inputs of the pinned release (trtllm-pinned.md section 3.3): name -> Triton dtype.
+INPUT_DTYPES: dict[str, str] = {
+    "text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
+    "top_k": "INT32", "top_p": "FP32", "seed": "UINT64", "end_id": "INT32",
+    "exclude_input_in_output": "BOOL", "return_perf_metrics": "BOOL",
+    "return_num_output_tokens": "BOOL",
+}
+_NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32,
+       "UINT64": np.uint64}
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Sampling parameters sent with every request (``None`` = not sent)."""
+
+    max_tokens: int
+    stream: bool = True
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    end_id: int | None = None
+
+
+def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:
+    """Input name -> scalar value, limited to the names the model declares (all if ``None``)."""
+    values: dict[str, Any] = {
+        "text_input": prompt, "max_tokens": p.max_tokens, "stream": p.stream,
+        "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "seed": p.seed,
+        "end_id": p.end_id, "exclude_input_in_output": True, "return_perf_metrics": True,
+        "return_num_output_tokens": True,
+    }
+    return {k: v for k, v in values.items()
+            if v is not None and (declared is None or k in declared)}
+
+
+@dataclass
+class RawResult:
+    """What came back for one request (mutable while the request runs)."""
+
+    send_wall_s: float = 0.0
+    chunk_times_s: list[float] = field(default_factory=list)
+    chunk_texts: list[str] = field(default_factory=list)
+    chunk_num_tokens: list[int | None] = field(default_factory=list)
+    end_s: float | None = None
+    server: dict[str, float | int] = field(default_factory=dict)
+    spec_stats: dict[str, Any] | None = None
+    error: str | None = None
+    cancelled: bool = False
+    connection_error: bool = False   # the server could not be reached at all
+
+    def add_response(self, t: float, outputs: dict[str, Any]) -> None:
+        """Record one response's outputs (already decoded to Python values)."""
+        for name in PERF_OUTPUTS:
+            v = outputs.get(name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.server[name] = v  # ints stay ints: *_time_ns need every digit
+        if outputs.get("spec_stats_json"):
+            try:
+                self.spec_stats = json.loads(outputs["spec_stats_json"])
+            except (TypeError, ValueError):
+                self.spec_stats = None
+        text = outputs.get("text_output")
+        n = outputs.get("num_output_tokens")
+        if text is None and n is None:
+            return  # an empty (final) response
+        self.chunk_times_s.append(t)
+        self.chunk_texts.append(text or "")
+        self.chunk_num_tokens.append(None if n is None else int(n))
+
+
+class Transport(Protocol):
+    """One protocol to one server."""
+
+    url: str
+
+    async def declared_inputs(self, model: str) -> frozenset[str]: ...
+
+    async def generate(self, model: str, prompt: str, params: GenParams,
+                       declared: frozenset[str] | None, timeout_s: float) -> RawResult: ...
+
+    async def close(self) -> None: ...
+
+
+def _scalar(arr: Any) -> Any:
+    a = np.asarray(arr).reshape(-1)
+    if a.size == 0:
+        return None
+    if a.dtype == np.object_ or a.dtype.kind == "S":
+        return "".join(x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+                       for x in a)
+    return a[0].item()
+
+
+def _grpc_outputs(result: Any) -> tuple[dict[str, Any], bool]:
+    resp = result.get_response()
+    outputs = {o.name: _scalar(result.as_numpy(o.name)) for o in resp.outputs}
+    final = "triton_final_response" in resp.parameters and bool(
+        resp.parameters["triton_final_response"].bool_param)
+    return outputs, final
+
+
+class _Slot:
+    """One gRPC client with one open stream, carrying one request at a time. The stream's
+    callback (a tritonclient thread) stamps each response and hands it to the event loop."""
+
+    def __init__(self, url: str, loop: asyncio.AbstractEventLoop) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.loop = loop
+        self.t0 = 0.0
+        self.queue: asyncio.Queue[tuple[float, Any, Any]] = asyncio.Queue()
+        self.client = grpcclient.InferenceServerClient(url)
+        self.client.start_stream(callback=self._callback)
+
+    def _callback(self, result: Any, error: Any) -> None:
+        t = time.perf_counter() - self.t0
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (t, result, error))
+
+    def shut(self) -> None:
+        try:
+            self.client.stop_stream(cancel_requests=True)
+        finally:
+            self.client.close()
+
+
+class GrpcTransport:
+    """tritonclient gRPC streaming; one open stream per in-flight request, streams pooled."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._free: list[_Slot] = []
+
+    async def declared_inputs(self, model: str) -> frozenset[str]:
+        def probe() -> frozenset[str]:
+            import tritonclient.grpc as grpcclient
+            from tritonclient.utils import InferenceServerException
+
+            client = grpcclient.InferenceServerClient(self.url)
+            try:
+                if not client.is_server_ready():
+                    raise ServerError(f"{self.url}: server is not ready")
+                if not client.is_model_ready(model):
+                    raise ServerError(f"{self.url}: model '{model}' is not ready")
+                meta = client.get_model_metadata(model)
+                return frozenset(i.name for i in meta.inputs)
+            except InferenceServerException as e:
+                raise ServerError(f"{self.url} (gRPC): {e.message()}") from e
+            finally:
+                client.close()
+        return await asyncio.to_thread(probe)
+
+    @staticmethod
+    def _make_inputs(values: dict[str, Any]) -> list[Any]:
+        import tritonclient.grpc as grpcclient
+
+        out = []
+        for name, v in values.items():
+            dtype = INPUT_DTYPES[name]
+            arr = np.array([[v.encode() if dtype == "BYTES" else v]], dtype=_NP[dtype])
+            inp = grpcclient.InferInput(name, list(arr.shape), dtype)
+            inp.set_data_from_numpy(arr)
+            out.append(inp)
+        return out
+
+    async def generate(self, model: str, prompt: str, params: GenParams,
+                       declared: frozenset[str] | None, timeout_s: float) -> RawResult:
+        raw = RawResult(send_wall_s=time.time())
+        inputs = self._make_inputs(build_inputs(prompt, params, declared))
+        slot: _Slot | None = None
+        healthy = False
+        try:
+            slot = self._free.pop() if self._free else _Slot(self.url, asyncio.get_running_loop())
+            raw.send_wall_s = time.time()
+            slot.t0 = time.perf_counter()
+            slot.client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            healthy = await asyncio.wait_for(self._drain(slot.queue, raw), timeout_s)
+        except asyncio.TimeoutError:
+            raw.error = f"timeout: no final response after {timeout_s:g} s"
+        except asyncio.CancelledError:
+            raw.cancelled = True
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure becomes the record's error text
+            raw.error = f"{type(e).__name__}: {_message(e)}"
+            raw.connection_error = "unavailable" in raw.error.lower()
+        finally:
+            if slot is not None:
+                if healthy:
+                    self._free.append(slot)
+                else:  # a broken, timed-out or cancelled stream is never reused
+                    await asyncio.to_thread(slot.shut)
+        return raw
+
+    @staticmethod
+    async def _drain(queue: asyncio.Queue[tuple[float, Any, Any]], raw: RawResult) -> bool:
+        """Consume responses until the final one; True when the stream stays usable."""
+        while True:
+            t, result, error = await queue.get()
+            if error is not None:
+                msg = _message(error)
+                raw.error = msg
+                raw.end_s = None
+                raw.connection_error = "unavailable" in msg.lower() or "connect" in msg.lower()
+                return False
+            outputs, final = _grpc_outputs(result)
+            raw.add_response(t, outputs)
+            if final:
+                raw.end_s = t
+                return True
+
+    async def close(self) -> None:
+        while self._free:
+            await asyncio.to_thread(self._free.pop().shut)
+
+
+def _message(e: BaseException) -> str:
+    msg = e.message() if hasattr(e, "message") and callable(e.message) else str(e)
+    return " ".join(str(msg).split()) or type(e).__name__
+
+
+class HttpTransport:
+    """Triton's HTTP generate extension: ``generate_stream`` (SSE) or ``generate``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._session: Any = None
+
+    async def _sess(self) -> Any:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
+        return self._session
+
+    async def declared_inputs(self, model: str) -> frozenset[str]:
+        import aiohttp
+
+        s = await self._sess()
+        base = f"http://{self.url}/v2"
+        try:
+            async with s.get(f"{base}/health/ready") as r:
+                if r.status != 200:
+                    raise ServerError(f"{self.url}: server is not ready (HTTP {r.status})")
+            async with s.get(f"{base}/models/{model}") as r:
+                body = await r.text()
+                if r.status != 200:
+                    raise ServerError(f"{self.url}: model '{model}': HTTP {r.status} {body[:200]}")
+                return frozenset(i["name"] for i in json.loads(body).get("inputs", []))
+        except aiohttp.ClientError as e:
+            raise ServerError(f"{self.url} (HTTP): {e}") from e
+
+    async def generate(self, model: str, prompt: str, params: GenParams,
+                       declared: frozenset[str] | None, timeout_s: float) -> RawResult:
+        import aiohttp
+
+        s = await self._sess()
+        endpoint = "generate_stream" if params.stream else "generate"
+        body = build_inputs(prompt, params, declared)
+        raw = RawResult(send_wall_s=time.time())
+        t0 = time.perf_counter()
+        try:
+            await asyncio.wait_for(
+                self._post(s, f"http://{self.url}/v2/models/{model}/{endpoint}", body, raw, t0),
+                timeout_s)
+        except asyncio.TimeoutError:
+            raw.error = f"timeout: no complete answer after {timeout_s:g} s"
+        except asyncio.CancelledError:
+            raw.cancelled = True
+            raise
+        except aiohttp.ClientConnectorError as e:
+            raw.error, raw.connection_error = f"cannot connect: {e}", True
+        except (aiohttp.ClientError, ValueError) as e:
+            raw.error = f"{type(e).__name__}: {e}"
+            raw.connection_error = isinstance(e, aiohttp.ServerDisconnectedError)
+        if raw.error:
+            raw.end_s = None
+        return raw
+
+    @staticmethod
+    async def _post(s: Any, url: str, body: dict[str, Any], raw: RawResult, t0: float) -> None:
+        async with s.post(url, json=body) as r:
+            if r.status != 200:
+                raw.error = f"HTTP {r.status}: {_error_text(await r.text())}"
+                return
+            if r.content_type == "text/event-stream":
+                while line := await r.content.readline():
+                    text = line.decode("utf-8", "replace").strip()
+                    if text.startswith("data:"):
+                        if not _http_event(text[5:].strip(), time.perf_counter() - t0, raw):
+                            return
+            else:
+                _http_event(await r.text(), time.perf_counter() - t0, raw)
+                if raw.error:
+                    return
+            raw.end_s = time.perf_counter() - t0
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _error_text(body: str) -> str:
+    """The ``error`` field of a JSON or SSE error body, else the body itself (one line)."""
+    text = body.strip().removeprefix("data:").strip()
+    try:
+        data = json.loads(text)
+        if isinstance(data, dict) and "error" in data:
+            text = str(data["error"])
+    except ValueError:
+        pass
+    return " ".join(text.split())[:500]
+
+
+def _http_event(payload: str, t: float, raw: RawResult) -> bool:
+    """Parse one JSON body/event into ``raw``; False (and ``raw.error``) on an error body."""
+    data = json.loads(payload)
+    if not isinstance(data, dict):
+        raise ValueError(f"unexpected JSON body: {payload[:200]}")
+    if "error" in data:
+        raw.error = " ".join(str(data["error"]).split())
+        return False
+    outputs = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in data.items()}
+    if isinstance(outputs.get("text_output"), list):
+        outputs["text_output"] = "".join(map(str, outputs["text_output"]))
+    raw.add_response(t, outputs)
+    return True
+
+
+def make_transport(protocol: str, url: str) -> Transport:
+    """``grpc`` or ``http`` transport to ``url`` (HOST:PORT)."""
+    if protocol == "grpc":
+        return GrpcTransport(url)
+    if protocol == "http":
+        return HttpTransport(url)
+    raise ValueError(f"unknown protocol {protocol!r}")
