@@ -260,15 +260,17 @@ class SpeedupPoint:
     propose_s: float
     verify_s: float
     baseline_s: float
+    overhead_s: float = 0.0  # fixed cost of every decode step outside the forward (serving)
 
     @property
     def speedup(self) -> float:
-        return self.tau * self.baseline_s / (self.propose_s + self.verify_s)
+        o = self.overhead_s
+        return self.tau * (self.baseline_s + o) / (self.propose_s + self.verify_s + o)
 
     def to_dict(self) -> dict[str, float]:
         return {"k": self.k, "n_verify": self.n_verify, "tau": self.tau,
                 "propose_ms": self.propose_s * 1e3, "verify_ms": self.verify_s * 1e3,
-                "speedup": self.speedup}
+                "overhead_ms": self.overhead_s * 1e3, "speedup": self.speedup}
 
 
 @dataclass(frozen=True)
@@ -290,13 +292,16 @@ class Proposer:
 
 
 def speedup_point(k: int, tau: float, proposer: Proposer, step_s: Mapping[int, float],
-                  n_verify: int | None = None) -> SpeedupPoint:
-    """``S = tau * T(1) / (T_propose(k) + T_verify(n))``; ``step_s`` maps n -> T(n) seconds."""
+                  n_verify: int | None = None, overhead_s: float = 0.0) -> SpeedupPoint:
+    """``S = tau * (T(1) + o) / (T_propose(k) + T_verify(n) + o)``; ``step_s`` maps n -> T(n)
+    seconds; ``o`` = ``overhead_s``, a fixed per-step cost outside the model (0 = pure model)."""
     n = k + 1 if n_verify is None else n_verify
     for need in (1, n):
         if need not in step_s:
             raise SpecserveError(f"no step time for n={need} tokens")
-    return SpeedupPoint(k, n, tau, proposer.propose_s(k), step_s[n], step_s[1])
+    if overhead_s < 0:
+        raise SpecserveError(f"step overhead {overhead_s} s: must be >= 0")
+    return SpeedupPoint(k, n, tau, proposer.propose_s(k), step_s[n], step_s[1], overhead_s)
 
 
 def roofline_step_times(work: Workload, hw: Hardware, ns: Sequence[int]) -> dict[int, float]:
@@ -351,7 +356,7 @@ class Prediction:
 
 def predict_speedup(acceptance: Acceptance, proposer: Proposer, step_s: Mapping[int, float],
                     *, batch: int = 1, max_k: int = 16, k: int | None = None,
-                    tree_nodes: int | None = None) -> Prediction:
+                    tree_nodes: int | None = None, overhead_s: float = 0.0) -> Prediction:
     """Sweep draft lengths and pick the best speedup.
 
     ``tree_nodes`` (Medusa tree): verify ``tree_nodes + 1`` tokens at draft depth ``k``; only
@@ -366,8 +371,8 @@ def predict_speedup(acceptance: Acceptance, proposer: Proposer, step_s: Mapping[
         if k is not None and k not in ks:
             ks = sorted({*ks, k})
     n_of = (lambda kk: tree_nodes + 1) if tree_nodes is not None else (lambda kk: kk + 1)
-    points = tuple(speedup_point(kk, acceptance.tau_at(kk), proposer, step_s, n_of(kk))
-                   for kk in ks)
+    points = tuple(speedup_point(kk, acceptance.tau_at(kk), proposer, step_s, n_of(kk),
+                                 overhead_s) for kk in ks)
     best = max(points, key=lambda p: (p.speedup, -p.k))
     chosen = next((p for p in points if p.k == k), None) if k is not None else None
     return Prediction(step_s[1], batch, points, best, chosen)

@@ -178,3 +178,15 @@ def test_fp8_needs_fp8_tensor_cores() -> None:
         hardware_for(GPUS["a100-80g"], "fp8")
     with pytest.raises(SpecserveError, match="alpha"):
         expected_tokens(1.5, 3)
+
+
+def test_step_overhead_is_added_to_both_sides() -> None:
+    times = {1: 2e-3, 5: 4e-3}
+    plain = predict_speedup(Acceptance(tau=4.0, tau_k=4), Proposer("draft", 1e-3), times, k=4)
+    with_o = predict_speedup(Acceptance(tau=4.0, tau_k=4), Proposer("draft", 1e-3), times, k=4,
+                             overhead_s=1e-3)
+    assert plain.best.speedup == pytest.approx(4.0 * 2 / (4 + 4))
+    assert with_o.best.speedup == pytest.approx(4.0 * 3 / (4 + 4 + 1))
+    with pytest.raises(SpecserveError, match="overhead"):
+        predict_speedup(Acceptance(tau=2.0, tau_k=4), Proposer("ngram"), times, k=4,
+                        overhead_s=-1.0)
