@@ -1,0 +1,164 @@
+"""Medusa-1 heads (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with
+Multiple Decoding Heads", §2.1.1 and §2.2.1): the base model is frozen; head k (0-based) reads
+the base model's final hidden state h_t (after the final norm) and predicts token t+k+2
+(head 0 = the token after next). Each head is ``num_layers`` ResBlocks ``x + SiLU(W x + b)``
+(W initialised to zero, so a fresh head equals the base LM head when its LM head is copied from
+the base's) followed by a bias-free Linear to the vocabulary. Loss: sum_k lambda^k CE_k with
+lambda = 0.8 (§2.2.1).
+
+Saved in the FasterDecoding layout that TensorRT-LLM's ``examples/medusa/convert_checkpoint.py``
+reads: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path``,
+``hidden_size``, ``vocab_size``) and ``medusa_lm_head.safetensors`` with tensors
+``{h}.{l}.linear.weight|bias`` and ``{h}.{num_layers}.weight``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specserve.errors import SpecserveError
+
+IGNORE = -100
+HEADS_FILE = "medusa_lm_head.safetensors"
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(Linear(x)); the linear starts at zero (identity block)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """Heads with state-dict names ``{h}.{l}.linear.*`` and ``{h}.{num_layers}.weight``."""
+
+    def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int) -> None:
+        super().__init__()
+        self.hidden, self.vocab = hidden, vocab
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.heads = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)],
+                          nn.Linear(hidden, vocab, bias=False))
+            for _ in range(num_heads)
+        )
+
+    def init_lm_heads(self, lm_head_weight: torch.Tensor) -> None:
+        """Copy the base LM head [V, H] into every head's last Linear."""
+        for head in self.heads:
+            last = list(head.children())[-1]
+            assert isinstance(last, nn.Linear)
+            last.weight.data.copy_(lm_head_weight.detach().float())
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [..., num_heads, V]."""
+        return torch.stack([head(hidden) for head in self.heads], dim=-2)
+
+    def layout_state_dict(self) -> dict[str, torch.Tensor]:
+        """Tensors under the FasterDecoding names, fp32, contiguous."""
+        return {k.removeprefix("heads."): v.detach().float().contiguous().cpu()
+                for k, v in self.state_dict().items()}
+
+
+def medusa_labels(tokens: torch.Tensor, num_heads: int, first_label: int = 0) -> torch.Tensor:
+    """Targets of every head at every position: tokens [B, T] -> labels [B, T, num_heads] where
+    labels[b, t, k] = tokens[b, t + k + 2], IGNORE past the end or before ``first_label``
+    (e.g. the prompt, when only the model's own continuation is a trustworthy label)."""
+    b, t = tokens.shape
+    labels = torch.full((b, t, num_heads), IGNORE, dtype=torch.int64)
+    for k in range(num_heads):
+        shift = k + 2
+        if shift < t:
+            labels[:, : t - shift, k] = tokens[:, shift:]
+    pos = torch.arange(t)[:, None] + torch.arange(num_heads)[None, :] + 2  # [T, heads]
+    labels[:, pos < first_label] = IGNORE
+    return labels
+
+
+def medusa_loss(logits: torch.Tensor, labels: torch.Tensor,
+                decay: float = 0.8) -> tuple[torch.Tensor, list[float]]:
+    """Weighted CE: logits [N, heads, V], labels [N, heads] -> (sum_k decay^k CE_k, CE_k list)."""
+    total = logits.new_zeros((), dtype=torch.float32)
+    per_head: list[float] = []
+    for k in range(logits.shape[1]):
+        ce = nn.functional.cross_entropy(logits[:, k].float(), labels[:, k], ignore_index=IGNORE)
+        ce = torch.nan_to_num(ce)  # a head with no valid label this batch
+        total = total + (decay ** k) * ce
+        per_head.append(float(ce.detach()))
+    return total, per_head
+
+
+@torch.inference_mode()
+def final_hidden(model: nn.Module, seqs: torch.Tensor, batch_size: int = 32) -> torch.Tensor:
+    """Final hidden states after the final norm: seqs [N, T] -> [N, T, H] (fp32, CPU)."""
+    device = next(model.parameters()).device
+    base: Any = getattr(model, "base_model", None)  # HF: the backbone, any architecture
+    if base is None or base is model:
+        raise SpecserveError("model: expected a Hugging Face *ForCausalLM with a backbone")
+    outs = []
+    for s in range(0, seqs.shape[0], batch_size):
+        out = base(input_ids=seqs[s:s + batch_size].to(device))
+        outs.append(out.last_hidden_state.float().cpu())
+    return torch.cat(outs)
+
+
+def head_top1_accuracy(heads: MedusaHeads, hidden: torch.Tensor,
+                       labels: torch.Tensor) -> list[float]:
+    """Per-head top-1 accuracy over valid labels: hidden [N, T, H], labels [N, T, heads]."""
+    correct = torch.zeros(heads.num_heads)
+    count = torch.zeros(heads.num_heads)
+    with torch.inference_mode():
+        for i in range(hidden.shape[0]):
+            pred = heads(hidden[i]).argmax(-1)  # [T, heads]
+            valid = labels[i] != IGNORE
+            correct += ((pred == labels[i]) & valid).sum(0).float()
+            count += valid.sum(0).float()
+    return [float(c / n) if n > 0 else 0.0 for c, n in zip(correct, count, strict=True)]
+
+
+def save_medusa(heads: MedusaHeads, out: Path, base_model: str,
+                extra: dict[str, Any] | None = None) -> Path:
+    """Write ``config.json`` + ``medusa_lm_head.safetensors`` into the directory ``out``."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(heads.layout_state_dict(), str(out / HEADS_FILE))
+    cfg: dict[str, Any] = {
+        "medusa_num_heads": heads.num_heads,
+        "medusa_num_layers": heads.num_layers,
+        "base_model_name_or_path": base_model,
+        "hidden_size": heads.hidden,
+        "vocab_size": heads.vocab,
+    }
+    cfg.update(extra or {})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def load_medusa(path: Path) -> MedusaHeads:
+    """Load heads saved by :func:`save_medusa` (checks names and shapes)."""
+    from safetensors.torch import load_file
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+        tensors = load_file(str(path / HEADS_FILE))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecserveError(f"{path}: cannot read Medusa heads ({e})") from e
+    heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], cfg["medusa_num_heads"],
+                        cfg["medusa_num_layers"])
+    missing = set(heads.layout_state_dict()) ^ set(tensors)
+    if missing:
+        raise SpecserveError(f"{path / HEADS_FILE}: tensor names differ: {sorted(missing)[:4]}")
+    heads.load_state_dict({f"heads.{k}": v for k, v in tensors.items()})
+    return heads
+
