@@ -34,20 +34,47 @@ lint: setup
 demo: setup
 	@echo "make demo: not built yet (issue 8)"; exit 1
 
+# make engine [BACKEND=torch|trtllm|auto] [MODEL=dir] [MEDUSA=dir | DRAFT=dir] [OUT=engines/x]
+# Reuses OUT when its build_config.json records the same resolved options, input hashes and
+# package versions (specserve.build.uptodate); otherwise rebuilds it (--force, atomic).
+engine: BACKEND = torch
+engine: MODEL = checkpoints/demo/target
+engine: MEDUSA = checkpoints/demo/medusa
+engine: DRAFT =
+engine: OUT = engines/demo
 engine: setup
-	@echo "make engine: not built yet (issue 3)"; exit 1
+	@args=(--model "$(MODEL)" $(if $(DRAFT),--draft "$(DRAFT)",--medusa "$(MEDUSA)") \
+	  --backend "$(BACKEND)" --out "$(OUT)"); \
+	if $(BIN)/specserve build "$${args[@]}" --force --dry-run --format json 2>/dev/null \
+	    | $(BIN)/python -m specserve.build.uptodate; then \
+	  echo "$(OUT) is up to date (same options, input hashes and versions)"; \
+	else \
+	  $(BIN)/specserve build "$${args[@]}" --force; \
+	fi
 
+# make repo [ENGINE=engines/demo] [REPO=triton_repo] [REPO_ARGS=--baseline]
+ENGINE ?= engines/demo
+REPO ?= triton_repo
+REPO_ARGS ?= --baseline
 repo: setup
-	@echo "make repo: not built yet (issue 4)"; exit 1
+	$(BIN)/specserve repo --engine $(ENGINE) --out $(REPO) --force $(REPO_ARGS)
 
+# make serve [REPO=triton_repo] [SERVE_ARGS="--grpc-port 8001 ..."]; Ctrl-C stops it
 serve: setup
-	@echo "make serve: not built yet (issue 4)"; exit 1
+	$(BIN)/specserve serve --repo $(REPO) $(SERVE_ARGS)
 
+# make bench [GRPC_PORT=8001] [BENCH_OUT=reports/bench] [BENCH_ARGS="--concurrency 4 ..."]
+# Benchmarks the served demo (`make serve`) on 127.0.0.1 against its no-speculation baseline.
+GRPC_PORT ?= 8001
+BENCH_OUT ?= reports/bench
+BENCH_ARGS ?= --concurrency 4 --requests 32 --warmup 2 --max-tokens 64 --temperature 0
 bench: setup
-	@echo "make bench: not built yet (issue 5)"; exit 1
+	$(BIN)/specserve bench --url 127.0.0.1:$(GRPC_PORT) --protocol grpc --model ensemble \
+	  --baseline-model ensemble_baseline --prompts builtin-code --out $(BENCH_OUT) $(BENCH_ARGS)
 
+# make bench-runtime [BENCH_RUNTIME_ARGS="--oracle-size 1b --target T --draft D --medusa M"]
 bench-runtime: setup
-	@echo "make bench-runtime: not built yet (issue 9)"; exit 1
+	$(BIN)/python benchmarks/runtime.py $(BENCH_RUNTIME_ARGS)
 
 soak: setup
 	@echo "make soak: not built yet (issue 7)"; exit 1
