@@ -8,9 +8,12 @@ does is reported as a check.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
+
+CPU_TREE_NODES = 15  # verify cost on CPU grows with the tree: a small tuned tree wins there
 
 
 def _run(decoder: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
@@ -45,9 +48,14 @@ def decoder_eval(root: Path, prompts: list[list[int]], max_tokens: int,
         "draft": _run(build_decoder(target, draft_dir=root / "draft", max_draft_len=k),
                       prompts, max_tokens),
     }
+    tuned = tuned_tree(runs["medusa"]["stats"], root / "medusa", CPU_TREE_NODES)
+    runs["medusa_tuned"] = _run(
+        build_decoder(target, medusa_dir=root / "medusa", medusa_choices=tuned), prompts,
+        max_tokens)
+    (root / "medusa_tree_cpu.json").write_text(json.dumps(tuned) + "\n")
     base = runs["baseline"]
     out: dict[str, Any] = {"baseline_tokens_per_s": round(base["tokens_per_s"], 2)}
-    for mode in ("medusa", "draft"):
+    for mode in ("medusa", "draft", "medusa_tuned"):
         r = runs[mode]
         same = sum(a == b for a, b in zip(r["outputs"], base["outputs"], strict=True))
         out[mode] = {
@@ -57,4 +65,23 @@ def decoder_eval(root: Path, prompts: list[list[int]], max_tokens: int,
             "speedup": round(r["tokens_per_s"] / max(base["tokens_per_s"], 1e-9), 3),
             "matches_baseline": same / len(prompts),
         }
+    out["medusa_tuned"]["choices"] = tuned
+    out["medusa_tuned"]["nodes"] = len(tuned)
     return out
+
+
+def tuned_tree(stats: Any, medusa_dir: Path, nodes: int) -> list[list[int]]:
+    """A ``nodes``-node tree tuned (``specserve tune-tree``'s greedy construction) from the
+    accepted-node counts measured with the default tree."""
+    from specserve.runtime.loader import medusa_tree
+    from specserve.spec.tree_tuning import (
+        accuracies_from_accepted_nodes,
+        greedy_tree,
+        parse_accepted_nodes,
+    )
+
+    num_heads = int(json.loads((medusa_dir / "config.json").read_text())["medusa_num_heads"])
+    measured = [list(p) for p in medusa_tree(num_heads).choices]
+    counts = parse_accepted_nodes(stats.accepted_nodes, "decoder eval")
+    acc = accuracies_from_accepted_nodes(counts, stats.steps, measured)
+    return [list(p) for p in greedy_tree(acc, nodes).choices]

@@ -224,6 +224,7 @@ def _add_decoder_eval(result: dict[str, Any], work: Path, prompts: list[list[int
     result["baseline_tokens_per_s"] = dec["baseline_tokens_per_s"]
     result["medusa"].update(dec["medusa"])
     result["draft"].update(dec["draft"])
+    result["medusa_tuned"] = dec["medusa_tuned"]
 
 
 def build_demo(cfg: DemoConfig, out: Path, reporter: Reporter | None = None,

@@ -1,0 +1,179 @@
+"""The end-to-end demo run behind ``make demo``: serve a model repository on a real Triton
+Inference Server (127.0.0.1), benchmark speculation against the no-speculation baseline served
+beside it (``ensemble`` vs ``ensemble_baseline``, interleaved in one run), write the report, and
+check the measured tokens per step (tau) against the checkpoint's offline ``eval.json``.
+
+The server is stopped on success, on failure and on Ctrl-C/SIGTERM (a context manager around
+:class:`specserve.triton.server.TritonServer`).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from specserve.config import JsonConfig, write_json_atomic
+from specserve.errors import SpecserveError
+
+
+@dataclass(frozen=True)
+class DemoRunConfig(JsonConfig):
+    """One demo run. Ports 0 = pick free ones."""
+
+    repo: str
+    out: str
+    engine: str | None = None
+    eval_json: str | None = None
+    requests: int = 24
+    warmup: int = 2
+    max_tokens: int = 96
+    concurrency: int = 1
+    grpc_port: int = 0
+    http_port: int = 0
+    metrics_port: int = 0
+    startup_timeout_s: float = 180.0
+    tau_tolerance: float = 0.10
+
+    def validate(self) -> None:
+        if not (Path(self.repo) / "ensemble_baseline").is_dir():
+            raise SpecserveError(
+                f"{self.repo}: no ensemble_baseline model "
+                "(write it with `specserve repo --baseline`)"
+            )
+        if self.requests < 1 or self.max_tokens < 1 or self.concurrency < 1:
+            raise SpecserveError("requests, max_tokens and concurrency must be >= 1")
+
+
+@dataclass(frozen=True)
+class DemoOutcome:
+    summary: dict[str, Any]
+    check: dict[str, Any]
+    exit_code: int
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, so ``finally`` blocks stop the server."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def expected_tau(engine_dir: str | None, eval_json: str | None) -> tuple[float | None, str]:
+    """tau measured offline (``eval.json``) for the engine's proposer and, for Medusa, its tree:
+    ``medusa_tuned`` when the engine was built with that tree, else ``medusa`` (default tree)."""
+    if not eval_json or not Path(eval_json).is_file():
+        return None, "no eval.json"
+    ev = json.loads(Path(eval_json).read_text())
+    build: dict[str, Any] = {}
+    if engine_dir and (Path(engine_dir) / "build_config.json").is_file():
+        build = json.loads((Path(engine_dir) / "build_config.json").read_text())
+    mode = str(build.get("spec_mode", "medusa"))
+    tuned = ev.get("medusa_tuned") or {}
+    if mode == "medusa" and tuned.get("choices") and _same_tree(
+        tuned["choices"], build.get("medusa_choices")
+    ):
+        mode = "medusa_tuned"
+    tau = (ev.get(mode) or {}).get("tau")
+    return (float(tau) if tau is not None else None), mode
+
+
+def _same_tree(a: Any, b: Any) -> bool:
+    if not isinstance(a, list) or not isinstance(b, list):
+        return False
+    return sorted(map(tuple, a)) == sorted(map(tuple, b))
+
+
+def tau_check(summary: dict[str, Any], engine: str | None, eval_json: str | None,
+              tolerance: float) -> dict[str, Any]:
+    """Compare the served tau with the offline one (relative difference within tolerance)."""
+    acc = summary["variants"]["spec"].get("acceptance") or {}
+    measured = acc.get("tau_server") or acc.get("tau_stream")
+    expected, mode = expected_tau(engine, eval_json)
+    out: dict[str, Any] = {"mode": mode, "tau_served": measured, "tau_eval": expected,
+                           "tolerance": tolerance}
+    if measured is None or expected is None:
+        out["ok"] = None
+        return out
+    out["relative_difference"] = abs(measured - expected) / expected
+    out["ok"] = out["relative_difference"] <= tolerance
+    return out
+
+
+def summary_lines(summary: dict[str, Any], check: dict[str, Any]) -> list[str]:
+    """The short summary printed at the end of ``make demo``."""
+    spec, base = summary["variants"]["spec"], summary["variants"]["baseline"]
+    acc = spec.get("acceptance") or {}
+    sp = summary.get("speedup", {})
+
+    def ms(v: dict[str, Any], key: str) -> str:
+        return f"{v[key]['mean']:.2f} / {v[key]['p50']:.2f}"
+
+    def speed(metric: str) -> str:
+        s = sp.get(metric)
+        if not s:
+            return "n/a"
+        return f"{s['speedup']:.2f}x (95% CI {s['ci_low']:.2f}-{s['ci_high']:.2f})"
+
+    tau_line = f"tau (tokens/step)      {acc.get('tau_server', float('nan')):.2f}"
+    if check.get("tau_eval") is not None:
+        tau_line += (f"   offline eval.json {check['tau_eval']:.2f} "
+                     f"({'within' if check['ok'] else 'OUTSIDE'} "
+                     f"{check['tolerance']:.0%})")
+    return [
+        "",
+        "                       speculative     baseline",
+        f"TTFT ms (mean / p50)   {ms(spec, 'ttft_ms'):15s} {ms(base, 'ttft_ms')}",
+        f"TPOT ms (mean / p50)   {ms(spec, 'tpot_ms'):15s} {ms(base, 'tpot_ms')}",
+        f"tokens/s per user      {spec['per_user_tok_s']['mean']:<15.1f} "
+        f"{base['per_user_tok_s']['mean']:.1f}",
+        f"acceptance rate        {acc.get('acceptance_rate') or 0:.3f}",
+        tau_line,
+        f"speedup TPOT           {speed('tpot_s')}",
+        f"speedup tokens/s/user  {speed('per_user_tok_s')}",
+        "",
+    ]
+
+
+def run_demo(cfg: DemoRunConfig, progress: bool | None = None) -> DemoOutcome:
+    """Start the server, benchmark, stop the server (always), check tau, return the outcome."""
+    from specserve.client.config import BenchmarkConfig
+    from specserve.client.run import run_benchmark
+    from specserve.triton.server import TritonServer
+
+    cfg.validate()
+    started = time.monotonic()
+    server = TritonServer(Path(cfg.repo).resolve(), http_port=cfg.http_port,
+                          grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)
+    with _sigterm_as_interrupt():
+        try:
+            server.start(timeout_s=cfg.startup_timeout_s)
+            startup_s = time.monotonic() - started
+            bench = BenchmarkConfig(
+                url=server.grpc_url, out=cfg.out, model="ensemble",
+                baseline_model="ensemble_baseline", prompts="builtin-code",
+                requests=cfg.requests, warmup=cfg.warmup, max_tokens=cfg.max_tokens,
+                concurrency=cfg.concurrency, temperature=0.0, seed=0,
+            )
+            outcome = run_benchmark(bench, progress=progress)
+        finally:
+            server.stop()
+    check = tau_check(outcome.summary, cfg.engine, cfg.eval_json, cfg.tau_tolerance)
+    check["server_startup_s"] = round(startup_s, 2)
+    check["total_s"] = round(time.monotonic() - started, 2)
+    write_json_atomic(Path(cfg.out) / "demo_check.json", check)
+    code = outcome.exit_code or (1 if check.get("ok") is False else 0)
+    return DemoOutcome(summary=outcome.summary, check=check, exit_code=code)
