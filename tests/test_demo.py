@@ -1,0 +1,98 @@
+"""`specserve demo` (the end of `make demo`) on a tiny reference deployment, against a real
+tritonserver: the report is written, tau is checked against eval.json, and failure paths (a port
+already in use, a broken repository) give a clear message and leave no server running."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specserve.cli.main import cli
+from specserve.demo import expected_tau, tau_check
+from specserve.testing.tiny import TinyCheckpoint
+
+pytestmark = pytest.mark.server
+
+
+def _tritonservers_for(repo: Path) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if "tritonserver" in line and f"--model-repository={repo}" in line]
+
+
+@pytest.fixture(scope="module")
+def tiny_repo(tiny_ckpt: TinyCheckpoint, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from specserve.testing.server import make_tiny_engine
+    from specserve.triton.repository import RepoOptions, write_repository
+
+    root = tmp_path_factory.mktemp("demo")
+    engine = make_tiny_engine(tiny_ckpt, root / "engine", "draft", draft_is_target=True)
+    repo = write_repository(engine, root / "repo", RepoOptions(baseline=True), force=True)
+    return engine, repo.resolve(), root
+
+
+def test_demo_runs_reports_and_checks_tau(tiny_repo) -> None:  # type: ignore[no-untyped-def]
+    engine, repo, root = tiny_repo
+    # draft == target at T=0: every draft accepted, K=4 -> 5 tokens per step (1 for the prefill)
+    (root / "eval.json").write_text(json.dumps({"draft": {"tau": 5.0}}))
+    out = root / "report"
+    r = CliRunner().invoke(cli, [
+        "demo", "--repo", str(repo), "--engine", str(engine), "--eval", str(root / "eval.json"),
+        "--out", str(out), "--requests", "3", "--warmup", "1", "--max-tokens", "21",
+    ])
+    assert r.exit_code == 0, r.output
+    assert "tau (tokens/step)" in r.output and "speedup TPOT" in r.output
+    for name in ("summary.json", "requests.jsonl", "README.md", "demo_check.json"):
+        assert (out / name).is_file(), name
+    assert list(out.glob("*.png"))
+    check = json.loads((out / "demo_check.json").read_text())
+    assert check["mode"] == "draft" and check["ok"] is True
+    assert check["tau_served"] == pytest.approx(5.0, rel=0.10)
+    assert not _tritonservers_for(repo)
+
+
+def test_tau_outside_tolerance_is_reported(tmp_path: Path) -> None:
+    summary = {"variants": {"spec": {"acceptance": {"tau_server": 2.0}}}}
+    assert tau_check(summary, None, None, 0.1)["ok"] is None  # nothing to compare with
+    ev = tmp_path / "eval.json"
+    ev.write_text(json.dumps({"medusa": {"tau": 3.0}}))
+    check = tau_check(summary, None, str(ev), 0.1)
+    assert check["ok"] is False and check["relative_difference"] == pytest.approx(1 / 3)
+    ev.write_text(json.dumps({"medusa": {"tau": 2.1}}))
+    assert tau_check(summary, None, str(ev), 0.1)["ok"] is True
+
+
+def test_expected_tau_picks_the_tuned_tree(tmp_path: Path) -> None:
+    tree = [[0], [1], [0, 0]]
+    (tmp_path / "build_config.json").write_text(
+        json.dumps({"spec_mode": "medusa", "medusa_choices": [[0], [0, 0], [1]]}))
+    ev = tmp_path / "eval.json"
+    ev.write_text(json.dumps({"medusa": {"tau": 3.0},
+                              "medusa_tuned": {"tau": 2.5, "choices": tree}}))
+    assert expected_tau(str(tmp_path), str(ev)) == (2.5, "medusa_tuned")
+    ev.write_text(json.dumps({"medusa": {"tau": 3.0}, "medusa_tuned": {"tau": 2.5,
+                                                                       "choices": [[0]]}}))
+    assert expected_tau(str(tmp_path), str(ev)) == (3.0, "medusa")
+
+
+def test_port_in_use_is_a_clear_error_and_no_server_left(tiny_repo) -> None:  # type: ignore[no-untyped-def]
+    engine, repo, root = tiny_repo
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = CliRunner().invoke(cli, ["demo", "--repo", str(repo), "--engine", str(engine),
+                                     "--out", str(root / "r2"), "--grpc-port", str(port)])
+    assert r.exit_code == 3
+    assert "already in use" in r.output
+    assert not _tritonservers_for(repo)
+
+
+def test_repository_without_baseline_is_refused(tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["demo", "--repo", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "ensemble_baseline" in r.output
