@@ -44,16 +44,25 @@ class JsonConfig:
 
     @classmethod
     def from_json(cls: type[T], path: str | Path) -> T:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError as e:
-            raise SpecserveError(f"{p}: not found") from e
-        except json.JSONDecodeError as e:
-            raise SpecserveError(f"{p}: invalid JSON ({e.msg} at line {e.lineno})") from e
+        data = read_json(path)
         if not isinstance(data, dict):
-            raise SpecserveError(f"{p}: expected a JSON object")
+            raise SpecserveError(f"{path}: expected a JSON object")
         return cls.from_dict(data)
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a JSON file, or raise ``<path>: not found`` / ``<path>: invalid JSON (...)``."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise SpecserveError(f"{p}: not found") from e
+    except IsADirectoryError as e:
+        raise SpecserveError(f"{p}: is a directory, expected a JSON file") from e
+    except json.JSONDecodeError as e:
+        raise SpecserveError(f"{p}: invalid JSON ({e.msg} at line {e.lineno})") from e
+    except UnicodeDecodeError as e:
+        raise SpecserveError(f"{p}: invalid JSON (not UTF-8)") from e
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:

@@ -10,11 +10,9 @@ Keys read by the Triton writer (docs/architecture.md): ``backend``, ``spec_mode`
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 from pathlib import Path
 from typing import Any
 
-from specserve import __version__
 from specserve.build.config import BuildConfig
 
 RECORD_VERSION = 1
@@ -47,13 +45,10 @@ def input_hashes(cfg: BuildConfig) -> dict[str, str]:
 
 
 def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"specserve": __version__}
-    for dist in ("torch", "transformers", "safetensors", "tokenizers", "tensorrt_llm"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    from specserve.cli.version import collect_versions
+
+    return collect_versions(("torch", "transformers", "safetensors", "tokenizers",
+                             "tensorrt_llm"))
 
 
 def cli_argv(cfg: BuildConfig) -> list[str]:

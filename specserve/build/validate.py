@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specserve.config import read_json as _read_any_json
 from specserve.errors import SpecserveError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -57,12 +58,7 @@ class MedusaInfo:
 
 def read_json(path: Path) -> dict[str, Any]:
     """Read a JSON object, or raise ``<path>: ...`` for a missing or malformed file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise SpecserveError(f"{path}: not found") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecserveError(f"{path}: invalid JSON ({e})") from e
+    data = _read_any_json(path)
     if not isinstance(data, dict):
         raise SpecserveError(f"{path}: expected a JSON object")
     return data

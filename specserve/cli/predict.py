@@ -8,7 +8,6 @@ roofline.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 import click
 
 from specserve.cli._output import FORMAT_OPTION, emit
+from specserve.config import read_json as _read_json
 from specserve.errors import SpecserveError
 from specserve.spec import predictor as P
 
@@ -39,15 +39,6 @@ Acceptance: --alpha (i.i.d.), --rates (P(draft position k accepted) over all ste
 0.7,0.5,0.3), --tau with --draft-len, or --summary (variants.spec.acceptance of a bench run:
 per_position_acceptance and tau_server). --tree-nodes N: a Medusa tree verifies N + 1 tokens.
 """
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise SpecserveError(f"{path}: not found") from e
-    except json.JSONDecodeError as e:
-        raise SpecserveError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from e
 
 
 def _config_path(path: str) -> Path:

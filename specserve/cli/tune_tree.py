@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from specserve.cli._output import FORMAT_OPTION, emit
+from specserve.config import read_json as _read_json
 from specserve.errors import SpecserveError
 from specserve.spec import tree_tuning as TT
 from specserve.spec.tree import MC_SIM_7B_63, MedusaTree
@@ -41,15 +42,6 @@ Examples:
 Writes OUT (JSON list of lists) and OUT with suffix .txt (TensorRT-LLM brace form, one line).
 --nodes is a maximum: nodes that can never be accepted (estimated accuracy 0) are left out.
 """
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise SpecserveError(f"{path}: not found") from e
-    except json.JSONDecodeError as e:
-        raise SpecserveError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from e
 
 
 def _acceptance_block(data: Any) -> dict[str, Any] | None:

@@ -9,11 +9,13 @@ import click
 from specserve import __version__
 from specserve.cli._output import FORMAT_OPTION, emit
 
+VERSIONED = ("torch", "transformers", "tritonclient", "tensorrt_llm", "nvidia-pytriton")
 
-def collect_versions() -> dict[str, str | None]:
-    """Versions of specserve and its key dependencies; None when not installed."""
+
+def collect_versions(dists: tuple[str, ...] = VERSIONED) -> dict[str, str | None]:
+    """Versions of specserve and the given distributions; None when not installed."""
     out: dict[str, str | None] = {"specserve": __version__}
-    for dist in ("torch", "transformers", "tritonclient", "tensorrt_llm", "nvidia-pytriton"):
+    for dist in dists:
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -35,25 +35,9 @@ class TinyCheckpoint:
 
 def make_tokenizer(out: Path, vocab_size: int = 256, text: str = TINY_TEXT) -> Path:
     """Train a byte-level BPE tokenizer on ``text`` and save it loadable by AutoTokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from specserve.train.tokenizer import train_tokenizer
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([text], trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        pad_token="<pad>",
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(str(out))
+    train_tokenizer([text], out, vocab_size)
     return out
 
 
