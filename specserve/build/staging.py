@@ -28,7 +28,11 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
     stage = Path(staging_dir(str(out)))
     if stage.exists():  # left over by a killed build: ours by name
         shutil.rmtree(stage)
-    stage.mkdir(parents=True)
+    try:
+        stage.mkdir(parents=True)
+    except OSError as e:  # unwritable or not a directory
+        raise SpecserveError(f"{out}: cannot create the output directory "
+                             f"({e.strerror}: {e.filename})") from e
     try:
         yield stage
         _swap(stage, out)

@@ -61,6 +61,10 @@ class SpecserveGroup(click.Group):
         except SpecserveError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
+        except click.UsageError as e:  # bad option value: one line too, exit 2
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            click.echo(f"error: {e.format_message()}{where}", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=SpecserveGroup, context_settings={"help_option_names": ["-h", "--help"]})

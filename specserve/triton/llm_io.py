@@ -77,6 +77,9 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
                   exclude_default: bool = False) -> LlmRequest:
     """Map one Triton request's numpy inputs (batch dim 1) to an LlmRequest, or raise ValueError
     naming the input the reference backend cannot honour."""
+    empty = sorted(name for name, arr in arrays.items() if arr.size == 0)
+    if empty:
+        raise ValueError(f"input '{empty[0]}' is empty")
     for name, arr in arrays.items():
         if name in HONOURED:
             continue

@@ -1,0 +1,231 @@
+"""Load and fault injection against a real tritonserver on loopback (issue 7, ``make soak``).
+
+Three checks, each bounded in time (``docs/reliability.md`` has the figures):
+
+1. :func:`soak_streams`: N requests over C concurrent gRPC streams to the ensemble, a fraction
+   cancelled by the client after their first streamed chunk (``stop_stream(cancel_requests=
+   True)``). Every request gets a record (completed, cancelled or error); the server must stay
+   up, its memory (RSS of tritonserver and its Python stubs, one process group) is reported
+   before and after, and a greedy request after the run must equal the one before.
+2. :func:`kill_during_bench`: ``specserve bench`` runs while the server is SIGKILLed; the bench
+   must keep its records, write a partial report and exit non-zero; after a restart on the same
+   ports the same bench command must pass (exit 0).
+3. :func:`sigint_build`: ``specserve build`` gets SIGINT as soon as its staging directory appears;
+   no engine directory (nor staging directory) may remain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os",
+           "if __name__ == '__main__':", "print(i, i * i)", "self.x = x", "return a + b"]
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    index: int
+    status: str  # completed | cancelled | error
+    chunks: int
+    text: str
+    error: str | None
+    seconds: float
+
+
+def group_rss_bytes(pgid: int) -> int:
+    """Sum of VmRSS over the processes of a process group (tritonserver + its stubs)."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) != pgid:  # field 5 (pgrp), after pid and comm
+                continue
+            for line in (d / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _inputs(text: str, max_tokens: int) -> list[Any]:
+    import tritonclient.grpc as grpcclient
+
+    values = {"text_input": (np.array([[text.encode()]], dtype=object), "BYTES"),
+              "max_tokens": (np.array([[max_tokens]], dtype=np.int32), "INT32"),
+              "end_id": (np.array([[-1]], dtype=np.int32), "INT32"),
+              "stream": (np.array([[True]], dtype=bool), "BOOL")}
+    out = []
+    for name, (arr, dt) in values.items():
+        inp = grpcclient.InferInput(name, list(arr.shape), dt)
+        inp.set_data_from_numpy(arr)
+        out.append(inp)
+    return out
+
+
+def one_stream(url: str, index: int, text: str, max_tokens: int, cancel: bool,
+               timeout_s: float = 120.0) -> StreamRecord:
+    """One streamed request on its own gRPC stream; ``cancel``: stop after the first chunk."""
+    import tritonclient.grpc as grpcclient
+
+    t0 = time.monotonic()
+    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    chunks, parts = 0, list[str]()
+    client = None
+    try:
+        client = grpcclient.InferenceServerClient(url)
+        client.start_stream(callback=lambda result, error: q.put((result, error)))
+        client.async_stream_infer("ensemble", _inputs(text, max_tokens),
+                                  enable_empty_final_response=True)
+        while True:
+            result, error = q.get(timeout=timeout_s)
+            if error is not None:
+                return StreamRecord(index, "error", chunks, "".join(parts), str(error)[:300],
+                                    time.monotonic() - t0)
+            resp = result.get_response()
+            if any(o.name == "text_output" for o in resp.outputs):
+                piece = result.as_numpy("text_output").reshape(-1)[0]
+                if piece:
+                    chunks += 1
+                    parts.append(piece.decode("utf-8", "replace"))
+            if resp.parameters["triton_final_response"].bool_param:
+                return StreamRecord(index, "completed", chunks, "".join(parts), None,
+                                    time.monotonic() - t0)
+            if cancel and chunks >= 1:
+                client.stop_stream(cancel_requests=True)
+                return StreamRecord(index, "cancelled", chunks, "".join(parts), None,
+                                    time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001 - every failure is recorded
+        message = f"{type(e).__name__}: {e}"[:300]
+        return StreamRecord(index, "error", chunks, "".join(parts), message,
+                            time.monotonic() - t0)
+    finally:
+        if client is not None:
+            try:
+                client.stop_stream(cancel_requests=True)
+                client.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def soak_streams(server: Any, requests: int = 500, concurrency: int = 64,
+                 cancel_every: int = 10, max_tokens: int = 32,
+                 out: Path | None = None) -> dict[str, Any]:
+    """Check 1 (see the module docstring). Returns the figures; writes ``requests.jsonl``."""
+    url = server.grpc_url
+    before = one_stream(url, -1, PROMPTS[0], 16, False)
+    rss0 = group_rss_bytes(server.pid)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        futures = [pool.submit(one_stream, url, i, PROMPTS[i % len(PROMPTS)],
+                               max_tokens * (4 if i % cancel_every == 0 else 1),
+                               i % cancel_every == 0) for i in range(requests)]
+        records = [f.result() for f in futures]
+    wall = time.monotonic() - t0
+    time.sleep(1.0)  # let cancelled requests drain on the server
+    rss1 = group_rss_bytes(server.pid)
+    after = one_stream(url, -2, PROMPTS[0], 16, False)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "requests.jsonl", "w") as f:
+            for r in records:
+                f.write(json.dumps(asdict(r)) + "\n")
+    counts = {s: sum(r.status == s for r in records) for s in ("completed", "cancelled", "error")}
+    return {
+        "requests": requests, "concurrency": concurrency, "recorded": len(records),
+        "counts": counts, "errors": sorted({r.error or "" for r in records if r.error})[:5],
+        "wall_s": round(wall, 2), "requests_per_s": round(requests / wall, 1),
+        "server_alive": server.is_running(),
+        "rss_before_mb": round(rss0 / 2**20, 1), "rss_after_mb": round(rss1 / 2**20, 1),
+        "rss_growth_mb": round((rss1 - rss0) / 2**20, 1),
+        "next_request_correct": before.status == after.status == "completed"
+        and before.text == after.text and bool(before.text),
+    }
+
+
+def _bench_cmd(url: str, out: Path, requests: int) -> list[str]:
+    exe = str(Path(sys.executable).with_name("specserve"))
+    return [exe, "bench", "--url", url, "--model", "ensemble", "--requests", str(requests),
+            "--warmup", "0", "--concurrency", "4", "--max-tokens", "48", "--end-id", "-1",
+            "--temperature", "0", "--timeout", "60", "--out", str(out), "--format", "json"]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def kill_during_bench(server: Any, out: Path, requests: int = 200,
+                      kill_after: int = 5, restart: bool = True) -> dict[str, Any]:
+    """Check 2. SIGKILL the server once ``kill_after`` requests are recorded."""
+    cmd = _bench_cmd(server.grpc_url.replace("localhost", "127.0.0.1"), out / "killed", requests)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    jsonl = out / "killed" / "requests.jsonl"
+    deadline = time.monotonic() + 120
+    while len(_lines(jsonl)) < kill_after and time.monotonic() < deadline \
+            and proc.poll() is None:
+        time.sleep(0.05)
+    recorded_at_kill = len(_lines(jsonl))
+    os.kill(server.pid, signal.SIGKILL)  # tritonserver only: its stubs are orphaned, as in a crash
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    records = _lines(jsonl)
+    res: dict[str, Any] = {
+        "bench_exit_code": proc.returncode, "recorded_at_kill": recorded_at_kill,
+        "records": len(records),
+        "statuses": {s: sum(r["status"] == s for r in records) for s in
+                     ("completed", "cancelled", "error")},
+        "summary_written": (out / "killed" / "summary.json").exists(),
+        "stderr_tail": err.decode(errors="replace").strip().splitlines()[-1:],
+    }
+    if restart:
+        http, grpc, metrics = server.http_port, server.grpc_port, server.metrics_port
+        server.stop()
+        server.http_port, server.grpc_port, server.metrics_port = http, grpc, metrics
+        server.start(180)
+        again = subprocess.run(_bench_cmd(server.grpc_url, out / "restarted", 16),
+                               capture_output=True, timeout=300)
+        res["after_restart_exit_code"] = again.returncode
+        res["after_restart_records"] = len(_lines(out / "restarted" / "requests.jsonl"))
+    return res
+
+
+def sigint_build(model: Path, out: Path, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Check 3. SIGINT ``specserve build`` when its staging dir appears (or after 60 s)."""
+    exe = str(Path(sys.executable).with_name("specserve"))
+    stage = out.parent / f".{out.name}.building"
+    proc = subprocess.Popen([exe, "build", "--model", str(model), "--ngram", "--backend",
+                             "torch", "--dtype", "float32", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    t0 = time.monotonic()
+    while not stage.exists() and proc.poll() is None and time.monotonic() - t0 < 60:
+        time.sleep(0.002)
+    staged = stage.exists()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return {"interrupted_while_staging": staged, "exit_code": proc.returncode,
+            "engine_dir_left": out.exists(), "staging_dir_left": stage.exists(),
+            "stderr_tail": err.decode(errors="replace").strip().splitlines()[-1:]}
