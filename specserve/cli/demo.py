@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -18,6 +19,15 @@ Examples:
 Exit code 0 on success, 1 when requests failed or tau differs from eval.json by more than
 the tolerance, 2 for bad input, 3 when the server cannot start.
 """
+
+
+def _why(summary: dict[str, Any]) -> str:
+    if summary.get("interrupted"):
+        return "interrupted"
+    if summary.get("aborted"):
+        return str(summary["aborted"])
+    r = summary.get("records", {})
+    return f"{r.get('error', 0)} errors, {r.get('cancelled', 0)} cancelled"
 
 
 @click.command("demo", epilog=EXAMPLES,
@@ -54,5 +64,7 @@ def command(repo: str, engine: str, eval_json: str, out: str, requests: int, war
     result = run_demo(cfg)
     emit({"summary": result.summary, "check": result.check}, fmt,
          lambda d: "\n".join(summary_lines(d["summary"], d["check"]))
-         + f"\nreport: {out}/README.md")
+         + f"\nreport: {out}/README.md"
+         + ("" if d["summary"].get("status") == "ok" else
+            f" (PARTIAL: {_why(d['summary'])})"))
     sys.exit(result.exit_code)
