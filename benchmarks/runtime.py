@@ -8,7 +8,8 @@ greedy continuation (chain K=4 and K=8): this isolates the machinery from accept
 Workload (b), "pair": a target with a draft model and Medusa heads (``--target/--draft/--medusa``;
 default: the random tiny checkpoint of the tests, whose draft accepts almost nothing). HF plain,
 HF assisted generation (``assistant_model=`` the same draft), HF prompt lookup, and ours plain,
-draft, n-gram and Medusa.
+draft (fixed K, adaptive K, and K <= ``--confidence-k`` with chains ended at a draft below
+``--confidence``, as HF's ``assistant_confidence_threshold``), n-gram and Medusa.
 
 All runs are greedy with EOS off and ``--new-tokens`` tokens; the best of ``--repeats`` timed runs
 after one warm-up is reported. ``--doc FILE`` rewrites this benchmark's section of FILE.
@@ -148,7 +149,8 @@ def oracle_rows(size: str, n: int, repeats: int) -> list[Row]:
 
 
 def pair_rows(target: Path, draft: Path | None, medusa: Path | None, n: int, k: int,
-              repeats: int, dtype: str = "float32") -> list[Row]:
+              repeats: int, dtype: str = "float32",
+              confidence: tuple[int, float] = (32, 0.6)) -> list[Row]:
     from transformers import AutoModelForCausalLM
 
     from specserve.runtime.loader import load_tokenizer
@@ -174,13 +176,21 @@ def pair_rows(target: Path, draft: Path | None, medusa: Path | None, n: int, k: 
         variants.append((f"draft K={k}", {"draft_dir": draft}))
         variants.append((f"draft K<={k} adaptive", {"draft_dir": draft,
                                                    "adaptive_draft_len": True}))
+        ck, conf = confidence
+        if conf > 0:
+            variants.append((f"draft K<={ck} confidence stop {conf:g}", {
+                "draft_dir": draft, "max_draft_len": ck, "draft_min_confidence": conf}))
+            if dtype != "float32":  # the draft's dtype is free (lossless): fp32 is faster here
+                variants.append((f"draft K<={ck} confidence stop {conf:g}, float32 draft", {
+                    "draft_dir": draft, "max_draft_len": ck, "draft_min_confidence": conf,
+                    "draft_dtype": "float32"}))
     variants.append((f"ngram K={k}", {"ngram": True}))
     if medusa is not None:
         variants.append(("medusa mc_sim_7b_63", {"medusa_dir": medusa}))
         variants.append(("medusa 8-node tree", {"medusa_dir": medusa,
                                                 "medusa_choices": SMALL_TREE}))
     for name, kw in variants:
-        dec = build_decoder(target, max_draft_len=k, dtype=dtype, **kw)
+        dec = build_decoder(target, **{"max_draft_len": k, "dtype": dtype, **kw})
         cases.append(ours(f"{label}: ours {name}", dec, prompt, n))
     return measure(cases, repeats)
 
@@ -213,6 +223,10 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--medusa", type=Path)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="draft length for draft/ngram")
+    ap.add_argument("--confidence-k", type=int, default=32,
+                    help="max draft length of the confidence-stop draft row")
+    ap.add_argument("--confidence", type=float, default=0.6,
+                    help="draft_min_confidence of that row (0: no such row)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
@@ -231,7 +245,7 @@ def main(argv: list[str]) -> None:
             ck = make_tiny_checkpoint(Path(tmp) / "tiny")
             target, draft, medusa = ck.target, ck.draft, ck.medusa
         rows += pair_rows(target, draft, medusa, args.new_tokens, args.k, args.repeats,
-                          args.dtype)
+                          args.dtype, (args.confidence_k, args.confidence))
     out = table(rows)
     print(out)
     if args.doc is not None:

@@ -296,8 +296,11 @@ class SpecDecoder:
         act = st.active()
         greedy = [b for b in act if st.params[b].temperature == 0]
         if greedy:
-            idx = torch.tensor(greedy, device=drafts.device)
-            res = greedy_verify(drafts[idx], logits[idx])
+            if len(greedy) == len(st.seqs):  # every row greedy: no copy of the logits
+                res = greedy_verify(drafts, logits)
+            else:
+                idx = torch.tensor(greedy, device=drafts.device)
+                res = greedy_verify(drafts[idx], logits[idx])
             toks, nums = res.tokens.tolist(), res.num_emitted.tolist()
             for i, b in enumerate(greedy):
                 out[b] = toks[i][:nums[i]]

@@ -1,7 +1,9 @@
 """Draft proposers behind one small interface (as transformers' ``CandidateGenerator``).
 
 - :class:`DraftModelProposer`: a smaller causal LM with its own static KV cache proposes K tokens
-  autoregressively and records their distributions q (Leviathan et al. 2023; Chen et al. 2023).
+  autoregressively and records their distributions q (Leviathan et al. 2023; Chen et al. 2023);
+  optionally it ends a chain early at a draft it is unsure of (``min_confidence``, as HF's
+  ``assistant_confidence_threshold``).
 - :class:`NgramProposer`: prompt lookup decoding (Saxena 2023, "Prompt Lookup Decoding"): find a
   recent earlier occurrence of the last n tokens (n = 3..1) and propose what followed; q is
   one-hot.
@@ -139,10 +141,13 @@ class DraftModelProposer(ChainProposer):
     """A draft LM with its own static cache; records q for lossless rejection sampling."""
 
     name = "draft"
+    # > 0: end a row's chain at a draft whose draft probability is below this (HF's
+    # assistant_confidence_threshold); lossless, fewer wasted draft forwards for a large K.
+    min_confidence = 0.0
 
     def __init__(self, model: Transformer, max_draft_len: int = 4) -> None:
         super().__init__(max_draft_len)
-        self.model = model
+        self.model = model.decode_layout()  # it runs one-token forwards: gemv-friendly weights
         self.cache: KVCache | None = None
         self._fed: list[int] = []
 
@@ -165,9 +170,13 @@ class DraftModelProposer(ChainProposer):
         tokens = _pad(rows, t, dev)  # [B, T]
         lens = self.cache.lengths
         hidden = self.model(tokens, self.cache)  # [B, T, H]
-        last = torch.tensor([max(len(r) - 1, 0) for r in rows], device=dev)
         self.cache.lengths = [n + len(r) for n, r in zip(lens, rows, strict=True)]
-        out: torch.Tensor = hidden[torch.arange(len(rows), device=dev), last]
+        out: torch.Tensor
+        if all(len(r) == t for r in rows):  # every row ends at T-1: a view, no gather
+            out = hidden[:, -1]
+        else:
+            last = torch.tensor([max(len(r) - 1, 0) for r in rows], device=dev)
+            out = hidden[torch.arange(len(rows), device=dev), last]
         return out
 
     def propose(self, seqs: list[list[int]], limits: list[int], params: list[SamplingParams],
@@ -178,25 +187,38 @@ class DraftModelProposer(ChainProposer):
         # 1. catch up: feed what the draft has not seen (the pending token, maybe one more)
         hidden = self._feed([s[n:] for s, n in zip(seqs, self.cache.lengths, strict=True)])
         assert hidden is not None
-        tokens, probs = [], []
+        tokens, probs, counts = [], [], list(limits)
         for i in range(k):
             logits = self.model.logits(hidden)  # [B, V]
             tok = logits.argmax(dim=-1)  # [B]
             if sampled:
                 q = torch.zeros_like(logits)
                 for b in sampled:
-                    if i >= limits[b]:  # beyond this row's limit: no randomness consumed
+                    if i >= counts[b]:  # beyond this row's limit or stop: no randomness
                         continue
                     p = params[b]
                     q[b] = logits_to_probs(logits[b], p.temperature, p.top_k, p.top_p)
                     tok[b] = sample(q[b:b + 1], generators[b])[0]
                 probs.append(q)
             tokens.append(tok)
+            if self.min_confidence > 0 and self._stop_unsure(logits, tok, i, counts):
+                break
             if i < k - 1:  # 2. feed each draft to get the next one's distribution
                 hidden = self._feed_one(tok)
-        drafts = torch.stack(tokens, dim=1)  # [B, K]
-        q_all = torch.stack(probs, dim=1) if sampled else None  # [B, K, V]
-        return ChainProposal(drafts, list(limits), q_all)
+        drafts = torch.stack(tokens, dim=1)  # [B, k']
+        q_all = torch.stack(probs, dim=1) if sampled else None  # [B, k', V]
+        return ChainProposal(drafts, counts, q_all)
+
+    def _stop_unsure(self, logits: torch.Tensor, tok: torch.Tensor, i: int,
+                     counts: list[int]) -> bool:
+        """End row b's chain at draft i when the draft gives it probability < min_confidence
+        (HF's ``assistant_confidence_threshold``); True when every chain has ended.
+        logits [B, V], tok [B]; ``counts`` is updated in place."""
+        conf = torch.softmax(logits, dim=-1).gather(1, tok[:, None])[:, 0].tolist()  # [B]
+        for b, c in enumerate(conf):
+            if i < counts[b] and c < self.min_confidence:
+                counts[b] = i + 1
+        return all(c <= i + 1 for c in counts)
 
     def _feed_one(self, tok: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None
