@@ -125,26 +125,13 @@ def test_predict_measure_on_tiny_checkpoint(tiny_ckpt: Any) -> None:
 def _simulated_summary(acc: list[list[float]], steps: int, seed: int) -> dict[str, Any]:
     """accepted_nodes of ``steps`` T=0 tree-verify steps through mc_sim_7b_63 (independent
     heads, each head's right token at one rank drawn from its accuracies)."""
-    rng = random.Random(seed)
-    nodes = set(MC_SIM_7B_63)
-    counts: dict[str, int] = {}
-    emitted = 0
-    for _ in range(steps):
-        path: tuple[int, ...] = ()
-        for head, row in enumerate(acc):
-            u, rank = rng.random(), -1
-            for r, a in enumerate(row):
-                u -= a
-                if u < 0:
-                    rank = r
-                    break
-            if rank < 0 or (*path, rank) not in nodes:
-                break
-            path = (*path, rank)
-            counts[f"{head},{rank}"] = counts.get(f"{head},{rank}", 0) + 1
-        emitted += len(path) + 1
+    from tests.spec.test_tree_tuning import _simulate
+
+    counts = _simulate(acc, MC_SIM_7B_63, steps, random.Random(seed))
+    emitted = steps + sum(counts.values())  # one bonus token per step + every accepted node
     return {"variants": {"spec": {"acceptance": {
-        "accepted_nodes": counts, "steps": steps, "tau_server": emitted / steps}}}}
+        "accepted_nodes": {f"{h},{r}": n for (h, r), n in counts.items()}, "steps": steps,
+        "tau_server": emitted / steps}}}}
 
 
 def test_tune_tree_from_summary_writes_valid_files(tmp_path: Path) -> None:
