@@ -43,6 +43,10 @@ def _render(d: dict[str, Any]) -> str:
               help="Draft length K for --draft/--ngram.")
 @click.option("--adaptive-k", is_flag=True,
               help="Adapt the draft length per step within --num-draft-tokens (draft/ngram).")
+@click.option("--draft-min-confidence", type=click.FloatRange(0.0, 1.0), default=0.0,
+              show_default=True,
+              help="--draft: end a step's chain at a draft token the draft model gives less "
+                   "probability than this (lossless; pair with a large --num-draft-tokens).")
 @click.option("--medusa-choices", default=None,
               help="Tree as '{0}, {0, 0}, {1}' (default: mc_sim_7b_63 up to the head count).")
 @click.option("--typical", is_flag=True,
@@ -55,7 +59,7 @@ def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | Non
             draft_dir: str | None, ngram: bool, no_spec: bool, prompt: str, max_tokens: int,
             min_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
             ignore_eos: bool, num_draft_tokens: int, adaptive_k: bool,
-            medusa_choices: str | None,
+            draft_min_confidence: float, medusa_choices: str | None,
             typical: bool, dtype: str, device: str, fmt: str) -> None:
     """Generate from --model (with --medusa, --draft or --ngram) or from --engine.
 
@@ -64,6 +68,8 @@ def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | Non
       specserve generate --model ckpt/target --draft ckpt/draft --prompt "def add(" \\
           --max-tokens 64 --format json
       specserve generate --model ckpt/target --medusa ckpt/medusa --prompt "import os"
+      specserve generate --model ckpt/target --draft ckpt/draft --num-draft-tokens 32 \\
+          --draft-min-confidence 0.6 --prompt "class Stack:"
       specserve generate --engine engines/demo --prompt "for i in" --temperature 0.8 --seed 1
     """
     from specserve.runtime import loader
@@ -83,7 +89,7 @@ def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | Non
             draft_dir=None if no_spec else draft_dir, ngram=ngram and not no_spec,
             max_draft_len=num_draft_tokens, medusa_choices=medusa_choices,
             medusa_acceptance="typical" if typical else "greedy", dtype=dtype, device=device,
-            adaptive_draft_len=adaptive_k)
+            adaptive_draft_len=adaptive_k, draft_min_confidence=draft_min_confidence)
         tokenizer = loader.load_tokenizer(model_dir)
     if no_spec:
         decoder.proposer = None

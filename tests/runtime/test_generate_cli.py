@@ -20,7 +20,10 @@ def _run(args: list[str]) -> dict:  # type: ignore[type-arg]
     return json.loads(r.output)  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("mode", [[], ["--ngram"], ["--draft", "DRAFT"], ["--medusa", "MEDUSA"]])
+@pytest.mark.parametrize("mode", [
+    [], ["--ngram"], ["--draft", "DRAFT"], ["--medusa", "MEDUSA"],
+    ["--draft", "DRAFT", "--num-draft-tokens", "16", "--draft-min-confidence", "0.5"],
+])
 def test_generate_json_matches_no_spec(tiny_ckpt: TinyCheckpoint, mode: list[str]) -> None:
     mode = [{"DRAFT": str(tiny_ckpt.draft), "MEDUSA": str(tiny_ckpt.medusa)}.get(a, a)
             for a in mode]
