@@ -1,4 +1,4 @@
-"""How much TTFT does ``specserve bench`` itself add, at 1 and 64 concurrent streams?
+"""How much TTFT does ``specserve bench`` itself add, at 1, 16 and 64 concurrent streams?
 
 Serves the trivial ensemble-shaped model (``specserve.client.trivial_repo``: no model behind
 it, ``--step-delay-ms`` per step) on a real tritonserver on loopback, runs ``specserve bench``
@@ -13,7 +13,11 @@ stamps (same host, same clock):
 what the client adds (it includes Triton's frontend and the loopback transport). The claim to
 check (issue 5): at 64 concurrent streams on 2 cores the median added TTFT is under 1 ms.
 
-    .venv/bin/python benchmarks/client_overhead.py --concurrency 1 64 --requests 256
+The opening burst of the measured phase (all streams sent at once) is reported apart. The
+yardstick (one bare tritonclient stream) bounds it from the other side. Documented run:
+
+    .venv/bin/python benchmarks/client_overhead.py --concurrency 1 16 64 --requests 40 160 320 \
+        --step-delay-ms 200 --step-jitter-ms 200 --max-tokens 2 --protocol grpc
 """
 
 from __future__ import annotations
@@ -80,14 +84,18 @@ def run(concurrency: int, requests: int, url: str, protocol: str, max_tokens: in
     queue_ms = (after["nv_inference_queue_duration_us"]
                 - before["nv_inference_queue_duration_us"]) / 1e3 / max(n_server, 1)
     recs = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
-    parts = [p for r in recs if r["phase"] == "measure" and (p := split_ttft(r))]
+    meas = sorted((r for r in recs if r["phase"] == "measure"), key=lambda r: r["send_time_unix_s"])
+    # the measured phase opens with all `concurrency` requests sent at once (after the warmup
+    # drained): leave that burst out, as the yardstick leaves out its first `concurrency`
+    parts = [p for r in meas[concurrency:] if (p := split_ttft(r))]
+    burst = [p["added"] for r in meas[:concurrency] if (p := split_ttft(r))]
     spec = res.summary["variants"]["spec"]
     return {
         "concurrency": concurrency, "protocol": protocol, "completed": spec["completed"],
         "errors": spec["errors"], "request_throughput_rps": spec["request_throughput_rps"],
         "output_token_throughput_tok_s": spec["output_token_throughput_tok_s"],
         "client_cpu_ms_per_request": cpu * 1e3 / (requests + concurrency),
-        "triton_queue_ms_mean": queue_ms,
+        "triton_queue_ms_mean": queue_ms, "added_opening_burst": quantiles(burst),
         **{k: quantiles([p[k] for p in parts]) for k in
            ("ttft", "model", "request_path", "response_path", "added")},
     }
@@ -154,17 +162,41 @@ def reference_grpc(url: str, concurrency: int, requests: int, max_tokens: int) -
             for k in ("added", "model", "request_path")}
 
 
+def print_table(results: list[dict[str, Any]]) -> None:
+    """Side by side: added TTFT (ours and the yardstick's), its parts, and Triton's queue."""
+    print("\n| protocol | streams | req/s | added p50 | added p90 | yardstick p50 | yardstick p90"
+          " | ours - yardstick p50 | request path p50 | response path p50 | Triton queue mean"
+          " | client CPU/request | opening burst p50 |")
+    print("|---" * 13 + "|")
+    for r in results:
+        a, ref = r["added"], r.get("reference", {}).get("added")
+        refs = (f"{ref['p50']:.2f} | {ref['p90']:.2f} | {a['p50'] - ref['p50']:+.2f}" if ref
+                else "– | – | –")
+        print(f"| {r['protocol']} | {r['concurrency']} | {r['request_throughput_rps']:.1f} | "
+              f"{a['p50']:.2f} | {a['p90']:.2f} | {refs} | {r['request_path']['p50']:.2f} | "
+              f"{r['response_path']['p50']:.2f} | {r['triton_queue_ms_mean']:.2f} | "
+              f"{r['client_cpu_ms_per_request']:.2f} | "
+              f"{r['added_opening_burst']['p50']:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--requests", type=int, nargs="+", default=[256],
+                    help="measured requests: one value for all, or one per --concurrency")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--step-delay-ms", type=float, default=10.0)
+    ap.add_argument("--step-jitter-ms", type=float, default=0.0,
+                    help="uniform random extra per step, so that streams fall out of lockstep")
     ap.add_argument("--protocol", nargs="+", default=["grpc", "http"])
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--no-reference", action="store_true",
                     help="skip the minimal tritonclient yardstick (gRPC)")
     args = ap.parse_args()
+    if len(args.requests) not in (1, len(args.concurrency)):
+        ap.error("--requests: give one value, or one per --concurrency")
+    n_req = dict(zip(args.concurrency, args.requests * len(args.concurrency)
+                     if len(args.requests) == 1 else args.requests, strict=True))
     # `timeout` sends SIGTERM: exit through the context managers so the server is stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -173,12 +205,13 @@ def main() -> None:
 
     results = []
     with tempfile.TemporaryDirectory(prefix="client-overhead-") as tmp:
-        repo = write_trivial_repo(Path(tmp) / "repo", "1,3,2,4", 3, args.step_delay_ms)
+        repo = write_trivial_repo(Path(tmp) / "repo", "1,3,2,4", 3, args.step_delay_ms,
+                                  step_jitter_ms=args.step_jitter_ms)
         with TritonServer(repo) as srv:
             for protocol in args.protocol:
                 url = srv.grpc_url if protocol == "grpc" else srv.http_url
                 for c in args.concurrency:
-                    r = run(c, args.requests, url, protocol, args.max_tokens,
+                    r = run(c, n_req[c], url, protocol, args.max_tokens,
                             Path(tmp) / f"out-{protocol}-{c}", srv.metrics_url)
                     results.append(r)
                     a, m = r["added"], r["model"]
@@ -191,11 +224,12 @@ def main() -> None:
                           f"{r['client_cpu_ms_per_request']:.2f} ms/request",
                           flush=True)
                     if protocol == "grpc" and not args.no_reference:
-                        r["reference"] = reference_grpc(url, c, args.requests + c,
+                        r["reference"] = reference_grpc(url, c, n_req[c] + c,
                                                         args.max_tokens)
                         ref = r["reference"]["added"]
                         print(f"     reference client c={c:3d}: added TTFT p50 "
                               f"{ref['p50']:.3f} ms p90 {ref['p90']:.3f} ms", flush=True)
+    print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -9,7 +9,8 @@ per response, the TensorRT-LLM perf outputs (``draft_len`` drafted per step, chu
 accepted) and ``spec_stats_json`` on the last response, which carries the final flag itself
 (as TRT-LLM's ensemble does). ``trivial_baseline`` streams one token per step and ends with an
 empty final response (as the BLS model does). ``max_tokens`` above ``max_tokens_limit`` is
-rejected with an error response. ``step_delay_ms`` sleeps between steps.
+rejected with an error response. ``step_delay_ms`` sleeps between steps, plus a uniform random
+extra of up to ``step_jitter_ms`` (seeded) so that concurrent streams do not stay in lockstep.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 MODEL_PY = r'''
-import json, threading, time
+import json, random, threading, time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -35,6 +36,8 @@ class TritonPythonModel:
         self.sizes = [int(x) for x in p["tokens_per_step"].split(",")]
         self.draft_len = int(p["draft_len"])
         self.delay = float(p["step_delay_ms"]) / 1000.0
+        self.jitter = float(p.get("step_jitter_ms", "0")) / 1000.0
+        self.rng = random.Random(0)
         self.limit = int(p["max_tokens_limit"])
         self.final_with_data = p["final_with_data"] == "1"
 
@@ -86,8 +89,8 @@ class TritonPythonModel:
                         stats["accepted_nodes"][key] = stats["accepted_nodes"].get(key, 0) + 1
                 if not prefill:
                     stats["steps"] += 1; stats["emitted_tokens"] += k
-                if self.delay:
-                    time.sleep(self.delay)
+                if self.delay or self.jitter:
+                    time.sleep(self.delay + self.jitter * self.rng.random())
                 first = first or time.time_ns()
                 last = done >= p["n"]
                 if p["stream"]:
@@ -140,7 +143,8 @@ def _config(name: str, params: dict[str, str]) -> str:
 
 
 def write_trivial_repo(out: Path, tokens_per_step: str = "1,3,2,4", draft_len: int = 3,
-                       step_delay_ms: float = 0.0, max_tokens_limit: int = 4096) -> Path:
+                       step_delay_ms: float = 0.0, max_tokens_limit: int = 4096,
+                       step_jitter_ms: float = 0.0) -> Path:
     """Write models ``trivial`` and ``trivial_baseline`` into ``out``; return ``out``."""
     models = {
         "trivial": {"tokens_per_step": tokens_per_step, "draft_len": str(draft_len),
@@ -152,6 +156,7 @@ def write_trivial_repo(out: Path, tokens_per_step: str = "1,3,2,4", draft_len: i
         (d / "1").mkdir(parents=True, exist_ok=True)
         (d / "1" / "model.py").write_text(MODEL_PY.lstrip())
         full = {**params, "step_delay_ms": f"{step_delay_ms:g}",
+                "step_jitter_ms": f"{step_jitter_ms:g}",
                 "max_tokens_limit": str(max_tokens_limit)}
         (d / "config.pbtxt").write_text(_config(name, full))
     return out
