@@ -31,6 +31,7 @@ def criteria(r: dict[str, Any], requests: int) -> dict[str, bool]:
         "no errors under load": s["counts"]["error"] == 0,
         "cancellations happened": s["counts"]["cancelled"] > 0,
         "next request after the load is correct": s["next_request_correct"],
+        "server alive until the planned kill": k.get("server_alive_before_kill", True),
         "killed server: bench exits non-zero": k["bench_exit_code"] != 0,
         "killed server: records kept, partial report": k["records"] >= k["recorded_at_kill"] > 0
         and k["summary_written"],

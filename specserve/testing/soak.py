@@ -182,7 +182,9 @@ def kill_during_bench(server: Any, out: Path, requests: int = 200,
             and proc.poll() is None:
         time.sleep(0.05)
     recorded_at_kill = len(_lines(jsonl))
-    os.kill(server.pid, signal.SIGKILL)  # tritonserver only: its stubs are orphaned, as in a crash
+    alive_before_kill = server.is_running()
+    if alive_before_kill:  # tritonserver only: its stubs are orphaned, as in a crash
+        os.kill(server.pid, signal.SIGKILL)
     try:
         _, err = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
@@ -191,12 +193,15 @@ def kill_during_bench(server: Any, out: Path, requests: int = 200,
     records = _lines(jsonl)
     res: dict[str, Any] = {
         "bench_exit_code": proc.returncode, "recorded_at_kill": recorded_at_kill,
+        "server_alive_before_kill": alive_before_kill,
         "records": len(records),
         "statuses": {s: sum(r["status"] == s for r in records) for s in
                      ("completed", "cancelled", "error")},
         "summary_written": (out / "killed" / "summary.json").exists(),
         "stderr_tail": err.decode(errors="replace").strip().splitlines()[-1:],
     }
+    if not alive_before_kill:  # an unexpected death: keep what the server said
+        res["server_log_tail"] = server.log_text().strip().splitlines()[-20:]
     if restart:
         http, grpc, metrics = server.http_port, server.grpc_port, server.metrics_port
         server.stop()
