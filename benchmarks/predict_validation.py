@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from specserve.cli.predict import STATS, measure_step_times
 from specserve.config import write_json_atomic
 from specserve.runtime.loader import build_decoder, load_tokenizer
 from specserve.runtime.params import SamplingParams
+from specserve.runtime.timing import STATS, measure_step_times
 from specserve.spec import predictor as P
 from specserve.spec import tree_tuning as TT
 from specserve.spec.stats import AcceptanceStats

@@ -8,9 +8,6 @@ roofline.
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ import click
 from specserve.cli._output import FORMAT_OPTION, emit
 from specserve.config import read_json as _read_json
 from specserve.errors import SpecserveError
+from specserve.runtime.timing import STATS, measure_step_times
 from specserve.spec import predictor as P
 
 EXAMPLES = """
@@ -146,79 +144,6 @@ def _proposer_roofline(kind: str, work: P.Workload, hw: P.Hardware, t1: float,
     hwork = P.Workload(P.ModelShape(heads), work.weight_bytes_per_param, batch=work.batch)
     return (P.Proposer("medusa", P.step_cost(hwork, hw, 1).time_s),
             f"roofline of {opts['medusa_heads']} Medusa heads ({heads / 1e6:.1f}M params)")
-
-
-STATS: dict[str, Callable[[list[float]], float]] = {"min": min, "median": statistics.median}
-
-
-def _forward_job(model: Any, n: int, batch: int, kv_len: int, seed: int = 0) -> Any:
-    """A closure running one verify-style forward (hidden states + logits of ``n`` new tokens
-    per row over ``kv_len`` cached ones) of a :class:`specserve.runtime.model.Transformer`."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    cache = model.new_cache(batch, kv_len + n)
-    cache.lengths = [kv_len] * batch
-    lengths = torch.full((batch,), kv_len, dtype=torch.long)  # [B]
-    depth = torch.arange(n)  # [n]
-    tokens = torch.randint(0, model.cfg.vocab_size, (batch, n), generator=g)  # [B, n]
-    return lambda: model.logits(model(tokens, cache, lengths, depth, None))
-
-
-def _heads_job(heads: Any, hidden_size: int, batch: int, topk: int) -> Any:
-    """A closure running one Medusa-heads pass and its top-k (the per-step proposal)."""
-    import torch
-
-    hidden = torch.randn(batch, hidden_size, generator=torch.Generator().manual_seed(0))
-    return lambda: heads(hidden).topk(topk, dim=-1)
-
-
-def _round_robin(jobs: dict[str, Any], reps: int) -> dict[str, list[float]]:
-    """Seconds of ``reps`` timed calls per job, after two warmup rounds. Jobs are timed in turn
-    so load from other processes hits them alike."""
-    import torch
-
-    samples: dict[str, list[float]] = {k: [] for k in jobs}
-    with torch.inference_mode():
-        for i in range(reps + 2):
-            for name, job in jobs.items():
-                t0 = time.perf_counter()
-                job()
-                if i >= 2:
-                    samples[name].append(time.perf_counter() - t0)
-    return samples
-
-
-def measure_step_times(model_dir: Path, ns: list[int], *, batch: int, kv_len: int, reps: int,
-                       draft_dir: Path | None = None, medusa_dir: Path | None = None,
-                       medusa_topk: int = 10, stat: str = "min",
-                       threads: int | None = 1) -> dict[str, Any]:
-    """Time T(n) for each ``n`` with the reference decoder's model, plus one draft step or one
-    Medusa-heads pass. Returns ``{"step_s": {n: s}, "draft_step_s": s|None, "heads_s": s|None,
-    "samples_s": {job: [s, ...]}}`` (``stat`` of the samples). ``threads``: torch CPU threads
-    (the Triton reference model uses SPECSERVE_TORCH_THREADS, default 1); None leaves torch's
-    setting alone.
-    """
-    import torch
-
-    from specserve.runtime.checkpoint import load_medusa_heads
-    from specserve.runtime.model import load_model
-
-    if reps < 1 or stat not in STATS:
-        raise SpecserveError(f"--reps must be >= 1 and --stat one of {sorted(STATS)}")
-    if threads is not None:
-        torch.set_num_threads(threads)
-    target = load_model(model_dir)
-    jobs = {f"t{n}": _forward_job(target, n, batch, kv_len) for n in sorted({1, *ns})}
-    if draft_dir is not None:
-        jobs["draft"] = _forward_job(load_model(draft_dir), 1, batch, kv_len)
-    if medusa_dir is not None:
-        heads = load_medusa_heads(medusa_dir, target.cfg.hidden_size, target.cfg.vocab_size)
-        jobs["heads"] = _heads_job(heads, target.cfg.hidden_size, batch, medusa_topk)
-    samples = _round_robin(jobs, reps)
-    t = {k: float(STATS[stat](v)) for k, v in samples.items()}
-    return {"step_s": {int(k[1:]): v for k, v in t.items() if k.startswith("t")},
-            "draft_step_s": t.get("draft"), "heads_s": t.get("heads"), "samples_s": samples}
 
 
 def _needed_ns(acc: P.Acceptance | None, k: int | None, tree_nodes: int | None,
