@@ -50,9 +50,14 @@ def test_70b_fp16_h100_reads_weights_in_41_8_ms() -> None:
 def test_roofline_ceilings_from_peers(gpu: str, params: float, dtype: str, ms: float,
                                       tok_s: float) -> None:
     bytes_pp = {"fp8": 1.0, "bf16": 2.0}[dtype]
-    cost = step_cost(Workload(ModelShape(params), bytes_pp), hardware_for(GPUS[gpu], dtype), 1)
+    work, hw = Workload(ModelShape(params), bytes_pp), hardware_for(GPUS[gpu], dtype)
+    cost = step_cost(work, hw, 1)
     assert cost.time_s * 1e3 == pytest.approx(ms, rel=0.01)
-    assert 1.0 / cost.time_s == pytest.approx(tok_s, rel=0.01)
+    assert cost.bound == "memory" and cost.bytes_read == pytest.approx(params * bytes_pp)
+    # the tokens/s ceiling the CLI reports comes from the prediction over the measured steps
+    pred = predict_speedup(Acceptance(alpha=0.5), Proposer("ngram"),
+                           {n: step_cost(work, hw, n).time_s for n in range(1, 18)})
+    assert pred.tokens_per_s_ceiling == pytest.approx(tok_s, rel=0.01)
 
 
 def test_compute_bound_point_and_tp() -> None:
