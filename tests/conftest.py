@@ -22,3 +22,16 @@ def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
 
     torch.set_num_threads(1)
     return make_tiny_checkpoint(Path(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture()
+def writable_ckpt(tiny_ckpt, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A private copy of the tiny checkpoint that a test may corrupt."""
+    import shutil
+
+    from specserve.testing.tiny import TinyCheckpoint
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt.root, root)
+    return TinyCheckpoint(root=root, target=root / "target", draft=root / "draft",
+                          medusa=root / "medusa", tokenizer=root / "tokenizer")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,13 +25,3 @@ def tiny_models(tiny_ckpt: TinyCheckpoint) -> TinyModels:
     return TinyModels(tiny_ckpt, load_model(tiny_ckpt.target), load_model(tiny_ckpt.draft),
                       load_model(tiny_ckpt.target))
 
-
-@pytest.fixture()
-def writable_ckpt(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> TinyCheckpoint:
-    """A private copy of the tiny checkpoint that a test may corrupt."""
-    import shutil
-
-    root = tmp_path / "ckpt"
-    shutil.copytree(tiny_ckpt.root, root)
-    return TinyCheckpoint(root=root, target=root / "target", draft=root / "draft",
-                          medusa=root / "medusa", tokenizer=root / "tokenizer")
