@@ -143,7 +143,9 @@ class SpecDecoder:
     def _generate(self, prompts: list[list[int]], plist: list[SamplingParams],
                   on_step: OnStep | None) -> list[GenerationResult]:
         st = _Batch(prompts, plist, self.device)
-        max_len = max(map(len, prompts)) + max(p.max_tokens for p in plist) + self._lookahead()
+        # the longest any row can grow (not max prompt + max budget: rows valid alone stay valid)
+        max_len = max(len(q) + p.max_tokens for q, p in zip(prompts, plist, strict=True)) \
+            + self._lookahead()
         cache = self._get_cache(len(prompts), max_len)
         tree = isinstance(self.proposer, MedusaProposer) and all(
             p.temperature == 0 for p in plist)
