@@ -163,19 +163,25 @@ class SpecDecoder:
 
     def _check(self, prompts: list[list[int]],
                params: SamplingParams | Sequence[SamplingParams]) -> list[SamplingParams]:
-        if not prompts or any(len(p) == 0 for p in prompts):
+        if not prompts:
             raise SpecserveError("generate: every prompt needs at least one token")
-        vocab = self.target.cfg.vocab_size
         for prompt in prompts:
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise SpecserveError(f"generate: token id {bad[0]} outside the vocab ({vocab})")
+            self.check_prompt(prompt)
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise SpecserveError(f"generate: {len(plist)} params for {len(prompts)} prompts")
         for p in plist:
             p.validate()
         return plist
+
+    def check_prompt(self, prompt: Sequence[int]) -> None:
+        """Raise SpecserveError unless ``prompt`` is non-empty and inside the vocabulary."""
+        if len(prompt) == 0:
+            raise SpecserveError("generate: every prompt needs at least one token")
+        vocab = self.target.cfg.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise SpecserveError(f"generate: token id {bad} outside the vocab ({vocab})")
 
     def _lookahead(self) -> int:
         p = self.proposer

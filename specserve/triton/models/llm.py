@@ -152,10 +152,7 @@ class TritonPythonModel:
         from specserve.runtime.decoder import SamplingParams
 
         n = len(req.prompt)
-        vocab = self.decoder.target.cfg.vocab_size
-        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"input_ids: token id {bad} outside the vocabulary [0, {vocab})")
+        self.decoder.check_prompt(req.prompt)  # a bad request fails alone, before batching
         if self.max_input_len and n > self.max_input_len:
             raise ValueError(f"prompt has {n} tokens, the engine's max_input_len is "
                              f"{self.max_input_len}")
