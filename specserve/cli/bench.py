@@ -68,6 +68,9 @@ def _text(s: dict[str, Any]) -> str:
               help="Seeds prompts, arrivals, bootstrap and the server's sampler.")
 @click.option("--end-id", type=int, default=None, help="End-of-sequence token id to send.")
 @click.option("--stream/--no-stream", default=True, show_default=True)
+@click.option("--perf-outputs/--no-perf-outputs", default=True, show_default=True,
+              help="Ask the server for perf metrics and per-response token counts (off: send "
+                   "only what a plain client sends; acceptance is then not recorded).")
 @click.option("--slo", default=None, help="Goodput SLOs in ms, e.g. ttft=200,tpot=50.")
 @click.option("--tokenizer", type=click.Path(exists=True), default=None,
               help="Count tokens with this tokenizer when the server sends no counts.")

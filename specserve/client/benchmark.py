@@ -104,7 +104,7 @@ class Runner:
         c = self.cfg
         return GenParams(max_tokens=job.prompt.max_tokens or c.max_tokens, stream=c.stream,
                          temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed,
-                         end_id=c.end_id)
+                         end_id=c.end_id, perf_outputs=c.perf_outputs)
 
     async def run_job(self, job: Job) -> None:
         t = self.targets[job.variant]

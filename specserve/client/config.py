@@ -35,6 +35,7 @@ class BenchmarkConfig(JsonConfig):
     seed: int = 0
     end_id: int | None = None
     stream: bool = True
+    perf_outputs: bool = True               # request return_perf_metrics / num_output_tokens
     slo: str | None = None                  # "ttft=200,tpot=50" (milliseconds)
     tokenizer: str | None = None            # fallback token counting only
     timeout_s: float = 300.0                # per request

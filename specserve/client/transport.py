@@ -50,6 +50,7 @@ class GenParams:
     top_p: float | None = None
     seed: int | None = None
     end_id: int | None = None
+    perf_outputs: bool = True   # ask for perf metrics and per-response token counts
 
 
 def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:
@@ -57,8 +58,9 @@ def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> 
     values: dict[str, Any] = {
         "text_input": prompt, "max_tokens": p.max_tokens, "stream": p.stream,
         "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "seed": p.seed,
-        "end_id": p.end_id, "exclude_input_in_output": True, "return_perf_metrics": True,
-        "return_num_output_tokens": True,
+        "end_id": p.end_id, "exclude_input_in_output": True,
+        "return_perf_metrics": p.perf_outputs or None,
+        "return_num_output_tokens": p.perf_outputs or None,
     }
     return {k: v for k, v in values.items()
             if v is not None and (declared is None or k in declared)}

@@ -123,3 +123,21 @@ def test_non_streaming_counts_match_streaming(deployment, good_dataset: Path,
     # greedy speculation is lossless: whole-text answers of spec and baseline agree
     for pi in range(len(PROMPTS)):
         assert b[("spec", pi)]["output_text"] == b[("baseline", pi)]["output_text"]
+
+
+def test_no_perf_outputs_sends_a_plain_request(deployment, good_dataset: Path,
+                                               tmp_path: Path) -> None:
+    """``--no-perf-outputs`` (what genai-perf sends): no perf outputs, no per-response counts,
+    so the server reports no acceptance and tokens are counted by re-tokenizing."""
+    cfg = BenchmarkConfig(url=deployment.server.grpc_url, out=str(tmp_path / "p"),
+                          concurrency=1, requests=4, warmup=0, dataset=str(good_dataset),
+                          max_tokens=12, temperature=0.0, bootstrap=50, perf_outputs=False,
+                          tokenizer=str(deployment.ckpt.tokenizer))
+    summary = run_benchmark(cfg, progress=False).summary
+    recs = [json.loads(x) for x in (tmp_path / "p" / "requests.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in recs] == ["completed"] * 4
+    for r in recs:
+        assert r["server"] == {} and r["spec_stats"] is None
+        assert r["token_count_source"] == "tokenizer"
+    assert summary["config"]["perf_outputs"] is False
+    assert summary["variants"]["spec"]["acceptance"].get("acceptance_rate") is None
