@@ -110,7 +110,7 @@ def random_llama(size: str) -> tuple[Any, Transformer]:
     model.load_state_dict(_convert(hf.state_dict(), mc, Path("random")))
     model = model.to(torch.bfloat16).eval()
     model.inv_freq = model.inv_freq.float()
-    return hf, model
+    return hf, model.decode_layout()
 
 
 def oracle_reference(model: Transformer, prompt: list[int], n: int, k: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,10 @@ class TinyModels:
 @pytest.fixture(scope="session")
 def tiny_models(tiny_ckpt: TinyCheckpoint) -> TinyModels:
     torch.set_num_threads(1)
-    return TinyModels(tiny_ckpt, load_model(tiny_ckpt.target), load_model(tiny_ckpt.draft),
-                      load_model(tiny_ckpt.target))
+    # multi_row_min=0: the tiny weights get the prepacked multi-row copies that real models get,
+    # so verify forwards (oneDNN) and one-token decoding (MKL) run different kernels, as there
+    def load(d: Path) -> Transformer:
+        return load_model(d).decode_layout(multi_row_min=0)
+    return TinyModels(tiny_ckpt, load(tiny_ckpt.target), load(tiny_ckpt.draft),
+                      load(tiny_ckpt.target))
 

@@ -113,3 +113,52 @@ def test_tree_forward_equals_each_path_forward(tiny_models: TinyModels) -> None:
             ref = m.logits(m(seq, c, torch.zeros(1, dtype=torch.long),
                              torch.arange(seq.shape[1]), None))[0, -1]
             assert torch.allclose(tree_logits[i], ref, atol=1e-5), i
+
+
+def _three_steps(m, prompt, one, nodes, tree) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    """Logits of a prefill, a 1-token decode and a tree step (2 rows)."""
+    cache = m.new_cache(2, 32)
+    with torch.inference_mode():
+        steps = [m.logits(m(prompt, cache))]
+        cache.lengths = [7, 7]
+        steps.append(m.logits(m(one, cache)))
+        cache.lengths = [8, 8]
+        steps.append(m.logits(m(nodes, cache, None, tree.position_ids, tree.attn_mask)))
+    return steps
+
+
+def test_prepacked_weights_give_the_same_logits(tiny_ckpt) -> None:  # type: ignore[no-untyped-def]
+    """``decode_layout`` prepacks CPU linears for oneDNN: bf16 weights themselves, and in fp32 a
+    copy for multi-row inputs. Outputs must match ``F.linear`` on the plain weights: bit for bit
+    in bf16, within float32 rounding in fp32 (different kernels); bf16 close to HF's forward."""
+    from specserve.runtime.model import _can_prepack
+
+    if not _can_prepack(torch.bfloat16):
+        pytest.skip("this torch build has no oneDNN bf16")
+    tree = build_tree_buffers(MedusaTree.from_choices([[0], [1], [0, 0], [1, 0]]))
+    g = torch.Generator().manual_seed(5)
+    inputs = [torch.randint(0, 260, (2, n), generator=g) for n in (7, 1, 5)]
+
+    plain32 = load_model(tiny_ckpt.target)  # tiny weights: column-major only (below the minimum)
+    assert plain32.lm_head.multi_row is None and plain32.lm_head.weight.stride(0) == 1
+    dual32 = load_model(tiny_ckpt.target).decode_layout(multi_row_min=0)
+    assert dual32.lm_head.multi_row is not None
+    for a, b in zip(_three_steps(dual32, *inputs, tree), _three_steps(plain32, *inputs, tree),
+                    strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+    packed = load_model(tiny_ckpt.target, dtype=torch.bfloat16)
+    assert sum(p.is_mkldnn for p in packed.parameters()) == 4 * packed.cfg.num_layers + 1
+    plain = dual32.to(torch.bfloat16)  # .to() drops the prepacked forms
+    plain.inv_freq = plain.inv_freq.float()
+    assert plain.lm_head.multi_row is None and not any(p.is_mkldnn for p in plain.parameters())
+    out = _three_steps(packed, *inputs, tree)
+    for a, b in zip(out, _three_steps(plain, *inputs, tree), strict=True):
+        assert torch.equal(a, b)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt.target), local_files_only=True,
+                                              dtype=torch.bfloat16).eval()
+    with torch.inference_mode():
+        ref = hf(inputs[0]).logits.float()
+    assert (out[0] - ref).abs().max() < 0.1 * ref.abs().max()
