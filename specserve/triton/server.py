@@ -6,13 +6,16 @@ copied into a private backend folder, venv on ``PATH``, base ``LIBDIR`` on ``LD_
 see ``../shared/reference/triton-on-cpu.md``), starts it bound to ``127.0.0.1`` with
 ``--disable-auto-complete-config``, and waits for ``/v2/health/ready``. On failure the first error
 lines of the server log are raised as :class:`ServerError`, and nothing is left behind: the server
-runs in its own process group (stubs included) and its shared-memory regions carry a private
-prefix that is removed on stop. World size > 1 launches through ``mpirun`` as TensorRT-LLM's
-``scripts/launch_triton_server.py`` does (one rank per GPU, ranks > 0 load only the engine model).
+runs in its own process group (stubs included), its shared-memory regions carry a private prefix
+that is removed on stop, and it gets SIGTERM if the starting process dies without stopping it
+(even by SIGKILL; Linux ``PR_SET_PDEATHSIG``). World size > 1 launches through ``mpirun`` as
+TensorRT-LLM's ``scripts/launch_triton_server.py`` does (one rank per GPU, ranks > 0 load only
+the engine model).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -21,9 +24,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -73,6 +78,30 @@ def find_tritonserver() -> TritonInstall:
             raise ServerError(f"{p}: missing from the nvidia-pytriton install (Python {ver})")
     return TritonInstall(binary=binary, bundled=True, backends_src=root / "backends" / "python",
                          stub=stub, libs=root.parent.parent / "nvidia_pytriton.libs")
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when this process dies, even by
+    SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``), so a killed test run or CLI leaves no server
+    behind. None where it cannot work: not Linux, or not the main thread (the signal follows the
+    thread that forked, and a worker thread may end long before the server should)."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not \
+            threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os._exit(1)
+    return preexec
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -224,7 +253,8 @@ class TritonServer:
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          env=server_env(install), start_new_session=True)
+                                          env=server_env(install), start_new_session=True,
+                                          preexec_fn=die_with_parent())
         try:
             self._wait_ready(timeout_s)
         except BaseException:

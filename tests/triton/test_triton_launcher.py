@@ -160,3 +160,37 @@ def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path: Path) -> None
             proc.wait()
     time.sleep(0.2)
     assert all(not Path(f"/proc/{pid}").exists() for pid in server_pids)
+
+
+def test_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
+    """SIGKILL leaves the parent no chance to clean up: the server still goes (PDEATHSIG)."""
+    ports = [str(find_free_port()) for _ in range(3)]
+    cmd = [sys.executable, "-m", "specserve.cli.main", "serve", "--repo",
+           str(echo_repo(tmp_path)), "--http-port", ports[0], "--grpc-port", ports[1],
+           "--metrics-port", ports[2], "--timeout", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("ready in"), line
+        server_pids = descendants_of(proc.pid)
+        assert server_pids
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(
+            _alive(pid) for pid in server_pids):
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in server_pids)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
