@@ -74,8 +74,7 @@ def ours(args: argparse.Namespace, dep: Any, ds: Path, out: Path, perf: bool) ->
 
 def bare(args: argparse.Namespace, dep: Any, ds: Path) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--yardstick", dep.server.grpc_url, "--dataset", str(ds),
-           "--requests", str(args.requests), "--max-tokens", str(args.max_tokens),
-           "--gp-venv", "-", "--work", "-"]
+           "--requests", str(args.requests), "--max-tokens", str(args.max_tokens)]
     res: dict[str, float] = json.loads(subprocess.run(
         cmd, check=True, capture_output=True, text=True, timeout=600).stdout)
     return res
@@ -127,8 +126,8 @@ def yardstick(url: str, ds: Path, n: int, max_tokens: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gp-venv", type=Path, required=True, help="venv with genai-perf")
-    ap.add_argument("--work", type=Path, required=True, help="scratch folder")
+    ap.add_argument("--gp-venv", type=Path, help="venv with genai-perf (required)")
+    ap.add_argument("--work", type=Path, help="scratch folder (required)")
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=6)
@@ -138,6 +137,8 @@ def main() -> None:
     if args.yardstick:
         yardstick(args.yardstick, args.dataset, args.requests, args.max_tokens)
         return
+    if args.gp_venv is None or args.work is None:
+        ap.error("--gp-venv and --work are required")
     # `timeout` sends SIGTERM: exit through the context managers so the server is stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 

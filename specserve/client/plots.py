@@ -23,6 +23,12 @@ def _plt() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _by_variant(records: Sequence[RequestRecord]) -> dict[str, list[RequestRecord]]:
     out: dict[str, list[RequestRecord]] = {}
     for r in records:
@@ -52,9 +58,7 @@ def latency_cdfs(records: Sequence[RequestRecord], path: Path) -> None:
         if ax.has_data():
             ax.legend(loc="lower right")
     fig.suptitle("Latency CDFs (completed requests)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def itl_histogram(records: Sequence[RequestRecord], path: Path) -> None:
@@ -76,9 +80,7 @@ def itl_histogram(records: Sequence[RequestRecord], path: Path) -> None:
     ax.grid(alpha=0.3)
     if ax.has_data():
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def tokens_per_step(records: Sequence[RequestRecord], path: Path) -> None:
@@ -104,9 +106,7 @@ def tokens_per_step(records: Sequence[RequestRecord], path: Path) -> None:
     ax.grid(alpha=0.3, axis="y")
     if ax.has_data():
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def speedup_bars(speedups: dict[str, Speedup], path: Path) -> None:
@@ -134,9 +134,7 @@ def speedup_bars(speedups: dict[str, Speedup], path: Path) -> None:
     ax2.set_title("Speedup with bootstrap 95% CI")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def write_plots(records: Sequence[RequestRecord], speedups: dict[str, Speedup],

@@ -28,6 +28,7 @@ from torch import nn
 
 from specserve.errors import SpecserveError
 from specserve.runtime.checkpoint import load_state_dict, load_target_config
+from specserve.runtime.cpu_linear import MULTI_ROW_MIN, Linear, lay_out, linear
 
 
 @dataclass(frozen=True)
@@ -133,53 +134,6 @@ def step_mask(lengths: torch.Tensor, node_mask: torch.Tensor, span: int) -> torc
     return (past[:, None, :] | (in_new[:, None, :] & new))[:, None]
 
 
-# oneDNN's fixed cost (~14 us a call here) loses to MKL below about this many weights.
-MULTI_ROW_MIN = 1 << 17
-
-
-class Linear(nn.Linear):
-    """``nn.Linear`` with an optional oneDNN-prepacked copy of the weight for multi-row inputs
-    (set by :meth:`Transformer.decode_layout` for float32; see there)."""
-
-    multi_row: torch.Tensor | None = None
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Linear:
-        """``.to()``, ``.float()``...: back to a plain dense weight first (the prepacked forms
-        are redone by ``decode_layout``)."""
-        self.multi_row = None
-        if self.weight.is_mkldnn:
-            self.weight = nn.Parameter(self.weight.to_dense(), requires_grad=False)
-        super()._apply(fn, recurse)
-        return self
-
-
-def _prepack(w: torch.Tensor) -> torch.Tensor:
-    """``w`` [N, K] in oneDNN's blocked layout for ``mkldnn._linear_pointwise`` (the op PyTorch's
-    inductor emits for frozen CPU linears)."""
-    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-    return packed
-
-
-def _linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
-    """``F.linear``, or oneDNN's kernel on a prepacked weight: always when the weight itself is
-    prepacked (bf16), and for inputs of more than one row when a prepacked copy exists (fp32)."""
-    w = lin.weight
-    if not w.is_mkldnn and lin.multi_row is not None and x.numel() > x.shape[-1]:
-        w = lin.multi_row
-    if w.is_mkldnn:
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, w, lin.bias, "none", [], "")
-        return out
-    return F.linear(x, w, lin.bias)
-
-
-def _can_prepack(dtype: torch.dtype) -> bool:
-    try:
-        return bool(torch.backends.mkldnn.is_available() and (
-            dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
-    except (AttributeError, RuntimeError):  # a build without these private ops
-        return False
-
-
 class Attention(nn.Module):
     """Weights of one attention block (fused q/k/v); the math is in :func:`_attention`."""
 
@@ -236,7 +190,7 @@ def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Te
                st: _Step) -> torch.Tensor:
     b, t, _ = x.shape  # x: [B, T, H]
     nh, nkv, hd = a.nh, a.nkv, a.hd
-    qkv = _linear(x, a.qkv).view(b, t, nh + 2 * nkv, hd)
+    qkv = linear(x, a.qkv).view(b, t, nh + 2 * nkv, hd)
     qk = qkv[:, :, :nh + nkv]  # [B, T, nh+nkv, D]: rotate q and k together
     # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin] (st.sin carries the sign): 2 fewer ops
     qk = qk * st.cos + qk.roll(hd // 2, dims=-1) * st.sin
@@ -251,15 +205,15 @@ def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Te
     out = F.scaled_dot_product_attention(
         q, kbuf[:, :, :st.span], vbuf[:, :, :st.span], attn_mask=st.mask,
         enable_gqa=nh != nkv)  # [B, nh, T, D]
-    return _linear(out.transpose(1, 2).reshape(b, t, nh * hd), a.o)
+    return linear(out.transpose(1, 2).reshape(b, t, nh * hd), a.o)
 
 
 def _block(x: torch.Tensor, blk: Block, kbuf: torch.Tensor, vbuf: torch.Tensor,
            st: _Step) -> torch.Tensor:
     x = x + _attention(_rms_norm(x, blk.attn_norm), blk.attn, kbuf, vbuf, st)
-    g, u = _linear(_rms_norm(x, blk.mlp_norm), blk.gate_up).chunk(
+    g, u = linear(_rms_norm(x, blk.mlp_norm), blk.gate_up).chunk(
         2, dim=-1)
-    return x + _linear(F.silu(g) * u, blk.down)
+    return x + linear(F.silu(g) * u, blk.down)
 
 
 class Transformer(nn.Module):
@@ -289,38 +243,13 @@ class Transformer(nn.Module):
 
     def decode_layout(self, multi_row_limit_bytes: int = 1 << 30,
                       multi_row_min: int = MULTI_ROW_MIN) -> Transformer:
-        """Lay the CPU linear weights out for decoding (same values; a no-op on other devices).
-
-        - bfloat16: prepacked into oneDNN's blocked layout (``mkldnn._reorder_linear_weight``)
-          and run by ``mkldnn._linear_pointwise``. A 1-token matmul of a 1B model's weights ran
-          at 11 GB/s through ``F.linear`` and 17 GB/s prepacked (1.2-1.9x over the shapes
-          measured, 1-9 rows), where this machine reads memory at 31 GB/s.
-        - float32: column-major strides, which MKL's GEMM runs 1.1-1.5x faster for one row (a
-          decode step) than row-major; and, while the linear weights total at most
-          ``multi_row_limit_bytes``, a second, prepacked copy of each weight with more than
-          ``multi_row_min`` elements for inputs of several rows (verify forwards, prefill):
-          there oneDNN is 1.1-2.9x faster than MKL (2-33 rows), though slower for one row and
-          for small weights.
-        An embedding tied to the LM head stays as it is. Outputs equal ``F.linear``'s in the
-        cases checked (tests/runtime/test_model.py); a different kernel may differ in the last
-        bit elsewhere.
-        """
-        if self.device.type != "cpu":
-            return self
-        linears = [m for m in self.modules() if isinstance(m, Linear)
-                   and not m.weight.is_mkldnn and m.weight is not self.embed.weight]
-        if self.dtype == torch.bfloat16 and _can_prepack(self.dtype):
-            for lin in linears:
-                lin.weight = nn.Parameter(_prepack(lin.weight), requires_grad=False)
-        elif self.dtype == torch.float32:
-            size = sum(lin.weight.numel() * 4 for lin in linears)
-            dual = size <= multi_row_limit_bytes and _can_prepack(self.dtype)
-            with torch.no_grad():
-                for lin in linears:
-                    if dual and lin.multi_row is None and lin.weight.numel() > multi_row_min:
-                        lin.multi_row = _prepack(lin.weight.contiguous())
-                    if lin.weight.stride(0) != 1:
-                        lin.weight.data = lin.weight.data.t().contiguous().t()
+        """Lay the CPU linear weights out for decoding (same values; a no-op on other devices):
+        see :func:`specserve.runtime.cpu_linear.lay_out`. An embedding tied to the LM head
+        stays as it is."""
+        if self.device.type == "cpu":
+            lay_out([m for m in self.modules() if isinstance(m, Linear)
+                     and m.weight is not self.embed.weight], self.dtype,
+                    multi_row_limit_bytes, multi_row_min)
         return self
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
@@ -387,7 +316,7 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., V] from hidden states [..., H]."""
-        return _linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head).float()
 
 
 _LAYER_MAP = {"input_layernorm.weight": "attn_norm.weight",

@@ -131,9 +131,9 @@ def test_prepacked_weights_give_the_same_logits(tiny_ckpt) -> None:  # type: ign
     """``decode_layout`` prepacks CPU linears for oneDNN: bf16 weights themselves, and in fp32 a
     copy for multi-row inputs. Outputs must match ``F.linear`` on the plain weights: bit for bit
     in bf16, within float32 rounding in fp32 (different kernels); bf16 close to HF's forward."""
-    from specserve.runtime.model import _can_prepack
+    from specserve.runtime.cpu_linear import can_prepack
 
-    if not _can_prepack(torch.bfloat16):
+    if not can_prepack(torch.bfloat16):
         pytest.skip("this torch build has no oneDNN bf16")
     tree = build_tree_buffers(MedusaTree.from_choices([[0], [1], [0, 0], [1, 0]]))
     g = torch.Generator().manual_seed(5)

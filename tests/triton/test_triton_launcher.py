@@ -140,12 +140,18 @@ def test_error_lines_picks_glog_errors() -> None:
 
 
 @pytest.mark.server
-def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path: Path) -> None:
+def _serve(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """``specserve serve`` of the echo repository on free ports; returns once it prints."""
     ports = [str(find_free_port()) for _ in range(3)]
     cmd = [sys.executable, "-m", "specserve.cli.main", "serve", "--repo",
            str(echo_repo(tmp_path)), "--http-port", ports[0], "--grpc-port", ports[1],
            "--metrics-port", ports[2], "--timeout", "60"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True), ports
+
+
+def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path: Path) -> None:
+    proc, ports = _serve(tmp_path)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # blocks until ready (or failure output)
@@ -164,11 +170,7 @@ def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path: Path) -> None
 
 def test_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
     """SIGKILL leaves the parent no chance to clean up: the server still goes (PDEATHSIG)."""
-    ports = [str(find_free_port()) for _ in range(3)]
-    cmd = [sys.executable, "-m", "specserve.cli.main", "serve", "--repo",
-           str(echo_repo(tmp_path)), "--http-port", ports[0], "--grpc-port", ports[1],
-           "--metrics-port", ports[2], "--timeout", "60"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, _ = _serve(tmp_path)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
