@@ -4,19 +4,21 @@ Chen et al. 2023; Medusa tree attention, Cai et al. 2024).
 
 The loop composes; it does not compute: proposers live in :mod:`specserve.runtime.proposers`,
 the model in :mod:`specserve.runtime.model`, and all acceptance math in :mod:`specserve.spec`
-(``greedy_verify``, ``rejection_sample``, ``typical_acceptance``, ``tree_greedy_verify``).
+(``greedy_verify``, ``rejection_sample``, ``typical_acceptance``, ``tree_greedy_verify``). The
+decoder knows proposers only through the :class:`~specserve.runtime.proposers.Proposer` protocol;
+the verification is picked by the kind of proposal (chain or tree), never by the proposer's class.
 
 Invariant per sequence: ``seqs[b] = prompt + generated``; its last token (the "pending" token,
 sampled from the target but not yet fed) is not in the target cache, so
 ``cache.lengths[b] == len(seqs[b]) - 1``. One step, for every unfinished sequence:
 
-1. propose K drafts after the pending token (or a Medusa tree rooted at it);
+1. ask the proposer for K drafts after the pending token (or a tree rooted at it);
 2. run the target once over ``[pending, drafts]`` (chain, causal mask) or the tree nodes (tree
    mask, depth positions);
 3. verify: greedy at temperature 0, lossless rejection sampling otherwise; emitted = accepted
    drafts + one recovered/bonus token;
 4. keep the accepted K/V (advance the length; gather the accepted tree path into place), roll
-   the proposer back, apply stop conditions, record stats and stream the new tokens.
+   the proposer back (``update``), apply stop conditions, record stats, stream new tokens.
 
 The first generated token comes from the prefill forward and is not counted as a verify step.
 """
@@ -33,7 +35,13 @@ import torch
 from specserve.errors import SpecserveError
 from specserve.runtime.model import KVCache, Transformer
 from specserve.runtime.params import SamplingParams
-from specserve.runtime.proposers import ChainProposal, ChainProposer, MedusaProposer, Proposer
+from specserve.runtime.proposers import (
+    ChainProposal,
+    ProposalRequest,
+    Proposer,
+    StepOutcome,
+    TreeProposal,
+)
 from specserve.spec.sampling import logits_to_probs, sample
 from specserve.spec.stats import AcceptanceStats
 from specserve.spec.tree import tree_greedy_verify
@@ -78,7 +86,6 @@ class _Batch:
             else:
                 g.manual_seed(p.seed)
             self.gens.append(g)
-        self.hidden_last: torch.Tensor | None = None  # [B, H] for Medusa heads
         self.k: list[int] = []  # per-sequence draft length (chain steps)
 
     def active(self) -> list[int]:
@@ -124,8 +131,8 @@ class SpecDecoder:
         self.device = target.device
         self._cache: KVCache | None = None
         self._lock = threading.Lock()  # one generate() at a time: the KV cache is reused
-        if isinstance(proposer, MedusaProposer):
-            proposer.to(self.device, target.dtype)
+        if proposer is not None:
+            proposer.bind(target)
 
     @property
     def spec_mode(self) -> str:
@@ -147,17 +154,16 @@ class SpecDecoder:
         max_len = max(len(q) + p.max_tokens for q, p in zip(prompts, plist, strict=True)) \
             + self._lookahead()
         cache = self._get_cache(len(prompts), max_len)
-        tree = isinstance(self.proposer, MedusaProposer) and all(
-            p.temperature == 0 for p in plist)
+        prop = self.proposer
         with torch.inference_mode():
-            self._prefill(st, cache, on_step)
-            if isinstance(self.proposer, ChainProposer):
-                self.proposer.start([list(p) for p in prompts], max_len)
+            hidden = self._prefill(st, cache, on_step)
+            if prop is not None:
+                prop.start([list(p) for p in prompts], max_len)
+                n = len(prompts)
+                prop.update(StepOutcome(hidden, [x - 1 for x in cache.lengths], [0] * n,
+                                        st.seqs))
             while not all(st.done):
-                if tree:
-                    self._tree_step(st, cache, on_step)
-                else:
-                    self._chain_step(st, cache, on_step)
+                self._step(st, cache, on_step)
         return [GenerationResult(st.out[b], st.stats[b], st.finish[b], st.first[b], st.last[b])
                 for b in range(len(prompts))]
 
@@ -184,10 +190,7 @@ class SpecDecoder:
             raise SpecserveError(f"generate: token id {bad} outside the vocab ({vocab})")
 
     def _lookahead(self) -> int:
-        p = self.proposer
-        if isinstance(p, MedusaProposer):
-            return p.tree.num_nodes + 2
-        return (p.max_draft_len if isinstance(p, ChainProposer) else 0) + 2
+        return (0 if self.proposer is None else self.proposer.lookahead) + 2
 
     def _get_cache(self, batch: int, max_len: int) -> KVCache:
         if max_len > self.target.cfg.max_position_embeddings + self._lookahead():
@@ -200,20 +203,21 @@ class SpecDecoder:
         c.lengths = [0] * batch
         return c
 
-    def _prefill(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
-        """Run the prompts (right-padded) and sample each sequence's first token."""
+    def _prefill(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> torch.Tensor:
+        """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
+        hidden states [B, P, H]."""
         dev, n = self.device, len(st.seqs)
         lens = [len(s) for s in st.seqs]
         tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in st.seqs], device=dev)
-        hidden = self.target(tokens, cache)  # [B, P, H]
+        hidden: torch.Tensor = self.target(tokens, cache)  # [B, P, H]
         last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
         cache.lengths = lens
         logits = self.target.logits(last)[:, None]  # [B, 1, V]
         self._ban_stops(st, logits, [0])
         first = self._pick(st, logits[:, 0])
-        st.hidden_last = last
         for b in range(n):
             self._deliver(st, b, st.emit(b, [first[b]]), on_step)
+        return hidden
 
     def _pick(self, st: _Batch, logits: torch.Tensor) -> list[int]:
         """One token per row from logits [B, V]: argmax, or sampled with the row's params."""
@@ -245,25 +249,26 @@ class SpecDecoder:
         if new and on_step is not None:
             on_step(b, new)
 
-    def _propose(self, st: _Batch, limits: list[int]) -> ChainProposal:
-        p = self.proposer
-        if isinstance(p, MedusaProposer):
-            assert st.hidden_last is not None
-            return p.chain(st.hidden_last, limits)
-        assert isinstance(p, ChainProposer)
-        return p.propose(st.seqs, limits, st.params, st.gens)
-
-    def _chain_step(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
-        """Steps 1-4 for a chain of drafts (K = 0 is a plain decoding step)."""
-        act, dev, n = st.active(), self.device, len(st.seqs)
-        kmax = getattr(self.proposer, "max_draft_len", 0)
+    def _step(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
+        """1. propose, then verify as the proposal's kind asks (no proposal: plain decoding)."""
+        p, n = self.proposer, len(st.seqs)
         if not st.k:
-            st.k = [kmax] * n
+            st.k = [0 if p is None else p.max_draft_len] * n
         limits = [0 if st.done[b] else min(st.k[b], st.params[b].max_tokens - len(st.out[b]) - 1)
                   for b in range(n)]  # no drafts beyond max_tokens
-        counts, prop, k = [0] * n, None, 0
-        if max(limits) > 0:  # 1. propose
-            prop = self._propose(st, limits)
+        prop = None if p is None else p.get_proposal(
+            ProposalRequest(st.seqs, limits, st.params, st.gens))
+        if isinstance(prop, TreeProposal):
+            self._tree_step(st, cache, prop, on_step)
+        else:
+            self._chain_step(st, cache, prop, limits, on_step)
+
+    def _chain_step(self, st: _Batch, cache: KVCache, prop: ChainProposal | None,
+                    limits: list[int], on_step: OnStep | None) -> None:
+        """Steps 2-4 for a chain of drafts (none, or K = 0: a plain decoding step)."""
+        act, dev, n = st.active(), self.device, len(st.seqs)
+        counts, k = [0] * n, 0
+        if prop is not None:
             counts = [min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)]
             k = max(counts)
         pending = torch.tensor([[s[-1]] for s in st.seqs], device=dev)  # [B, 1]
@@ -277,7 +282,8 @@ class SpecDecoder:
         else:
             assert prop is not None
             q = prop.probs[:, :k] if prop.probs is not None else None
-            emitted = self._verify_chain(st, drafts, q, logits, counts)
+            emitted = self._verify_chain(st, drafts, q, logits, counts,
+                                         prop.acceptance == "typical")
         last = [0] * n
         for b in act:  # 4. keep, stop, stats, stream
             toks = emitted[b][:counts[b] + 1]
@@ -288,18 +294,21 @@ class SpecDecoder:
             self._deliver(st, b, new, on_step)
             if self.adaptive_draft_len and counts[b]:
                 grow = len(toks) - 1 == counts[b]
-                st.k[b] = min(st.k[b] + 2, kmax) if grow else max(st.k[b] - 1, 1)
-        if isinstance(self.proposer, MedusaProposer):
-            st.hidden_last = hidden[torch.arange(n, device=dev), torch.tensor(last, device=dev)]
-        elif isinstance(self.proposer, ChainProposer):
-            self.proposer.rollback([len(s) for s in st.seqs])
+                st.k[b] = min(st.k[b] + 2, self._kmax()) if grow else max(st.k[b] - 1, 1)
+        if self.proposer is not None:
+            self.proposer.update(StepOutcome(hidden, last, last, st.seqs))
+
+    def _kmax(self) -> int:
+        return 0 if self.proposer is None else self.proposer.max_draft_len
 
     def _verify_chain(self, st: _Batch, drafts: torch.Tensor, q: torch.Tensor | None,
-                      logits: torch.Tensor, counts: list[int]) -> list[list[int]]:
+                      logits: torch.Tensor, counts: list[int],
+                      typical: bool) -> list[list[int]]:
         """Emitted tokens per row. drafts [B, K], q [B, K, V] | None, logits [B, K+1, V];
         row b has ``counts[b]`` real drafts. Greedy rows are verified together (padding drafts
         are cut afterwards); a sampled row uses only its own drafts and generator, so its output
-        does not depend on the rest of the batch."""
+        does not depend on the rest of the batch. ``typical``: Medusa's LOSSY typical acceptance
+        instead of rejection sampling for sampled rows."""
         out: list[list[int]] = [[] for _ in st.seqs]
         act = st.active()
         greedy = [b for b in act if st.params[b].temperature == 0]
@@ -312,8 +321,6 @@ class SpecDecoder:
             toks, nums = res.tokens.tolist(), res.num_emitted.tolist()
             for i, b in enumerate(greedy):
                 out[b] = toks[i][:nums[i]]
-        typical = isinstance(self.proposer, MedusaProposer) and \
-            self.proposer.acceptance == "typical"
         for b in act:
             p, c = st.params[b], counts[b]
             if p.temperature == 0:
@@ -330,31 +337,31 @@ class SpecDecoder:
             out[b] = r.emitted(0)
         return out
 
-    def _tree_step(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
-        """Steps 1-4 for a Medusa tree (greedy; longest accepted root-to-leaf path)."""
-        mp, dev, n = self.proposer, self.device, len(st.seqs)
-        assert isinstance(mp, MedusaProposer) and st.hidden_last is not None
-        buf = mp.buffers
-        pending = torch.tensor([s[-1] for s in st.seqs], device=dev)  # [B]
-        tree_tokens = mp.tree_tokens(pending, st.hidden_last)  # [B, N+1]
+    def _tree_step(self, st: _Batch, cache: KVCache, prop: TreeProposal,
+                   on_step: OnStep | None) -> None:
+        """Steps 2-4 for a candidate tree (greedy; longest accepted root-to-leaf path)."""
+        n, buf, tree_tokens = len(st.seqs), prop.buffers, prop.tokens  # [B, N+1]
         hidden = self.target(tree_tokens, cache, None, buf.position_ids,
                              buf.attn_mask)  # [B, N+1, H]
         logits = self.target.logits(hidden)  # [B, N+1, V]
-        self._ban_stops(st, logits, buf.position_ids.tolist())
+        depths = buf.position_ids.tolist()
+        self._ban_stops(st, logits, depths)
         res = tree_greedy_verify(tree_tokens, logits, buf)
         toks, nums, paths = res.tokens.tolist(), res.num_emitted.tolist(), \
             res.accepted_nodes.tolist()
         heads, ranks = buf.head_index.tolist(), buf.topk_rank.tolist()
-        last = [0] * n
+        nodes, depth = len(depths) - 1, max(depths)
+        last, accepted, kept = [0] * n, [0] * n, [[0] for _ in range(n)]
         for b in st.active():
             keep = min(nums[b], st.params[b].max_tokens - len(st.out[b]))  # not past max_tokens
-            path = paths[b][:keep]
-            last[b] = path[-1]
+            path = kept[b] = paths[b][:keep]
+            last[b], accepted[b] = path[-1], len(path) - 1
             cache.keep_nodes(b, path)
             cache.lengths[b] += len(path)
             new = st.emit(b, toks[b][:keep])
-            st.stats[b].observe(mp.tree.num_nodes, len(path) - 1, num_emitted=len(new),
-                                positions_drafted=mp.tree.depth,
+            st.stats[b].observe(nodes, len(path) - 1, num_emitted=len(new),
+                                positions_drafted=depth,
                                 nodes=[(heads[j], ranks[j]) for j in path[1:]])
             self._deliver(st, b, new, on_step)
-        st.hidden_last = hidden[torch.arange(n, device=dev), torch.tensor(last, device=dev)]
+        assert self.proposer is not None
+        self.proposer.update(StepOutcome(hidden, last, accepted, st.seqs, kept))

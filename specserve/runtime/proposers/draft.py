@@ -1,0 +1,112 @@
+"""Draft-model speculation (Leviathan et al. 2023, "Fast Inference from Transformers via
+Speculative Decoding"; Chen et al. 2023, "Accelerating Large Language Model Decoding with
+Speculative Sampling"): a smaller causal LM with its own static KV cache proposes K tokens
+autoregressively and records their distributions q, so that rejection sampling is lossless.
+Optionally it ends a chain early at a draft it is unsure of (``min_confidence``, as transformers'
+``assistant_confidence_threshold``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.runtime.model import KVCache, Transformer
+from specserve.runtime.params import SamplingParams
+from specserve.runtime.proposers.base import ChainProposal, ChainProposer, pad_drafts
+from specserve.spec.sampling import logits_to_probs, sample
+
+
+class DraftModelProposer(ChainProposer):
+    """A draft LM with its own static cache; records q for lossless rejection sampling."""
+
+    name = "draft"
+    # > 0: end a row's chain at a draft whose draft probability is below this (HF's
+    # assistant_confidence_threshold); lossless, fewer wasted draft forwards for a large K.
+    min_confidence = 0.0
+
+    def __init__(self, model: Transformer, max_draft_len: int = 4) -> None:
+        super().__init__(max_draft_len)
+        self.model = model.decode_layout()  # it runs one-token forwards: gemv-friendly weights
+        self.cache: KVCache | None = None
+
+    def start(self, prompts: list[list[int]], max_len: int) -> None:
+        b = len(prompts)
+        need = max_len + self.max_draft_len + 2
+        if self.cache is None or self.cache.batch != b or self.cache.max_len < need:
+            self.cache = self.model.new_cache(b, need)
+        self.cache.lengths = [0] * b
+        # The last prompt token is fed by the first propose (with the first generated token).
+        self._feed([p[:-1] if len(p) > 1 else [] for p in prompts])
+
+    def _feed(self, rows: list[list[int]]) -> torch.Tensor | None:
+        """Feed per-row token lists; last hidden state per row [B, H] (None if all empty)."""
+        assert self.cache is not None
+        t = max(len(r) for r in rows)
+        if t == 0:
+            return None
+        dev = self.model.device
+        tokens = pad_drafts(rows, t, dev)  # [B, T]
+        lens = self.cache.lengths
+        hidden = self.model(tokens, self.cache)  # [B, T, H]
+        self.cache.lengths = [n + len(r) for n, r in zip(lens, rows, strict=True)]
+        out: torch.Tensor
+        if all(len(r) == t for r in rows):  # every row ends at T-1: a view, no gather
+            out = hidden[:, -1]
+        else:
+            last = torch.tensor([max(len(r) - 1, 0) for r in rows], device=dev)
+            out = hidden[torch.arange(len(rows), device=dev), last]
+        return out
+
+    def propose(self, seqs: list[list[int]], limits: list[int], params: list[SamplingParams],
+                generators: list[torch.Generator]) -> ChainProposal:
+        assert self.cache is not None
+        k = max(limits)
+        sampled = [i for i, p in enumerate(params) if p.temperature > 0 and limits[i] > 0]
+        # 1. catch up: feed what the draft has not seen (the pending token, maybe one more)
+        hidden = self._feed([s[n:] for s, n in zip(seqs, self.cache.lengths, strict=True)])
+        assert hidden is not None
+        tokens, probs, counts = [], [], list(limits)
+        for i in range(k):
+            logits = self.model.logits(hidden)  # [B, V]
+            tok = logits.argmax(dim=-1)  # [B]
+            if sampled:
+                q = torch.zeros_like(logits)
+                for b in sampled:
+                    if i >= counts[b]:  # beyond this row's limit or stop: no randomness
+                        continue
+                    p = params[b]
+                    q[b] = logits_to_probs(logits[b], p.temperature, p.top_k, p.top_p)
+                    tok[b] = sample(q[b:b + 1], generators[b])[0]
+                probs.append(q)
+            tokens.append(tok)
+            if self.min_confidence > 0 and self._stop_unsure(logits, tok, i, counts):
+                break
+            if i < k - 1:  # 2. feed each draft to get the next one's distribution
+                hidden = self._feed_one(tok)
+        drafts = torch.stack(tokens, dim=1)  # [B, k']
+        q_all = torch.stack(probs, dim=1) if sampled else None  # [B, k', V]
+        return ChainProposal(drafts, counts, q_all)
+
+    def _stop_unsure(self, logits: torch.Tensor, tok: torch.Tensor, i: int,
+                     counts: list[int]) -> bool:
+        """End row b's chain at draft i when the draft gives it probability < min_confidence
+        (HF's ``assistant_confidence_threshold``); True when every chain has ended.
+        logits [B, V], tok [B]; ``counts`` is updated in place."""
+        conf = torch.softmax(logits, dim=-1).gather(1, tok[:, None])[:, 0].tolist()  # [B]
+        for b, c in enumerate(conf):
+            if i < counts[b] and c < self.min_confidence:
+                counts[b] = i + 1
+        return all(c <= i + 1 for c in counts)
+
+    def _feed_one(self, tok: torch.Tensor) -> torch.Tensor:
+        assert self.cache is not None
+        hidden = self.model(tok[:, None], self.cache)  # [B, 1, H]
+        self.cache.lengths = [n + 1 for n in self.cache.lengths]
+        out: torch.Tensor = hidden[:, 0]
+        return out
+
+    def rollback(self, seq_lens: list[int]) -> None:
+        """Keep only the draft K/V of verified tokens (the pending one is fed next time)."""
+        assert self.cache is not None
+        self.cache.lengths = [min(n, s - 1) for n, s in
+                              zip(self.cache.lengths, seq_lens, strict=True)]

@@ -1,0 +1,86 @@
+"""Medusa proposals (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with
+Multiple Decoding Heads", arXiv 2401.10774): the heads of :mod:`specserve.runtime.medusa` read the
+target's last hidden state and their top-k tokens fill a candidate tree, verified in one
+tree-attention forward (greedy, T=0). At T>0 the heads' top-1 chain is verified with lossless
+one-hot rejection sampling, or, opt-in and LOSSY, with Medusa's typical acceptance (§2.3.1).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from specserve.runtime.medusa import MedusaHeads
+from specserve.runtime.model import Transformer
+from specserve.runtime.proposers.base import (
+    ChainProposal,
+    ProposalRequest,
+    StepOutcome,
+    TreeProposal,
+)
+from specserve.spec.tree import MedusaTree, build_tree_buffers, build_tree_tokens
+
+
+class MedusaProposer:
+    """Medusa heads plus a candidate tree. ``acceptance`` is "greedy" (tree verify at T=0; the
+    heads' top-1 chain with lossless one-hot rejection sampling at T>0) or the LOSSY "typical"
+    (Medusa's typical acceptance on the top-1 chain at T>0; never the default)."""
+
+    name = "medusa"
+
+    def __init__(self, heads: MedusaHeads, tree: MedusaTree, acceptance: str = "greedy") -> None:
+        if acceptance not in ("greedy", "typical"):
+            raise ValueError(f"acceptance must be 'greedy' or 'typical', got {acceptance!r}")
+        self.heads, self.acceptance = heads, acceptance
+        self.tree = MedusaTree.from_choices(tree.choices, heads.num_heads)
+        self.buffers = build_tree_buffers(self.tree)
+        self.topk = self.tree.max_topk()
+        self.max_draft_len = self.tree.depth  # chain length at T>0
+        self._chain_acceptance: Literal["exact", "typical"] = \
+            "typical" if acceptance == "typical" else "exact"
+        self._hidden: torch.Tensor | None = None  # [B, H] at each row's last kept position
+
+    @property
+    def lookahead(self) -> int:
+        return self.tree.num_nodes
+
+    def bind(self, target: Transformer) -> None:
+        self.to(target.device, target.dtype)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> MedusaProposer:
+        """Move the heads (and cast them to the target's dtype) and the tree buffers."""
+        self.heads.to(device=device, dtype=dtype)
+        b = self.buffers
+        self.buffers = type(b)(*(getattr(b, f).to(device) for f in b.__dataclass_fields__))
+        return self
+
+    def start(self, prompts: list[list[int]], max_len: int) -> None:
+        """Stateless across calls: the prefill's :meth:`update` brings the hidden states."""
+
+    def get_proposal(self, request: ProposalRequest) -> ChainProposal | TreeProposal | None:
+        """A tree when every row is greedy, else the top-1 chain (None if no row may draft)."""
+        hidden = self._hidden
+        assert hidden is not None, "update() with the prefill outcome comes first"
+        if all(p.temperature == 0 for p in request.params):
+            root = torch.tensor([s[-1] for s in request.seqs], device=hidden.device)  # [B]
+            return TreeProposal(self.tree_tokens(root, hidden), self.buffers)
+        if max(request.limits) == 0:
+            return None
+        return self.chain(hidden, request.limits)
+
+    def update(self, outcome: StepOutcome) -> None:
+        h, dev = outcome.hidden, outcome.hidden.device
+        self._hidden = h[torch.arange(h.shape[0], device=dev), torch.tensor(outcome.last,
+                                                                            device=dev)]
+
+    def tree_tokens(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """root [B] pending tokens, hidden [B, H] -> candidate tokens [B, N+1] (root first)."""
+        logits = self.heads(hidden)  # [B, num_heads, V]
+        topk = logits.topk(self.topk, dim=-1).indices  # [B, num_heads, k]
+        return build_tree_tokens(root, topk, self.buffers)
+
+    def chain(self, hidden: torch.Tensor, limits: list[int]) -> ChainProposal:
+        """The heads' top-1 tokens as a chain of up to ``limits[b]`` drafts (one-hot q)."""
+        drafts = self.heads(hidden)[:, :max(limits)].argmax(dim=-1)  # [B, k]
+        return ChainProposal(drafts, list(limits), None, self._chain_acceptance)
