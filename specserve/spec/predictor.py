@@ -18,8 +18,9 @@ Implements the model of ``../shared/reference/peers.md`` §3:
   model (K sequential draft steps), one pass of the heads for Medusa (Cai et al. 2024, "Medusa"),
   and 0 for n-gram lookup.
 
-Everything here is arithmetic on frozen dataclasses; the CLI (``specserve predict``) parses inputs
-and, with ``--measure``, replaces the roofline ``T(n)`` by times measured on this machine.
+Everything here is arithmetic on frozen dataclasses and on already-parsed JSON (a bench
+``summary.json``'s acceptance block, :func:`spec_acceptance`); :mod:`specserve.predict` reads the
+files and, with ``measure``, replaces the roofline ``T(n)`` by times measured on this machine.
 """
 
 from __future__ import annotations
@@ -121,6 +122,13 @@ def _req_int(cfg: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _opt_int(cfg: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    """``cfg[key]`` when set (a positive int), else ``default``."""
+    if not cfg.get(key):
+        return default
+    return _req_int(cfg, key, where)
+
+
 def shape_from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> ModelShape:
     """Count the parameters of a Llama-family decoder from its HF ``config.json`` shapes.
 
@@ -128,6 +136,8 @@ def shape_from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> 
     gated MLP ``3*H*I``, two RMSNorm weights ``2*H`` (+ biases when configured); final norm
     ``H``; LM head ``V*H`` unless ``tie_word_embeddings``.
     """
+    if not isinstance(cfg, Mapping):
+        raise SpecserveError(f"{where}: expected a JSON object (an HF config.json)")
     if isinstance(cfg.get("text_config"), Mapping):
         cfg = cfg["text_config"]
     model_type = str(cfg.get("model_type", "llama"))
@@ -140,8 +150,8 @@ def shape_from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> 
     heads = _req_int(cfg, "num_attention_heads", where)
     inter = _req_int(cfg, "intermediate_size", where)
     vocab = _req_int(cfg, "vocab_size", where)
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or h // heads)
+    kv_heads = _opt_int(cfg, "num_key_value_heads", heads, where)
+    head_dim = _opt_int(cfg, "head_dim", h // heads, where)
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
     attn = 2 * h * q_out + 2 * h * kv_out
     if cfg.get("attention_bias") or model_type == "qwen2":
@@ -376,3 +386,60 @@ def predict_speedup(acceptance: Acceptance, proposer: Proposer, step_s: Mapping[
     best = max(points, key=lambda p: (p.speedup, -p.k))
     chosen = next((p for p in points if p.k == k), None) if k is not None else None
     return Prediction(step_s[1], batch, points, best, chosen)
+
+
+# --------------------------------------------------------------- bench summaries (parsed JSON)
+
+
+def spec_acceptance(summary: Any, where: str) -> dict[str, Any]:
+    """The acceptance dict of the speculative variant in a bench ``summary.json``
+    (``variants.spec.acceptance``, else ``acceptance``, else a plain
+    ``AcceptanceStats.to_dict()``). ``where`` names the file in the error."""
+    if isinstance(summary, dict):
+        variants = summary.get("variants")
+        if isinstance(variants, dict) and isinstance(variants.get("spec"), dict):
+            acc = variants["spec"].get("acceptance")
+            if isinstance(acc, dict):
+                return acc
+        if isinstance(summary.get("acceptance"), dict):
+            return dict(summary["acceptance"])
+        if "accepted_nodes" in summary or "per_position_acceptance" in summary:
+            return summary
+    raise SpecserveError(f"{where}: no variants.spec.acceptance (not a specserve bench summary?)")
+
+
+def measured_speedups(summary: Any) -> dict[str, float]:
+    """``{metric: speedup}`` from a bench summary's ``speedup`` block (entries without a numeric
+    ``speedup`` are skipped; no block gives ``{}``)."""
+    sp = summary.get("speedup") if isinstance(summary, dict) else None
+    if not isinstance(sp, dict):
+        return {}
+    return {m: float(v["speedup"]) for m, v in sp.items()
+            if isinstance(v, dict) and isinstance(v.get("speedup"), int | float)}
+
+
+def needed_step_sizes(acceptance: Acceptance | None, k: int | None, tree_nodes: int | None,
+                      max_k: int) -> list[int]:
+    """The token counts ``n`` whose ``T(n)`` a prediction needs: always 1; for a tree
+    ``tree_nodes + 1``; for a chain ``K + 1`` for every predictable ``K`` (and ``k``)."""
+    if acceptance is None:
+        return [1]
+    if tree_nodes is not None:
+        return [1, tree_nodes + 1]
+    ks = set(acceptance.draft_lengths(max_k)) | ({k} if k is not None else set())
+    return sorted({1, *(kk + 1 for kk in ks)})
+
+
+def acceptance_from_summary(summary: Any, where: str) -> Acceptance:
+    """Per-position acceptance of a bench summary's speculative variant
+    (``per_position_acceptance`` of :func:`spec_acceptance`)."""
+    raw = spec_acceptance(summary, where).get("per_position_acceptance") or []
+    if not isinstance(raw, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in raw):
+        raise SpecserveError(f"{where}: per_position_acceptance: expected a list of numbers, "
+                             f"got {raw!r:.60}")
+    if not raw:
+        raise SpecserveError(f"{where}: the spec variant has no per_position_acceptance")
+    rates = tuple(float(v) for v in raw)
+    check_rates(rates)
+    return Acceptance(rates=rates)

@@ -12,6 +12,8 @@ greedy tree holds the ``N`` largest products and is optimal for every budget ``N
 Accuracies come from a per-head accuracy table, or are estimated from the accepted tree nodes a
 benchmark recorded (``AcceptanceStats.accepted_nodes``, ``"head,rank" -> count`` over ``steps``
 verify steps) under the same independence model (see :func:`accuracies_from_accepted_nodes`).
+:func:`acceptance_block`, :func:`verify_steps` and :func:`head_accuracies_from_json` take those
+inputs from already-parsed JSON; :mod:`specserve.tune_tree` reads and writes the files.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specserve.errors import SpecserveError
 
@@ -131,6 +134,9 @@ def greedy_tree(acc: HeadAccuracies, max_nodes: int, max_depth: int | None = Non
 
 def parse_accepted_nodes(nodes: Mapping[str, object], where: str) -> dict[Path, int]:
     """``{"head,rank": count}`` -> ``{(head, rank): count}`` with checks."""
+    if not isinstance(nodes, Mapping):
+        raise SpecserveError(f"{where}: accepted_nodes must be an object "
+                             f'{{"head,rank": count}}, not {type(nodes).__name__}')
     out: dict[Path, int] = {}
     for key, count in nodes.items():
         parts = str(key).split(",")
@@ -138,7 +144,8 @@ def parse_accepted_nodes(nodes: Mapping[str, object], where: str) -> dict[Path, 
             head, rank = (int(p) for p in parts)
         except ValueError as e:
             raise SpecserveError(f"{where}: accepted_nodes key {key!r} is not 'head,rank'") from e
-        if head < 0 or rank < 0 or not isinstance(count, int) or count < 0:
+        if (head < 0 or rank < 0 or not isinstance(count, int) or isinstance(count, bool)
+                or count < 0):
             raise SpecserveError(f"{where}: accepted_nodes[{key!r}] = {count!r} is invalid")
         out[(head, rank)] = out.get((head, rank), 0) + count
     return out
@@ -181,3 +188,76 @@ def accuracies_from_accepted_nodes(
             row.append(min(1.0, c / reach) if reach > 0 else 0.0)
         rows.append(row)
     return HeadAccuracies(tuple(tuple(r) for r in rows))
+
+
+# ---------------------------------------------------- tune-tree inputs (parsed JSON, no files)
+
+
+def acceptance_block(data: Any) -> dict[str, Any] | None:
+    """``variants.spec.acceptance`` of a bench summary, ``acceptance``, or a bare stats dict:
+    the first of these that has ``accepted_nodes``; None when none has."""
+    if not isinstance(data, dict):
+        return None
+    spec = (data.get("variants") or {}).get("spec") if isinstance(data.get("variants"),
+                                                                   dict) else None
+    for block in (spec.get("acceptance") if isinstance(spec, dict) else None,
+                  data.get("acceptance"), data):
+        if isinstance(block, dict) and "accepted_nodes" in block:
+            return block
+    return None
+
+
+def verify_steps(block: Mapping[str, Any], counts: Mapping[Path, int], where: str) -> int:
+    """Verify steps of an acceptance block: ``steps``, else head-0 accepted nodes /
+    ``per_position_acceptance[0]``."""
+    steps = block.get("steps")
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        return steps
+    rates = _numbers(block.get("per_position_acceptance") or [], where,
+                     "per_position_acceptance")
+    head0 = sum(c for (h, _), c in counts.items() if h == 0)
+    if rates and rates[0] > 0 and head0 > 0:
+        return round(head0 / rates[0])
+    raise SpecserveError(f"{where}: acceptance has no 'steps' (verify steps) to normalize by")
+
+
+def head_accuracies_from_json(data: Any, where: str) -> HeadAccuracies:
+    """Per-head accuracies from parsed JSON: a list of per-rank rows, ``rank_accuracy`` (same),
+    ``topk_accuracy`` (cumulative top-k per head) or a demo ``eval.json``'s
+    ``medusa.top1_accuracy``."""
+    if isinstance(data, list):
+        return HeadAccuracies.of(_number_rows(data, where, "accuracies"), where)
+    if isinstance(data, dict):
+        if isinstance(data.get("rank_accuracy"), list):
+            return HeadAccuracies.of(_number_rows(data["rank_accuracy"], where, "rank_accuracy"),
+                                     where)
+        if isinstance(data.get("topk_accuracy"), list):
+            return HeadAccuracies.from_cumulative(
+                _number_rows(data["topk_accuracy"], where, "topk_accuracy"), where)
+        top1 = (data.get("medusa") or {}).get("top1_accuracy") if isinstance(
+            data.get("medusa"), dict) else None
+        if isinstance(top1, list):
+            return HeadAccuracies.of(
+                [[a] for a in _numbers(top1, where, "medusa.top1_accuracy")], where)
+    raise SpecserveError(f"{where}: expected a bench summary with accepted_nodes, or per-head "
+                         "accuracies (list of lists, rank_accuracy, topk_accuracy, "
+                         "medusa.top1_accuracy)")
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _numbers(value: object, where: str, what: str) -> list[float]:
+    """A JSON list of numbers, or ``<where>: <what>: expected a list of numbers``."""
+    if isinstance(value, list) and all(_is_number(v) for v in value):
+        return [float(v) for v in value]
+    raise SpecserveError(f"{where}: {what}: expected a list of numbers, got {value!r:.60}")
+
+
+def _number_rows(value: object, where: str, what: str) -> list[list[float]]:
+    """A JSON list (one per head) of lists of numbers (one per rank)."""
+    if isinstance(value, list) and all(isinstance(row, list) for row in value):
+        return [_numbers(row, where, f"{what}[{h}]") for h, row in enumerate(value)]
+    raise SpecserveError(f"{where}: {what}: expected one list of numbers per head, "
+                         f"got {value!r:.60}")

@@ -168,6 +168,19 @@ def test_tune_tree_steps_derived_and_accuracy_inputs(tmp_path: Path) -> None:
                                                                           [0, 0, 0]]
 
 
+def test_tune_tree_measured_tree_and_depth_options(tmp_path: Path) -> None:
+    src = tmp_path / "summary.json"
+    src.write_text(json.dumps(_simulated_summary([[0.5, 0.2], [0.4]], 500, seed=3)))
+    tree = tmp_path / "measured.txt"
+    tree.write_text(MedusaTree.from_choices(MC_SIM_7B_63).to_brace())
+    r = _json("tune-tree", "--from", str(src), "--measured-tree", "none", "--max-depth", "1",
+              "--nodes", "2")
+    assert r["measured_tree"].startswith("none") and r["depth"] == 1
+    assert r["medusa_choices"] == [[0], [1]]
+    assert _json("tune-tree", "--from", str(src), "--measured-tree",
+                 str(tree))["measured_tree"] == str(tree)
+
+
 @pytest.mark.parametrize(
     ("data", "msg"),
     [({"variants": {"spec": {"acceptance": {"accepted_nodes": {"0,0": 3}}}}}, "steps"),
@@ -182,3 +195,35 @@ def test_tune_tree_bad_input_writes_nothing(tmp_path: Path, data: Any, msg: str)
     code, _, err = _run("tune-tree", "--from", str(src), "--out", str(out))
     assert code == 2 and msg in err
     assert not out.exists() and not out.with_suffix(".txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("cmd", "data", "msg"),
+    [("predict", {"variants": {"spec": {"acceptance": {"per_position_acceptance": ["x"]}}}},
+      "per_position_acceptance: expected a list of numbers"),
+     ("predict", {"variants": {"spec": {"acceptance": {"per_position_acceptance": 5}}}},
+      "per_position_acceptance: expected a list of numbers"),
+     ("tune-tree", {"accepted_nodes": [1], "steps": 5}, "accepted_nodes must be an object"),
+     ("tune-tree", {"accepted_nodes": {"0,0": 3}, "steps": 5, "tau_server": "x"},
+      "tau_server 'x': expected a number"),
+     ("tune-tree", {"accepted_nodes": {"0,0": 3}, "steps": 5, "medusa_choices": [5]},
+      "medusa_choices: expected a list of lists of ints"),
+     ("tune-tree", {"topk_accuracy": [0.5]}, "topk_accuracy: expected one list")],
+)
+def test_malformed_json_is_one_line_not_a_traceback(tmp_path: Path, cmd: str, data: Any,
+                                                    msg: str) -> None:
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps(data))
+    args = ["--params", "7e9", "--summary", str(src)] if cmd == "predict" else ["--from", str(src)]
+    for fmt in ("text", "json"):
+        code, out, err = _run(cmd, *args, "--format", fmt)
+        assert code == 2 and out == ""
+        assert err.strip() == f"error: {src}: {msg}" or (
+            err.startswith(f"error: {src}: {msg}") and len(err.strip().splitlines()) == 1)
+
+
+def test_config_list_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("[1]")
+    code, _, err = _run("predict", "--config", str(tmp_path))
+    assert code == 2 and err.strip() == f"error: {tmp_path / 'config.json'}: expected a JSON " \
+        "object (an HF config.json)"

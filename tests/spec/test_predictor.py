@@ -16,14 +16,18 @@ from specserve.spec.predictor import (
     ModelShape,
     Proposer,
     Workload,
+    acceptance_from_summary,
     expected_tokens,
     expected_tokens_from_rates,
     free_verify_tokens,
     hardware_for,
+    measured_speedups,
     medusa_head_params,
+    needed_step_sizes,
     predict_speedup,
     roofline_step_times,
     shape_from_hf_config,
+    spec_acceptance,
     step_cost,
 )
 
@@ -195,3 +199,41 @@ def test_step_overhead_is_added_to_both_sides() -> None:
     with pytest.raises(SpecserveError, match="overhead"):
         predict_speedup(Acceptance(tau=2.0, tau_k=4), Proposer("ngram"), times, k=4,
                         overhead_s=-1.0)
+
+
+def test_spec_acceptance_forms_and_speedups() -> None:
+    block = {"per_position_acceptance": [0.5, 0.25]}
+    assert spec_acceptance({"variants": {"spec": {"acceptance": block}}}, "s") == block
+    assert spec_acceptance({"acceptance": block}, "s") == block
+    assert spec_acceptance(block, "s") == block  # a bare AcceptanceStats.to_dict()
+    with pytest.raises(SpecserveError, match="s.json: no variants.spec.acceptance"):
+        spec_acceptance([block], "s.json")
+    assert acceptance_from_summary({"acceptance": block}, "s").rates == (0.5, 0.25)
+    for bad, msg in (({"per_position_acceptance": [0.5, "x"]}, "expected a list of numbers"),
+                     ({"per_position_acceptance": [True]}, "expected a list of numbers"),
+                     ({"per_position_acceptance": []}, "no per_position_acceptance"),
+                     ({"per_position_acceptance": [0.2, 0.5]}, "exceeds")):
+        with pytest.raises(SpecserveError, match=msg):
+            acceptance_from_summary(bad, "s")
+    summary = {"speedup": {"tpot_s": {"speedup": 2}, "ttft_s": {"speedup": None},
+                           "p50": {"speedup": "1.5"}, "x": 1}}
+    assert measured_speedups(summary) == {"tpot_s": 2.0}
+    assert measured_speedups({"speedup": [1]}) == measured_speedups(None) == {}
+
+
+def test_needed_step_sizes() -> None:
+    assert needed_step_sizes(None, 3, None, 16) == [1]
+    assert needed_step_sizes(Acceptance(alpha=0.5), None, None, 3) == [1, 2, 3, 4]
+    assert needed_step_sizes(Acceptance(alpha=0.5), 6, None, 2) == [1, 2, 3, 7]
+    assert needed_step_sizes(Acceptance(rates=(0.5, 0.2)), None, None, 16) == [1, 2, 3]
+    assert needed_step_sizes(Acceptance(tau=2.0, tau_k=4), 4, 63, 16) == [1, 64]
+
+
+def test_hf_config_that_is_not_an_object_or_has_bad_fields() -> None:
+    with pytest.raises(SpecserveError, match="c.json: expected a JSON object"):
+        shape_from_hf_config([1], "c.json")  # type: ignore[arg-type]
+    for key in ("num_key_value_heads", "head_dim"):
+        with pytest.raises(SpecserveError, match=f"c.json: missing or invalid '{key}'"):
+            shape_from_hf_config({**LLAMA31_8B, key: "8"}, "c.json")
+    no_kv = {k: v for k, v in LLAMA31_8B.items() if k != "num_key_value_heads"}
+    assert shape_from_hf_config(no_kv).num_kv_heads == 32  # defaults to the attention heads

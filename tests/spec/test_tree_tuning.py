@@ -5,6 +5,7 @@ tree-verify outcomes."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -15,10 +16,13 @@ from specserve.spec.tree import MC_SIM_7B_63, MedusaTree
 from specserve.spec.tree_tuning import (
     HeadAccuracies,
     Path,
+    acceptance_block,
     accuracies_from_accepted_nodes,
     expected_tau,
     greedy_tree,
+    head_accuracies_from_json,
     parse_accepted_nodes,
+    verify_steps,
 )
 
 
@@ -157,3 +161,44 @@ def test_estimator_errors() -> None:
         accuracies_from_accepted_nodes({}, 10)
     with pytest.raises(SpecserveError, match="unreachable"):
         accuracies_from_accepted_nodes({(0, 0): 5, (1, 3): 2}, 10, [(0,), (0, 0)])
+
+
+def test_acceptance_block_and_verify_steps() -> None:
+    block: dict[str, Any] = {"accepted_nodes": {"0,0": 30, "1,0": 9}, "steps": 100}
+    assert acceptance_block({"variants": {"spec": {"acceptance": block}}}) is block
+    assert acceptance_block({"acceptance": block}) is block
+    assert acceptance_block(block) is block
+    assert acceptance_block({"variants": {"spec": {"acceptance": {"x": 1}}}}) is None
+    assert acceptance_block([block]) is None
+    counts = parse_accepted_nodes(block["accepted_nodes"], "s")
+    assert verify_steps(block, counts, "s") == 100
+    derived = {"accepted_nodes": {}, "per_position_acceptance": [0.3, 0.09], "steps": True}
+    assert verify_steps(derived, counts, "s") == 100  # head-0 nodes / rate 0; bool not steps
+    for bad, msg in (({"per_position_acceptance": "abc"}, "expected a list of numbers"),
+                     ({"per_position_acceptance": [0.0]}, "no 'steps'"), ({}, "no 'steps'")):
+        with pytest.raises(SpecserveError, match=f"s.json: .*{msg}"):
+            verify_steps(bad, counts, "s.json")
+
+
+def test_head_accuracies_from_json_forms() -> None:
+    assert head_accuracies_from_json([[0.5, 0.25], [0.5]], "a").acc == ((0.5, 0.25), (0.5,))
+    assert head_accuracies_from_json({"rank_accuracy": [[0.5]]}, "a").acc == ((0.5,),)
+    cum = head_accuracies_from_json({"topk_accuracy": [[0.5, 0.75]]}, "a")
+    assert cum.acc == ((0.5, 0.25),)
+    top1 = head_accuracies_from_json({"medusa": {"top1_accuracy": [0.5, 0.25]}}, "a")
+    assert top1.acc == ((0.5,), (0.25,))
+    for bad, msg in (([["x"]], r"accuracies\[0\]: expected a list of numbers"),
+                     ([0.5], "accuracies: expected one list of numbers per head"),
+                     ({"topk_accuracy": [[0.5, None]]}, r"topk_accuracy\[0\]"),
+                     ({"medusa": {"top1_accuracy": [True]}}, "medusa.top1_accuracy"),
+                     ({"other": 1}, "expected a bench summary")):
+        with pytest.raises(SpecserveError, match=f"a.json: {msg}"):
+            head_accuracies_from_json(bad, "a.json")
+
+
+def test_accepted_nodes_must_be_a_mapping_of_int_counts() -> None:
+    with pytest.raises(SpecserveError, match="s.json: accepted_nodes must be an object"):
+        parse_accepted_nodes([("0,0", 1)], "s.json")  # type: ignore[arg-type]
+    with pytest.raises(SpecserveError, match="is invalid"):
+        parse_accepted_nodes({"0,0": True}, "s.json")
+    assert parse_accepted_nodes({"0,0": 2, " 0, 0": 1}, "s") == {(0, 0): 3}
