@@ -1,6 +1,6 @@
 """How much TTFT does ``specserve bench`` itself add, at 1, 16 and 64 concurrent streams?
 
-Serves the trivial ensemble-shaped model (``specserve.client.trivial_repo``: no model behind
+Serves the trivial ensemble-shaped model (``tests.helpers.trivial_repo``: no model behind
 it, ``--step-delay-ms`` per step) on a real tritonserver on loopback, runs ``specserve bench``
 against it, and splits every request's client-measured TTFT using the server's own wall-clock
 stamps (same host, same clock):
@@ -33,6 +33,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers: tiny models
 
 
 def split_ttft(rec: dict[str, Any]) -> dict[str, float] | None:
@@ -200,8 +202,8 @@ def main() -> None:
     # `timeout` sends SIGTERM: exit through the context managers so the server is stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from specserve.client.trivial_repo import write_trivial_repo
     from specserve.triton.server import TritonServer
+    from tests.helpers.trivial_repo import write_trivial_repo
 
     results = []
     with tempfile.TemporaryDirectory(prefix="client-overhead-") as tmp:

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers: tiny models
+
 TOOLS = ("genai-perf", "specserve", "specserve --no-perf-outputs", "bare tritonclient")
 
 
@@ -145,7 +147,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from specserve.testing.server import serve_tiny
+    from tests.helpers.server import serve_tiny
 
     dep = serve_tiny(args.work / "deploy", spec_mode="ngram")
     ds = args.work / "prompts.jsonl"

@@ -36,6 +36,8 @@ from specserve.runtime.loader import build_decoder
 from specserve.runtime.model import ModelConfig, Transformer, _convert
 from specserve.runtime.proposers import OracleProposer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers: tiny models
+
 SIZES = {  # hidden, layers, heads, kv heads, intermediate, vocab
     "small": (1024, 8, 16, 4, 4096, 32000),
     "1b": (2048, 16, 32, 8, 8192, 32000),
@@ -154,7 +156,7 @@ def pair_rows(target: Path, draft: Path | None, medusa: Path | None, n: int, k: 
     from transformers import AutoModelForCausalLM
 
     from specserve.runtime.loader import load_tokenizer
-    from specserve.testing.tiny import TINY_TEXT
+    from tests.helpers.tiny import TINY_TEXT
 
     tok = load_tokenizer(target)
     prompt = list(tok(TINY_TEXT[:240])["input_ids"])
@@ -240,7 +242,7 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         target, draft, medusa = args.target, args.draft, args.medusa
         if target is None:
-            from specserve.testing.tiny import make_tiny_checkpoint
+            from tests.helpers.tiny import make_tiny_checkpoint
 
             ck = make_tiny_checkpoint(Path(tmp) / "tiny")
             target, draft, medusa = ck.target, ck.draft, ck.medusa

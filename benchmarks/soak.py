@@ -1,5 +1,5 @@
 """``make soak``: load and fault injection on loopback (issue 7; checks in
-:mod:`specserve.testing.soak`, figures in ``docs/reliability.md``).
+:mod:`tests.helpers.soak`, figures in ``docs/reliability.md``).
 
 Builds a tiny reference engine (draft model = target) and its repository in a temp dir, serves
 it on 127.0.0.1, then: 64 concurrent streams x 500 requests with 10% cancelled mid-stream; the
@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers: tiny models
 
 
 def criteria(r: dict[str, Any], requests: int) -> dict[str, bool]:
@@ -52,8 +54,8 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from specserve.testing import soak
-    from specserve.testing.server import serve_tiny
+    from tests.helpers import soak
+    from tests.helpers.server import serve_tiny
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

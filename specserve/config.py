@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 from specserve.errors import SpecserveError
 
 T = TypeVar("T", bound="JsonConfig")
+_UMASK = os.umask(0o022)  # read once at import (os.umask can only be read by setting it)
+os.umask(_UMASK)
 
 
 class JsonConfig:
@@ -66,11 +68,14 @@ def read_json(path: str | Path) -> Any:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to ``path`` via a temp file in the same directory and an atomic rename."""
+    """Write JSON to ``path`` via a temp file in the same directory and an atomic rename (the
+    one writer of JSON artefacts; ``indent=2``, sorted keys, trailing newline; the file gets the
+    mode ``open()`` would give it, not mkstemp's 0600)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; artefacts get the usual mode
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")

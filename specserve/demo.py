@@ -10,17 +10,15 @@ The server is stopped on success, on failure and on Ctrl-C/SIGTERM (a context ma
 from __future__ import annotations
 
 import json
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from specserve.config import JsonConfig, write_json_atomic
+from specserve.engine_record import RECORD_FILE, EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
+from specserve.interrupts import sigterm_as_interrupt
 
 
 @dataclass(frozen=True)
@@ -58,18 +56,12 @@ class DemoOutcome:
     exit_code: int
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt, so ``finally`` blocks stop the server."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def engine_record(engine_dir: str | None) -> EngineRecord | None:
+    """The engine's checked record when ``engine_dir`` holds a ``build_config.json`` (a bad one
+    is a SpecserveError), else None (the tau check then assumes Medusa)."""
+    if not engine_dir or not (Path(engine_dir) / RECORD_FILE).exists():
+        return None
+    return read_engine_record(engine_dir)
 
 
 def expected_tau(engine_dir: str | None, eval_json: str | None) -> tuple[float | None, str]:
@@ -78,13 +70,11 @@ def expected_tau(engine_dir: str | None, eval_json: str | None) -> tuple[float |
     if not eval_json or not Path(eval_json).is_file():
         return None, "no eval.json"
     ev = json.loads(Path(eval_json).read_text())
-    build: dict[str, Any] = {}
-    if engine_dir and (Path(engine_dir) / "build_config.json").is_file():
-        build = json.loads((Path(engine_dir) / "build_config.json").read_text())
-    mode = str(build.get("spec_mode", "medusa"))
+    build = engine_record(engine_dir)
+    mode = build.spec_mode if build is not None else "medusa"
     tuned = ev.get("medusa_tuned") or {}
-    if mode == "medusa" and tuned.get("choices") and _same_tree(
-        tuned["choices"], build.get("medusa_choices")
+    if mode == "medusa" and tuned.get("choices") and build is not None and _same_tree(
+        tuned["choices"], build.medusa_choices_list
     ):
         mode = "medusa_tuned"
     tau = (ev.get(mode) or {}).get("tau")
@@ -155,10 +145,11 @@ def run_demo(cfg: DemoRunConfig, progress: bool | None = None) -> DemoOutcome:
     from specserve.triton.server import TritonServer
 
     cfg.validate()
+    engine_record(cfg.engine)  # a bad build_config.json fails before the server starts
     started = time.monotonic()
     server = TritonServer(Path(cfg.repo).resolve(), http_port=cfg.http_port,
                           grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         try:
             server.start(timeout_s=cfg.startup_timeout_s)
             startup_s = time.monotonic() - started

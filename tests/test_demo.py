@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from specserve.cli.main import cli
 from specserve.demo import expected_tau, tau_check
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 pytestmark = pytest.mark.server
 
@@ -27,8 +27,8 @@ def _tritonservers_for(repo: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_repo(tiny_ckpt: TinyCheckpoint, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from specserve.testing.server import make_tiny_engine
     from specserve.triton.repository import RepoOptions, write_repository
+    from tests.helpers.server import make_tiny_engine
 
     root = tmp_path_factory.mktemp("demo")
     engine = make_tiny_engine(tiny_ckpt, root / "engine", "draft", draft_is_target=True)
@@ -69,8 +69,10 @@ def test_tau_outside_tolerance_is_reported(tmp_path: Path) -> None:
 
 def test_expected_tau_picks_the_tuned_tree(tmp_path: Path) -> None:
     tree = [[0], [1], [0, 0]]
-    (tmp_path / "build_config.json").write_text(
-        json.dumps({"spec_mode": "medusa", "medusa_choices": [[0], [0, 0], [1]]}))
+    from tests.helpers.server import trtllm_build_config
+
+    (tmp_path / "build_config.json").write_text(json.dumps(
+        trtllm_build_config("medusa") | {"medusa_choices": [[0], [0, 0], [1]]}))
     ev = tmp_path / "eval.json"
     ev.write_text(json.dumps({"medusa": {"tau": 3.0},
                               "medusa_tuned": {"tau": 2.5, "choices": tree}}))

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import signal
 import subprocess
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -26,19 +21,22 @@ from specserve.build.config import BuildConfig, resolve
 from specserve.build.plan import BuildPlan, staging_dir
 from specserve.build.record import cli_argv, make_record
 from specserve.build.runner import preflight, run_plan
-from specserve.build.staging import check_out, staged_output
-from specserve.build.torch_engine import copy_tokenizer, write_json
+from specserve.build.torch_engine import copy_tokenizer
 from specserve.build.validate import (
     MedusaInfo,
-    check_tokenizers_match,
     validate_eagle,
     validate_medusa,
     validate_parallelism,
     validate_target,
 )
+from specserve.checkpoint import check_tokenizers_match
+from specserve.config import write_json_atomic as write_json
 from specserve.errors import SpecserveError
+from specserve.interrupts import sigterm_as_interrupt
+from specserve.outputs import check_replaceable, staged_output
 
 HOPPER = (9, 0)
+WRITER = "specserve build"
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ def _check_llama_converter(cfg: BuildConfig, model_cfg: dict[str, Any], model_di
 def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     """Validate and resolve ``cfg`` and make its plan; touches nothing."""
     cfg.validate()
-    check_out(Path(cfg.out), force)
+    check_replaceable(Path(cfg.out), force, WRITER)
     target_cfg, medusa = validate_inputs(cfg)
     resolved = resolve(cfg, target_cfg, medusa.num_heads if medusa else None)
     if resolved.backend == "trtllm":
@@ -154,7 +152,7 @@ def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False
         _check_fp8_gpu(prep.cfg)
         preflight(prep.plan)
     out = Path(prep.cfg.out)
-    with _sigterm_as_interrupt(), staged_output(out, force) as stage:
+    with sigterm_as_interrupt(), staged_output(out, force, WRITER) as stage:
         if prep.cfg.backend == "trtllm":
             record = _build_trtllm(prep, stage, console)
         else:
@@ -162,23 +160,6 @@ def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False
         write_json(stage / "build_config.json", record)
     summary["build_config"] = str(out / "build_config.json")
     return summary
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (``timeout``, ``kill``) cleans up like Ctrl-C while a build runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _check_fp8_gpu(cfg: BuildConfig) -> None:

@@ -2,9 +2,10 @@
 and the exact commands of a build, so that it can be repeated and checked.
 
 The record holds no timestamps or absolute temp paths: the same inputs give the same bytes.
-Keys read by the Triton writer (docs/architecture.md): ``backend``, ``spec_mode``,
-``max_batch_size``, ``max_input_len``, ``max_seq_len``, ``max_draft_len``, ``medusa_choices``,
-``dtype``, ``quantize``, ``kv_cache_dtype``, ``tp_size``, ``pp_size``, ``world_size``.
+Its typed keys (docs/architecture.md): ``backend``, ``spec_mode``, ``max_batch_size``,
+``max_input_len``, ``max_seq_len``, ``max_draft_len``, ``medusa_choices``, ``dtype``,
+``quantize``, ``kv_cache_dtype``, ``tp_size``, ``pp_size``, ``world_size``; every reader uses
+:func:`specserve.engine_record.read_engine_record`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.build.config import BuildConfig
+from specserve.versions import collect_versions
 
 RECORD_VERSION = 1
 _HASHED_NAMES = ("config.json", "generation_config.json", "tokenizer.json",
@@ -45,8 +47,6 @@ def input_hashes(cfg: BuildConfig) -> dict[str, str]:
 
 
 def package_versions() -> dict[str, str | None]:
-    from specserve.cli.version import collect_versions
-
     return collect_versions(("torch", "transformers", "safetensors", "tokenizers",
                              "tensorrt_llm"))
 
@@ -66,8 +66,9 @@ def cli_argv(cfg: BuildConfig) -> list[str]:
              "--max-input-len", str(cfg.max_input_len), "--max-seq-len", str(cfg.max_seq_len),
              "--max-draft-len", str(cfg.max_draft_len)]
     if cfg.medusa_choices is not None:
-        argv += ["--medusa-choices",
-                 ", ".join("{" + ", ".join(map(str, p)) + "}" for p in cfg.medusa_choices)]
+        from specserve.spec.tree import to_brace
+
+        argv += ["--medusa-choices", to_brace(cfg.medusa_choices)]
     return argv + ["--out", cfg.out]
 
 

@@ -1,5 +1,6 @@
 """The reference (``torch``) engine: validated weights re-saved in the build dtype, optional FP8
-emulation (:mod:`specserve.build.fp8`), plus the heads or draft and the tokenizer.
+emulation (:func:`specserve.checkpoint.quantize_state_dict`), plus the heads or draft and the
+tokenizer.
 
 Layout (docs/architecture.md): ``target/`` and ``draft/`` are Hugging Face directories
 (``config.json``, ``model.safetensors``, tokenizer files), ``medusa/`` the FasterDecoding layout
@@ -9,23 +10,20 @@ deterministic (sorted keys, fixed metadata, no timestamps), so a rebuild is byte
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 from specserve.build.config import BuildConfig
 from specserve.build.validate import MedusaInfo
+from specserve.checkpoint import load_state_dict, load_tensors, quantize_state_dict, read_json
+from specserve.config import write_json_atomic
 from specserve.errors import SpecserveError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "chat_template.jinja")
 MODEL_EXTRA_FILES = ("generation_config.json",)
 FP8_CONFIG_KEY = "specserve_quantization"
-
-
-def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _torch_dtype(name: str) -> Any:
@@ -61,15 +59,12 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
 def write_model(src: Path, dst: Path, dtype: str, fp8: bool) -> None:
     """An HF model dir re-saved as one ``model.safetensors`` in ``dtype`` (FP8 weights +
     per-channel scales when ``fp8``), with its config and tokenizer."""
-    from specserve.build.fp8 import quantize_state_dict
-    from specserve.runtime.checkpoint import load_state_dict
-
     dst.mkdir(parents=True)
     sd = cast_state_dict(load_state_dict(src), dtype)
     if fp8:
         sd = quantize_state_dict(sd)
     _save(sd, dst / "model.safetensors")
-    cfg = json.loads((src / "config.json").read_text())
+    cfg = read_json(src / "config.json")
     cfg["torch_dtype"] = dtype
     if "dtype" in cfg:
         cfg["dtype"] = dtype
@@ -77,7 +72,7 @@ def write_model(src: Path, dst: Path, dtype: str, fp8: bool) -> None:
         cfg[FP8_CONFIG_KEY] = {"quant_algo": "FP8_PER_CHANNEL", "weight_dtype": "float8_e4m3fn",
                                "scale_suffix": "_scale", "excluded": ["embed_tokens", "norm",
                                                                       "lm_head"]}
-    write_json(dst / "config.json", cfg)
+    write_json_atomic(dst / "config.json", cfg)
     for name in MODEL_EXTRA_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, dst / name)
@@ -86,20 +81,13 @@ def write_model(src: Path, dst: Path, dtype: str, fp8: bool) -> None:
 
 def write_medusa(src: Path, dst: Path, info: MedusaInfo, dtype: str) -> None:
     """Medusa heads in ``dtype`` (never FP8, like TensorRT-LLM) as safetensors + config."""
-    import torch
-
-    from specserve.runtime.checkpoint import load_safetensors
-
     dst.mkdir(parents=True)
-    if info.weights.suffix == ".safetensors":
-        sd = load_safetensors(info.weights)
-    else:
-        sd = torch.load(info.weights, map_location="cpu", weights_only=True)
-    _save(cast_state_dict(dict(sd), dtype), dst / "medusa_lm_head.safetensors")
-    cfg = json.loads((src / "config.json").read_text())
+    sd = load_tensors(info.weights)
+    _save(cast_state_dict(sd, dtype), dst / "medusa_lm_head.safetensors")
+    cfg = read_json(src / "config.json")
     cfg.update({"medusa_num_heads": info.num_heads, "medusa_num_layers": info.num_layers,
                 "hidden_size": info.hidden_size, "vocab_size": info.vocab_size})
-    write_json(dst / "config.json", cfg)
+    write_json_atomic(dst / "config.json", cfg)
 
 
 def write_torch_engine(cfg: BuildConfig, stage: Path, medusa: MedusaInfo | None) -> list[str]:

@@ -15,15 +15,16 @@ from typing import Any
 
 from specserve.build.config import BuildConfig
 from specserve.build.record import input_hashes, package_versions
+from specserve.engine_record import read_engine_record
+from specserve.errors import SpecserveError
 
 
 def is_up_to_date(summary: dict[str, Any]) -> bool:
     """True when ``summary['out']`` holds an engine built exactly as ``summary`` plans."""
     cfg = BuildConfig.from_dict(summary["config"])
-    path = Path(cfg.out) / "build_config.json"
     try:
-        rec = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        rec = read_engine_record(Path(cfg.out))
+    except SpecserveError:  # no engine, or not a valid record: rebuild
         return False
     planned = json.loads(json.dumps(cfg.to_dict()))
     return bool(rec.get("config") == planned and rec.get("input_hashes") == input_hashes(cfg)

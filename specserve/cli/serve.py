@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-from types import FrameType
-
 import click
 
 EXAMPLES = """
@@ -37,6 +34,7 @@ def command(repo: str, host: str, http_port: int, grpc_port: int, metrics_port: 
     from pathlib import Path
 
     from specserve.errors import ServerError
+    from specserve.interrupts import sigterm_as_interrupt
     from specserve.triton.repository import read_repo_meta
     from specserve.triton.server import TritonServer
 
@@ -44,20 +42,16 @@ def command(repo: str, host: str, http_port: int, grpc_port: int, metrics_port: 
     server = TritonServer(Path(repo), host=host, http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, world_size=int(meta.get("world_size", 1)),
                           log_path=Path(log_path) if log_path else None)
-
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
-    server.start(timeout_s)
-    click.echo(f"ready in {server.startup_s:.1f} s: gRPC {server.grpc_url}  "
-               f"HTTP http://{server.http_url}  metrics {server.metrics_url}  "
-               f"(log {server.log_path}; Ctrl-C to stop)")
-    try:
-        rc = server.wait()
-    except KeyboardInterrupt:
-        click.echo("stopping tritonserver ...", err=True)
-        server.stop()
-        return
+    with sigterm_as_interrupt():
+        server.start(timeout_s)
+        click.echo(f"ready in {server.startup_s:.1f} s: gRPC {server.grpc_url}  "
+                   f"HTTP http://{server.http_url}  metrics {server.metrics_url}  "
+                   f"(log {server.log_path}; Ctrl-C to stop)")
+        try:
+            rc = server.wait()
+        except KeyboardInterrupt:
+            click.echo("stopping tritonserver ...", err=True)
+            server.stop()
+            return
     server.stop(keep_log=True)
     raise ServerError(f"{repo}: tritonserver exited with code {rc}; log {server.log_path}")

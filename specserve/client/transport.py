@@ -230,7 +230,7 @@ class GrpcTransport:
             slot.client.async_stream_infer(model, inputs, enable_empty_final_response=True)
             await asyncio.wait_for(slot.done, timeout_s)
             healthy = self._consume(slot.items, raw)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._consume(list(slot.items) if slot else [], raw)  # what did arrive
             raw.error = f"timeout: no final response after {timeout_s:g} s"
         except asyncio.CancelledError:
@@ -321,7 +321,7 @@ class HttpTransport:
             await asyncio.wait_for(
                 self._post(s, f"http://{self.url}/v2/models/{model}/{endpoint}", body, raw, t0),
                 timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raw.error = f"timeout: no complete answer after {timeout_s:g} s"
         except asyncio.CancelledError:
             raw.cancelled = True

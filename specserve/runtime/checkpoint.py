@@ -1,14 +1,16 @@
-"""Checks and loaders for local Hugging Face checkpoints and FasterDecoding Medusa heads.
+"""Runtime checks of local Hugging Face checkpoints and loading of FasterDecoding Medusa heads.
 
 Everything a user can get wrong about a checkpoint directory (missing or corrupted files, a vocab
 that differs between target and draft, Medusa heads of the wrong shape) becomes one
 :class:`SpecserveError` line naming the file and the mismatch. Only local files are read
 (safetensors; ``.pt`` heads with ``weights_only=True``); the model hub is never contacted.
 
-Safetensors headers and tokenizer fingerprints are checked by :mod:`specserve.build.validate`
-(one implementation shared with ``specserve build``). Formats: the Medusa-1 heads
-layout of FasterDecoding/Medusa (``{h}.{l}.linear.weight|bias``, ``{h}.{num_layers}.weight``)
-that TensorRT-LLM's ``examples/medusa/convert_checkpoint.py`` reads.
+File reading (safetensors headers and tensors, FP8 dequantization, the tokenizer match,
+weights-only ``.pt`` loading) is :mod:`specserve.checkpoint`, shared with ``specserve build``;
+this module adds what only the decoder needs (``model_type`` support, heads shaped for the
+target). Formats: the Medusa-1 heads layout of FasterDecoding/Medusa
+(``{h}.{l}.linear.weight|bias``, ``{h}.{num_layers}.weight``) that TensorRT-LLM's
+``examples/medusa/convert_checkpoint.py`` reads.
 """
 
 from __future__ import annotations
@@ -16,13 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specserve.build import validate
-from specserve.build.validate import model_weight_files, read_json, read_safetensors_header
+from specserve.checkpoint import read_json, read_medusa_state_dict
 from specserve.errors import SpecserveError
 
 if TYPE_CHECKING:
-    import torch
-
     from specserve.runtime.medusa import MedusaHeads
 
 _SUPPORTED_TYPES = {"llama", "mistral", "qwen2"}
@@ -49,37 +48,6 @@ def load_target_config(model_dir: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def load_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """All tensors of one safetensors file, after the header and size checks of
-    :func:`specserve.build.validate.read_safetensors_header`."""
-    from safetensors.torch import load_file
-
-    read_safetensors_header(path)
-    try:
-        return load_file(str(path), device=device)
-    except Exception as e:  # safetensors raises its own error types
-        raise SpecserveError(f"{path}: cannot read safetensors ({e})") from e
-
-
-def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    """The weights of an HF directory: ``model.safetensors`` or an indexed set of shards."""
-    out: dict[str, torch.Tensor] = {}
-    for f in model_weight_files(Path(model_dir)):
-        out.update(load_safetensors(f))
-    from specserve.build.fp8 import dequantize_state_dict  # FP8 torch engines (e4m3 + scales)
-
-    return dequantize_state_dict(out)
-
-
-def check_tokenizers_match(target_dir: str | Path, draft_dir: str | Path) -> None:
-    """Refuse a draft whose tokenizer (vocab, merges, special tokens) or vocab_size differs.
-
-    One implementation for build and runtime:
-    :func:`specserve.build.validate.check_tokenizers_match`.
-    """
-    validate.check_tokenizers_match(target_dir, draft_dir)
-
-
 def load_medusa_heads(heads_dir: str | Path, hidden_size: int, vocab_size: int) -> MedusaHeads:
     """Medusa-1 heads from a FasterDecoding-layout directory, checked against the target."""
     from specserve.runtime.medusa import MedusaHeads
@@ -94,7 +62,7 @@ def load_medusa_heads(heads_dir: str | Path, hidden_size: int, vocab_size: int) 
         raise SpecserveError(
             f"{d / 'config.json'}: needs positive integer 'medusa_num_heads' and "
             f"'medusa_num_layers'")
-    sd, src = _read_heads_file(d)
+    sd, src = read_medusa_state_dict(d)
     expect: dict[str, tuple[int, ...]] = {}
     for h in range(n_heads):
         for layer in range(n_layers):
@@ -113,19 +81,3 @@ def load_medusa_heads(heads_dir: str | Path, hidden_size: int, vocab_size: int) 
                 f"({what} mismatch with the target)")
     return MedusaHeads.from_state_dict(sd, n_heads, n_layers)
 
-
-def _read_heads_file(d: Path) -> tuple[dict[str, torch.Tensor], Path]:
-    import torch
-
-    pt, st = d / "medusa_lm_head.pt", d / "medusa_lm_head.safetensors"
-    if pt.exists():
-        try:
-            sd = torch.load(str(pt), map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise SpecserveError(f"{pt}: cannot load with weights_only=True ({e})") from e
-        if not isinstance(sd, dict):
-            raise SpecserveError(f"{pt}: expected a state dict")
-        return {str(k): v for k, v in sd.items()}, pt
-    if st.exists():
-        return load_safetensors(st), st
-    raise SpecserveError(f"{d}: no medusa_lm_head.pt or medusa_lm_head.safetensors")

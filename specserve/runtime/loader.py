@@ -2,7 +2,8 @@
 
 The adapter between files and the decoder: loads the target, then at most one proposer (Medusa
 heads in the FasterDecoding layout, a draft model with a matching tokenizer, or n-gram lookup),
-each checked by :mod:`specserve.runtime.checkpoint` so bad input is one SpecserveError line.
+each checked by :mod:`specserve.checkpoint` / :mod:`specserve.runtime.checkpoint` so bad input is
+one SpecserveError line.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 import torch
 
+from specserve.checkpoint import check_tokenizers_match
 from specserve.errors import SpecserveError
-from specserve.runtime.checkpoint import check_tokenizers_match, load_medusa_heads
+from specserve.runtime.checkpoint import load_medusa_heads
 from specserve.runtime.decoder import SpecDecoder
 from specserve.runtime.model import load_model
 from specserve.runtime.params import SamplingParams

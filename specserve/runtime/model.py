@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.checkpoint import load_state_dict
 from specserve.errors import SpecserveError
-from specserve.runtime.checkpoint import load_state_dict, load_target_config
+from specserve.runtime.checkpoint import load_target_config
 from specserve.runtime.cpu_linear import MULTI_ROW_MIN, Linear, lay_out, linear
 
 

@@ -43,6 +43,12 @@ MC_SIM_7B_63: tuple[Path, ...] = tuple(
 )
 
 
+def to_brace(choices: Iterable[Sequence[int]]) -> str:
+    """TensorRT-LLM's brace form of ``medusa_choices``, in the given order: ``{0}, {0, 0}, {1}``
+    (the one serializer: :meth:`MedusaTree.to_brace`, the Triton ``medusa_choices`` parameter)."""
+    return ", ".join("{" + ", ".join(str(int(i)) for i in p) + "}" for p in choices)
+
+
 @dataclass(frozen=True)
 class MedusaTree:
     """A validated tree; ``choices`` sorted by (depth, path)."""
@@ -79,7 +85,7 @@ class MedusaTree:
 
     def to_brace(self) -> str:
         """TensorRT-LLM's Triton ``medusa_choices`` form: ``{0}, {0, 0}, {1}``."""
-        return ", ".join("{" + ", ".join(str(i) for i in p) + "}" for p in self.choices)
+        return to_brace(self.choices)
 
     def to_list(self) -> list[list[int]]:
         return [list(p) for p in self.choices]

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specserve.config import write_json_atomic
+
 CPU_TREE_NODES = 15  # verify cost on CPU grows with the tree: a small tuned tree wins there
 
 
@@ -52,7 +54,7 @@ def decoder_eval(root: Path, prompts: list[list[int]], max_tokens: int,
     runs["medusa_tuned"] = _run(
         build_decoder(target, medusa_dir=root / "medusa", medusa_choices=tuned), prompts,
         max_tokens)
-    (root / "medusa_tree_cpu.json").write_text(json.dumps(tuned) + "\n")
+    write_json_atomic(root / "medusa_tree_cpu.json", tuned)
     base = runs["baseline"]
     out: dict[str, Any] = {"baseline_tokens_per_s": round(base["tokens_per_s"], 2)}
     for mode in ("medusa", "draft", "medusa_tuned"):

@@ -12,7 +12,6 @@ budget; a slower or busier machine takes longer rather than training less.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,9 +21,12 @@ import torch
 
 from specserve.config import JsonConfig, write_json_atomic
 from specserve.errors import SpecserveError
+from specserve.outputs import staged_output
 from specserve.train import corpus
 from specserve.train.lm import LlamaShape, Schedule, make_llama, rows_batch, stream_batch, train_lm
 from specserve.train.progress import NullReporter, Reporter
+
+WRITER = "specserve demo-model"
 
 
 def llama_shape(hidden: int, layers: int, heads: int) -> LlamaShape:
@@ -232,14 +234,9 @@ def build_demo(cfg: DemoConfig, out: Path, reporter: Reporter | None = None,
     """Build tokenizer, target, draft, Medusa heads and eval.json into ``out`` (atomically)."""
     cfg.validate()
     rep = reporter or NullReporter()
-    if out.exists() and not force:
-        raise SpecserveError(f"{out}: already exists (pass --force to rebuild)")
     torch.set_num_threads(cfg.threads)
     timer = _Timer(rep)
-    work = out.parent / f".{out.name}.building"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
+    with staged_output(out, force, WRITER) as work:
         (work / "demo_config.json").write_text(cfg.to_json())
         ev = _build(cfg, work, rep, timer)
         ev["timings_s"] = dict(timer.times)
@@ -247,9 +244,4 @@ def build_demo(cfg: DemoConfig, out: Path, reporter: Reporter | None = None,
         ev["cpu_s"] = dict(timer.cpu)
         ev["cpu_s"]["total"] = round(time.process_time() - timer.c0, 2)
         write_json_atomic(work / "eval.json", ev)
-        if out.exists():
-            shutil.rmtree(out)
-        work.replace(out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return DemoResult(out, ev, dict(ev["timings_s"]))

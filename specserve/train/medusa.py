@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specserve.config import write_json_atomic
 from specserve.errors import SpecserveError
 
 IGNORE = -100
@@ -141,7 +142,7 @@ def save_medusa(heads: MedusaHeads, out: Path, base_model: str,
         "vocab_size": heads.vocab,
     }
     cfg.update(extra or {})
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(out / "config.json", cfg)
     return out
 
 

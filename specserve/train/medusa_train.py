@@ -25,6 +25,7 @@ import torch
 
 from specserve.config import JsonConfig
 from specserve.errors import SpecserveError
+from specserve.outputs import check_replaceable, mark, swap_into_place
 from specserve.train.lm import Schedule, lr_at
 from specserve.train.medusa import (
     IGNORE,
@@ -36,6 +37,8 @@ from specserve.train.medusa import (
     save_medusa,
 )
 from specserve.train.progress import NullReporter, Reporter
+
+WRITER = "specserve train-medusa"
 
 CheckpointFn = Callable[[int, torch.optim.Optimizer], None]
 
@@ -246,8 +249,7 @@ def run_train_medusa(cfg: MedusaTrainConfig, reporter: Reporter | None = None, *
     cfg.validate()
     rep = reporter or NullReporter()
     out = Path(cfg.out)
-    if out.exists() and not force:
-        raise SpecserveError(f"{out}: already exists (pass --force to replace it)")
+    check_replaceable(out, force, WRITER)
     torch.manual_seed(cfg.seed)
     model, tok = load_causal_lm(cfg.model, cfg.device)
     work = _work_dir(out)
@@ -283,8 +285,7 @@ def run_train_medusa(cfg: MedusaTrainConfig, reporter: Reporter | None = None, *
     info = {"config": cfg.to_dict(), "final_loss": losses[-1] if losses else None,
             "heldout_top1_accuracy": acc}
     (result / "train_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    result.replace(out)
+    mark(result, WRITER)
+    swap_into_place(result, out)
     shutil.rmtree(work)
     return HeadsResult(out, cfg.steps, losses[-1] if losses else float("nan"), tuple(acc))

@@ -1,7 +1,7 @@
 """Byte-level BPE tokenizer (Radford et al. 2019, GPT-2 byte-level BPE) trained with the
 ``tokenizers`` library, saved as ``tokenizer.json`` + ``tokenizer_config.json`` so that
 ``AutoTokenizer.from_pretrained(dir)`` loads it offline. Same special tokens and layout as
-:func:`specserve.testing.tiny.make_tokenizer`.
+the tests' tiny checkpoints.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specserve.testing.tiny import SPECIAL_TOKENS
-
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 
 def train_tokenizer(texts: Iterable[str], out: Path, vocab_size: int) -> PreTrainedTokenizerBase:

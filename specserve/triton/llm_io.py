@@ -59,10 +59,14 @@ def _scalar(a: np.ndarray[Any, Any]) -> Any:
     return a.reshape(-1)[0].item()
 
 
-def word_ids(words: np.ndarray[Any, Any] | None) -> list[list[int]]:
+def word_ids(words: np.ndarray[Any, Any] | None, name: str = "stop_words_list"
+             ) -> list[list[int]]:
     """Decode TensorRT-LLM's ``[2, L]`` word list (flat ids; end offsets, -1 padded)."""
     if words is None:
         return []
+    if words.size % 2:
+        raise ValueError(f"input '{name}' must hold [2, L] values (ids, then end offsets), "
+                         f"got {words.size}")
     w = words.reshape(2, -1)
     out, start = [], 0
     for end in w[1]:
@@ -91,7 +95,7 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
     n = int(_scalar(arrays["input_lengths"])) if "input_lengths" in arrays else ids.size
     if n <= 0 or n > ids.size:
         raise ValueError(f"input_lengths {n} does not fit input_ids of length {ids.size}")
-    if word_ids(arrays.get("bad_words_list")):
+    if word_ids(arrays.get("bad_words_list"), "bad_words_list"):
         raise ValueError("input 'bad_words_list' is not supported by the specserve reference "
                          "backend")
     stops = word_ids(arrays.get("stop_words_list"))

@@ -11,9 +11,10 @@ default with a warning, exactly as for an unfilled ``${...}``. Values we do set 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from specserve.engine_record import EngineRecord
     from specserve.triton.repository import RepoOptions
 
 # The 43 parameter placeholders of tensorrt_llm/config.pbtxt (keys differ for three: see template).
@@ -42,16 +43,11 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
-def brace(choices: list[list[int]]) -> str:
-    """TensorRT-LLM's ``medusa_choices`` brace form: ``{0}, {0, 0}, {1}``."""
-    return ", ".join("{" + ", ".join(str(int(i)) for i in path) + "}" for path in choices)
-
-
-def llm_mapping(name: str, engine_dir: Path, cfg: dict[str, Any], batch: int, opts: RepoOptions,
+def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts: RepoOptions,
                 *, speculation: bool, draft: bool = False) -> dict[str, str]:
     """Values for ``tensorrt_llm/config.pbtxt`` (also ``tensorrt_llm_draft``/``_baseline``)."""
-    reference = cfg["backend"] == "torch"
-    mode = cfg.get("spec_mode", "none")
+    reference = cfg.backend == "torch"
+    mode = cfg.spec_mode
     values = dict.fromkeys(LLM_PARAMETER_PLACEHOLDERS, "")
     if reference:
         path = engine_dir
@@ -65,7 +61,7 @@ def llm_mapping(name: str, engine_dir: Path, cfg: dict[str, Any], batch: int, op
         stats_check_period_ms="100", normalize_log_probs="true", enable_chunked_context="false",
         enable_kv_cache_reuse=_b(mode == "draft"),
         decoding_mode=_DECODING_MODE.get(mode, "") if (speculation and not draft) else "",
-        medusa_choices=brace(cfg.get("medusa_choices") or []) if medusa else "",
+        medusa_choices=_brace(cfg) if medusa else "",
     )
     if reference and not speculation:
         values["decoding_mode"] = "top_k_top_p"
@@ -83,6 +79,13 @@ def llm_mapping(name: str, engine_dir: Path, cfg: dict[str, Any], batch: int, op
             % ("on" if speculation else "off")) if reference else "",
     )
     return values
+
+
+def _brace(cfg: EngineRecord) -> str:
+    """The recorded tree in brace form (``spec.tree`` imports torch: only for Medusa repos)."""
+    from specserve.spec.tree import to_brace
+
+    return to_brace(cfg.medusa_choices or ())
 
 
 def ensemble_mapping(name: str, llm: str, batch: int, reference: bool) -> dict[str, str]:

@@ -151,8 +151,12 @@ def build_command(
     install: TritonInstall, repo: Path, *, host: str, http_port: int, grpc_port: int,
     metrics_port: int, backend_dir: Path | None, shm_prefix: str, world_size: int = 1,
     engine_models: tuple[str, ...] = ("tensorrt_llm",), extra_args: tuple[str, ...] = (),
+    run_as_root: bool | None = None,
 ) -> list[str]:
-    """The argv that starts the server (``mpirun`` with one rank per GPU when world_size > 1)."""
+    """The argv that starts the server (``mpirun`` with one rank per GPU when world_size > 1;
+    ``run_as_root`` None = whether this process runs as root)."""
+    if run_as_root is None:
+        run_as_root = os.geteuid() == 0
     def rank_args(rank: int) -> list[str]:
         args = [str(install.binary), f"--model-repository={repo}",
                 "--disable-auto-complete-config", "--allow-gpu-metrics=false",
@@ -172,7 +176,8 @@ def build_command(
 
     if world_size <= 1:
         return rank_args(0)
-    cmd = ["mpirun", "--allow-run-as-root"]
+    # Open MPI refuses to run as root without this flag; never pass it for anyone else.
+    cmd = ["mpirun", *(["--allow-run-as-root"] if run_as_root else [])]
     for rank in range(world_size):
         if rank:
             cmd.append(":")

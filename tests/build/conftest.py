@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 
 @pytest.fixture()

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from specserve.cli.main import cli
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 
 def run(*args: str) -> Result:
@@ -92,7 +92,7 @@ def _corrupt(ckpt: TinyCheckpoint, what: str) -> list[str]:
         f = ckpt.target / "model.safetensors"
         f.write_bytes(f.read_bytes()[:1000])
     elif what == "heads_hidden":
-        from specserve.testing.tiny import make_medusa_heads
+        from tests.helpers.tiny import make_medusa_heads
 
         vocab = json.loads((ckpt.target / "config.json").read_text())["vocab_size"]
         make_medusa_heads(ckpt.medusa, 32, vocab)

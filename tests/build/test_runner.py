@@ -18,7 +18,7 @@ import pytest
 from specserve.build.builder import build_engine, prepare
 from specserve.build.config import BuildConfig
 from specserve.errors import SpecserveError
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 FAKE = """#!{python}
 import json, os, signal, sys, time
@@ -139,13 +139,13 @@ def test_ctrl_c_stops_child_and_leaves_nothing(tiny_ckpt: TinyCheckpoint, tmp_pa
 def test_force_replaces_existing(tiny_ckpt: TinyCheckpoint, tmp_path: Path,
                                  fake_tools: Path) -> None:
     out = tmp_path / "m"
-    out.mkdir()
+    build_engine(_cfg(tiny_ckpt, out))
     (out / "old.txt").write_text("old")
     with pytest.raises(SpecserveError, match="already exists"):
         build_engine(_cfg(tiny_ckpt, out))
     build_engine(_cfg(tiny_ckpt, out), force=True)
     assert not (out / "old.txt").exists() and (out / "build_config.json").is_file()
-    assert not (tmp_path / ".m.old").exists()
+    assert not list(tmp_path.glob(".m.*"))
 
 
 @pytest.mark.parametrize(("cap", "ok"), [("9.0", True), ("10.0", True), ("8.9", False)])

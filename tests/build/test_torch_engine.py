@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from specserve.build import torch_engine
 from specserve.build.builder import build_engine
 from specserve.build.config import BuildConfig
-from specserve.build.fp8 import FP8_MAX, dequantize, quantize_per_channel
+from specserve.checkpoint import FP8_MAX, dequantize, quantize_per_channel
 from specserve.cli.main import cli
 from specserve.errors import SpecserveError
 from specserve.runtime.engine import load_engine
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 PROMPT = "def add(a, b):"
 GEN = ["--prompt", PROMPT, "--max-tokens", "20", "--ignore-eos", "--format", "json"]
@@ -62,7 +62,8 @@ def test_generate_engine_equals_model(tiny_ckpt: TinyCheckpoint, tmp_path: Path,
 def test_layout_and_record(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
     out = tmp_path / "e"
     build(tiny_ckpt, out, "--medusa", str(tiny_ckpt.medusa), "--medusa-choices", "{0}, {0, 0}")
-    assert sorted(p.name for p in out.iterdir()) == ["build_config.json", "medusa", "target",
+    assert sorted(p.name for p in out.iterdir()) == [".specserve-output.json",
+                                                      "build_config.json", "medusa", "target",
                                                       "tokenizer"]
     rec = json.loads((out / "build_config.json").read_text())
     for key in ("backend", "spec_mode", "max_batch_size", "max_input_len", "max_seq_len",
@@ -75,7 +76,8 @@ def test_layout_and_record(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
     assert rec["input_hashes"]["model/model.safetensors"] == \
         hashlib.sha256(weights.read_bytes()).hexdigest()
     engine = load_engine(out)
-    assert engine.decoder.spec_mode == "medusa" and engine.build_config == rec
+    assert engine.decoder.spec_mode == "medusa" and engine.record.raw == rec
+    assert engine.record.medusa_choices == ((0,), (0, 0))
     assert engine.decoder.target.dtype == torch.float16
 
 
@@ -135,6 +137,9 @@ def test_load_engine_errors(tmp_path: Path) -> None:
         load_engine(tmp_path / "nope")
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "build_config.json").write_text(json.dumps(
-        {"backend": "trtllm", "spec_mode": "medusa", "dtype": "float16", "max_draft_len": 63}))
+        {"backend": "trtllm", "spec_mode": "medusa", "dtype": "float16", "max_draft_len": 63,
+         "max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048,
+         "medusa_choices": None, "quantize": None, "kv_cache_dtype": None, "tp_size": 1,
+         "pp_size": 1, "world_size": 1}))
     with pytest.raises(SpecserveError, match="engines run in TensorRT-LLM"):
         load_engine(tmp_path / "e")

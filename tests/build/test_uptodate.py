@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from specserve.build.uptodate import is_up_to_date
 from specserve.cli.main import cli
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 
 def _build(ckpt: TinyCheckpoint, out: Path, *extra: str) -> dict[str, Any]:

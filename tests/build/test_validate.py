@@ -9,16 +9,14 @@ from typing import Any
 
 import pytest
 
-from specserve.build.validate import (
+from specserve.build.validate import validate_medusa, validate_parallelism, validate_target
+from specserve.checkpoint import (
     check_tokenizers_match,
     read_safetensors_header,
     tokenizer_fingerprint,
-    validate_medusa,
-    validate_parallelism,
-    validate_target,
 )
 from specserve.errors import SpecserveError
-from specserve.testing.tiny import TinyCheckpoint, make_llama, make_medusa_heads, make_tokenizer
+from tests.helpers.tiny import TinyCheckpoint, make_llama, make_medusa_heads, make_tokenizer
 
 
 def _edit_json(path: Path, **changes: Any) -> None:

@@ -1,6 +1,6 @@
 """``specserve bench`` against the real stack on loopback: tiny reference engine (n-gram
 speculation, so drafts do get accepted) behind tritonserver, with the no-speculation baseline
-(``ensemble_baseline``) in the same server (``specserve.testing.server.serve_tiny``)."""
+(``ensemble_baseline``) in the same server (``tests.helpers.server.serve_tiny``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, tiny_ckpt) -> Iterator[
     import torch
 
     torch.set_num_threads(1)
-    from specserve.testing.server import serve_tiny
+    from tests.helpers.server import serve_tiny
 
     dep = serve_tiny(tmp_path_factory.mktemp("bench-real"), spec_mode="ngram", ckpt=tiny_ckpt)
     try:

@@ -48,7 +48,7 @@ def test_write_report(tmp_path: Path) -> None:
                             "cancelled": 0}
     assert s["variants"]["spec"]["acceptance"]["acceptance_rate"] == pytest.approx(1 / 3)
     assert s["speedup"]["e2e_s"]["speedup"] > 1.0
-    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    rows = list(csv.DictReader((tmp_path / "summary.csv").read_text().splitlines()))
     e2e = next(r for r in rows if r["variant"] == "spec" and r["metric"] == "e2e_ms")
     assert float(e2e["p50"]) == pytest.approx(s["variants"]["spec"]["e2e_ms"]["p50"])
     readme = (tmp_path / "README.md").read_text()

@@ -1,5 +1,5 @@
 """The client against a real tritonserver on loopback serving the trivial ensemble-shaped model
-(``specserve.client.trivial_repo``): every request accounted for, token counts equal the
+(``tests.helpers.trivial_repo``): every request accounted for, token counts equal the
 server's, acceptance agrees with the perf outputs, rejected requests and a dying server."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from specserve.client.config import BenchmarkConfig
 from specserve.client.run import run_benchmark
-from specserve.client.trivial_repo import write_trivial_repo
+from tests.helpers.trivial_repo import write_trivial_repo
 
 pytestmark = pytest.mark.server
 

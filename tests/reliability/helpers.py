@@ -3,7 +3,6 @@ model copies in a repository, and sharpened tiny checkpoints."""
 
 from __future__ import annotations
 
-import queue
 import re
 import shutil
 from dataclasses import dataclass
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tests.helpers.server import grpc_stream_many
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,6 @@ def llm_inputs(job: Job) -> dict[str, np.ndarray[Any, Any]]:
     }
 
 
-_DT = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32", np.dtype(np.uint64): "UINT64",
-       np.dtype(bool): "BOOL", np.dtype(object): "BYTES"}
-
-
 def run_jobs(url: str, model: str, jobs: list[Job], timeout_s: float = 300.0) -> list[list[int]]:
     """Send every job at once on one gRPC stream; the generated ids of each, in job order."""
     results, errors = run_jobs_tolerant(url, model, jobs, timeout_s)
@@ -49,39 +46,21 @@ def run_jobs(url: str, model: str, jobs: list[Job], timeout_s: float = 300.0) ->
 def run_jobs_tolerant(url: str, model: str, jobs: list[Job], timeout_s: float = 300.0
                       ) -> tuple[dict[int, list[int]], list[str]]:
     """Like :func:`run_jobs`, but errors are collected: ({job index: ids}, [error messages])."""
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(url)
-    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
-    out: dict[int, list[int]] = {}
-    errors: list[str] = []
-    try:
-        for i, job in enumerate(jobs):
-            inputs = []
-            for name, arr in llm_inputs(job).items():
-                inp = grpcclient.InferInput(name, list(arr.shape), _DT[arr.dtype])
-                inp.set_data_from_numpy(arr)
-                inputs.append(inp)
-            client.async_stream_infer(model, inputs, request_id=str(i))
-        while len(out) + len(errors) < len(jobs):
-            result, error = q.get(timeout=timeout_s)
-            if error is not None:
-                errors.append(str(error))
-                continue
-            rid = int(result.get_response().id)
-            out[rid] = [int(t) for t in result.as_numpy("output_ids").reshape(-1)]
-    finally:
-        client.stop_stream()
-        client.close()
+    responses, errors = grpc_stream_many(url, model, [llm_inputs(j) for j in jobs], timeout_s)
+    out = {i: [int(t) for r in rs if "output_ids" in r for t in r["output_ids"].reshape(-1)]
+           for i, rs in responses.items() if any("output_ids" in r for r in rs)}
     return out, errors
 
 
 def copy_llm_model(repo: Path, new_name: str, *, engine: Path | None = None,
-                   extra_params: dict[str, str] | None = None) -> None:
-    """Copy ``tensorrt_llm`` to ``new_name`` (other engine dir, extra parameters)."""
+                   extra_params: dict[str, str] | None = None,
+                   model_py: str | None = None) -> None:
+    """Copy ``tensorrt_llm`` to ``new_name`` (other engine dir, extra parameters, and
+    ``model_py`` as its ``1/model.py`` instead of the product's shim)."""
     dst = repo / new_name
     shutil.copytree(repo / "tensorrt_llm", dst)
+    if model_py is not None:
+        (dst / "1" / "model.py").write_text(model_py)
     cfg = (dst / "config.pbtxt").read_text()
     cfg = cfg.replace('name: "tensorrt_llm"', f'name: "{new_name}"', 1)
     if engine is not None:

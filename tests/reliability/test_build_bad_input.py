@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from specserve.cli.main import cli
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 
 def _copy(tiny: TinyCheckpoint, root: Path) -> TinyCheckpoint:
@@ -55,7 +55,7 @@ def _truncated(c: TinyCheckpoint) -> list[str]:
 
 def _heads(hidden: int, vocab_delta: int) -> Callable[[TinyCheckpoint], list[str]]:
     def make(c: TinyCheckpoint) -> list[str]:
-        from specserve.testing.tiny import make_medusa_heads
+        from tests.helpers.tiny import make_medusa_heads
 
         shutil.rmtree(c.medusa)
         vocab = json.loads((c.target / "config.json").read_text())["vocab_size"]
@@ -66,7 +66,7 @@ def _heads(hidden: int, vocab_delta: int) -> Callable[[TinyCheckpoint], list[str
 
 def _other_tokenizer(vocab: int) -> Callable[[TinyCheckpoint], list[str]]:
     def make(c: TinyCheckpoint) -> list[str]:
-        from specserve.testing.tiny import make_llama, make_tokenizer
+        from tests.helpers.tiny import make_llama, make_tokenizer
 
         text = "completely different text, other merges " * 50
         tok = make_tokenizer(c.root / "tok2", vocab_size=vocab, text=text)
@@ -96,24 +96,34 @@ def _plain(*args: str) -> Callable[[TinyCheckpoint], list[str]]:
     return lambda c: ["--ngram", *args]
 
 
-# (case id, how to break the input, words the one-line message must contain)
+# (case id, how to break the input, the reason: phrases the one-line message must contain)
 CASES: list[tuple[str, Callable[[TinyCheckpoint], list[str]], tuple[str, ...]]] = [
-    ("missing config.json", _no_config, ("config.json",)),
-    ("no weights", _no_weights, ("target",)),
-    ("corrupted safetensors header", _bad_header, ("model.safetensors",)),
-    ("safetensors header length huge", _huge_header, ("model.safetensors",)),
-    ("truncated safetensors", _truncated, ("model.safetensors", "truncated")),
-    ("heads wrong hidden size", _heads(32, 0), ("medusa", "hidden_size")),
-    ("heads wrong vocab", _heads(64, 7), ("medusa", "vocab")),
-    ("draft tokenizer, other vocab size", _other_tokenizer(300), ("draft", "vocab_size")),
-    ("draft tokenizer, same size, ids swapped", _swapped_ids, ("draft", "token")),
-    ("tree deeper than the heads", _deep_tree, ("depth 5", "4 heads")),
-    ("unknown dtype", _plain("--dtype", "float8"), ("--dtype", "float8")),
+    ("missing config.json", _no_config, ("target/config.json: not found",)),
+    ("no weights", _no_weights,
+     ("target: no model.safetensors or model.safetensors.index.json",)),
+    ("corrupted safetensors header", _bad_header,
+     ("target/model.safetensors: unreadable safetensors header",)),
+    ("safetensors header length huge", _huge_header,
+     ("target/model.safetensors: truncated or corrupt safetensors header",
+      "1099511627776 bytes declared")),
+    ("truncated safetensors", _truncated, ("target/model.safetensors: truncated: tensor",)),
+    ("heads wrong hidden size", _heads(32, 0),
+     ("medusa/config.json: hidden_size 32 does not match the target's 64",)),
+    ("heads wrong vocab", _heads(64, 7),
+     ("medusa/config.json: vocab_size 267 does not match the target's 260",)),
+    ("draft tokenizer, other vocab size", _other_tokenizer(300),
+     ("draft/config.json: vocab_size", "differs from the target's 260")),
+    ("draft tokenizer, same size, ids swapped", _swapped_ids,
+     ("draft/tokenizer.json: vocab differ from the target's tokenizer",)),
+    ("tree deeper than the heads", _deep_tree, ("medusa_choices depth 5 exceeds the 4 heads",)),
+    ("unknown dtype", _plain("--dtype", "float8"),
+     ("invalid value for '--dtype': 'float8' is not one of",)),
     ("tp does not divide the heads", _plain("--tp", "3", "--backend", "trtllm", "--dry-run"),
-     ("num_attention_heads 4", "3")),
-    ("tp > 1 on the torch backend", _plain("--tp", "2"), ("--tp", "one device")),
+     ("num_attention_heads 4 is not divisible by --tp 3",)),
+    ("tp > 1 on the torch backend", _plain("--tp", "2"),
+     ("--tp/--pp: the torch backend runs on one device",)),
     ("max_input_len > max_seq_len", _plain("--max-input-len", "900", "--max-seq-len", "512"),
-     ("max",)),
+     ("--max-input-len 900 must be smaller than --max-seq-len 512",)),
 ]
 
 

@@ -71,8 +71,8 @@ def test_empty_dataset(tmp_path: Path) -> None:
 
 @pytest.mark.server
 def test_server_dies_mid_stream(tiny_ckpt: Any, tmp_path: Path) -> None:
-    from specserve.testing.server import serve_tiny
-    from specserve.testing.soak import kill_during_bench
+    from tests.helpers.server import serve_tiny
+    from tests.helpers.soak import kill_during_bench
 
     dep = serve_tiny(tmp_path / "served", ckpt=tiny_ckpt, baseline=False)
     try:
@@ -90,7 +90,7 @@ def test_server_dies_mid_stream(tiny_ckpt: Any, tmp_path: Path) -> None:
 
 
 def test_sigint_build_leaves_nothing(tiny_ckpt: Any, tmp_path: Path) -> None:
-    from specserve.testing.soak import sigint_build
+    from tests.helpers.soak import sigint_build
 
     res = sigint_build(tiny_ckpt.target, tmp_path / "engines" / "x")
     assert res["interrupted_while_staging"] and res["exit_code"] != 0, res

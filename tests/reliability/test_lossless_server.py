@@ -4,7 +4,7 @@ Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) must leave the ou
 distribution unchanged. One server serves the same sharpened tiny target four ways:
 ``tensorrt_llm_baseline`` (target only), ``tensorrt_llm`` (draft model), ``tensorrt_llm_ngram``
 (n-gram proposals) and ``tensorrt_llm_negctl`` (draft model with the TEST-ONLY verifier that skips
-the residual distribution, :mod:`specserve.testing.negative_control`).
+the residual distribution, :mod:`tests.helpers.negative_control`).
 
 Test: at temperature 1, N requests per model with distinct seeds; for each of the first M
 generated positions a two-sample chi-square test (scipy ``chi2_contingency``, tokens with fewer
@@ -44,6 +44,7 @@ def lossless_server(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) ->
     from specserve.build.config import BuildConfig
     from specserve.triton.repository import RepoOptions, write_repository
     from specserve.triton.server import TritonServer
+    from tests.helpers.negative_control import negative_control_model_py
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("lossless")
@@ -59,8 +60,7 @@ def lossless_server(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) ->
     repo = write_repository(engines["draft"], root / "repo", RepoOptions(baseline=True),
                             force=True)
     copy_llm_model(repo, "tensorrt_llm_ngram", engine=engines["ngram"])
-    copy_llm_model(repo, "tensorrt_llm_negctl",
-                   extra_params={"specserve_test_only_verifier": "skip_residual"})
+    copy_llm_model(repo, "tensorrt_llm_negctl", model_py=negative_control_model_py())
     server = TritonServer(repo, log_path=root / "server.log").start(180)
     try:
         yield server
@@ -130,7 +130,7 @@ def test_greedy_token_exact(lossless_server: Any) -> None:
 @pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_ngram"])
 def test_speculation_really_drafts(lossless_server: Any, model: str) -> None:
     """Otherwise the distribution test would compare plain sampling with itself."""
-    from specserve.testing.server import grpc_stream, scalar
+    from tests.helpers.server import grpc_stream, scalar
 
     arrays = {**llm_inputs(Job(PROMPT, 16, 1.0, 7)),
               "return_perf_metrics": np.array([[True]], dtype=bool)}
@@ -138,11 +138,27 @@ def test_speculation_really_drafts(lossless_server: Any, model: str) -> None:
     assert scalar(final, "total_draft_tokens") > 0
 
 
-def test_negative_control_is_test_only(tmp_path: Path) -> None:
-    """The switch is a parameter `specserve repo` never writes; unknown values are refused."""
-    from specserve.testing.negative_control import install_test_only_verifier
+def test_negative_control_is_test_only(tiny_ckpt: Any, tmp_path: Path) -> None:
+    """No repository parameter reaches the biased verifier: the product never imports the test
+    helpers, and the repository `specserve repo` writes names none of them (the negative control
+    is served only from a model.py that this test file writes)."""
+    import specserve
+    from specserve.triton.repository import RepoOptions, write_repository
+    from tests.helpers.negative_control import install_test_only_verifier
+    from tests.helpers.server import make_fake_trtllm_engine, make_tiny_engine
 
-    assert "specserve_test_only_verifier" not in Path(
-        "specserve/triton/templates/tensorrt_llm/config.pbtxt").read_text()
+    for source in Path(specserve.__file__).parent.rglob("*.py"):
+        text = source.read_text()
+        assert "tests.helpers" not in text and "negative_control" not in text, source
+        assert "test_only" not in text, source
+    engines = [make_fake_trtllm_engine(tmp_path / k, k) for k in ("draft", "medusa")]
+    engines.append(make_tiny_engine(tiny_ckpt, tmp_path / "engine-torch", "draft"))
+    for i, engine in enumerate(engines):
+        repo = write_repository(engine, tmp_path / f"repo-{i}", RepoOptions(baseline=i == 2),
+                                force=True)
+        written = "".join(p.read_text() for p in sorted(repo.rglob("*")) if p.is_file())
+        written = written.replace(str(tmp_path), "")  # the path holds this test's name
+        for word in ("test_only", "verifier", "negative_control", "skip_residual", "tests."):
+            assert word not in written, (word, repo)
     with pytest.raises(ValueError, match="unknown value"):
         install_test_only_verifier("accept_all")

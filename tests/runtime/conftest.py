@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specserve.runtime.model import Transformer, load_model
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 
 @dataclass(frozen=True)

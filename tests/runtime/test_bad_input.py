@@ -12,7 +12,9 @@ from specserve.cli.main import cli
 from specserve.errors import SpecserveError
 from specserve.runtime.checkpoint import load_medusa_heads
 from specserve.runtime.loader import build_decoder
-from specserve.testing.tiny import TinyCheckpoint, make_llama, make_medusa_heads
+from specserve.runtime.proposers import MedusaProposer
+from specserve.spec.tree import MC_SIM_7B_63
+from tests.helpers.tiny import TinyCheckpoint, make_llama, make_medusa_heads
 
 
 def _fails(match: str, **kw: object) -> str:
@@ -55,7 +57,13 @@ def test_fewer_heads_than_tree_depth(tiny_ckpt: TinyCheckpoint, tmp_path: Path) 
     _fails("depth 3 exceeds", model_dir=tiny_ckpt.target, medusa_dir=heads,
            medusa_choices="{0}, {0, 0}, {0, 0, 0}")
     dec = build_decoder(tiny_ckpt.target, medusa_dir=heads)  # default tree cut to 2 heads
-    assert dec.proposer is not None and dec.proposer.tree.depth  # type: ignore[attr-defined] == 2
+    assert isinstance(dec.proposer, MedusaProposer)
+    tree = dec.proposer.tree
+    assert tree.depth == 2, f"default tree depth {tree.depth}, expected the 2 heads available"
+    fitting = {c for c in MC_SIM_7B_63 if len(c) <= 2}
+    assert {len(c) for c in fitting} == {1, 2}  # the cut keeps paths of both depths
+    got = set(tree.choices)
+    assert got == fitting, f"missing {sorted(fitting - got)}, extra {sorted(got - fitting)}"
 
 
 def test_medusa_pt_heads_are_loaded_weights_only(tiny_ckpt: TinyCheckpoint,

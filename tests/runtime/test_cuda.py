@@ -10,7 +10,7 @@ import torch
 
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.loader import build_decoder
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 pytestmark = pytest.mark.gpu
 

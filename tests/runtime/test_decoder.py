@@ -5,6 +5,8 @@ stop conditions, streaming, stats and seeded determinism."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -139,6 +141,25 @@ def test_cache_after_rejections_equals_fresh_forward(tiny_models: TinyModels,
             assert prop.cache.lengths[b] <= len(s) - 1
 
 
+def _naive_greedy(model: Transformer, prompt: list[int],
+                  p: SamplingParams) -> tuple[list[int], str]:
+    """The documented stop semantics, spelled out: one full forward per token (no cache reuse,
+    no speculation); stop tokens get -inf logits before ``min_tokens``, else end the output."""
+    out: list[int] = []
+    while len(out) < p.max_tokens:
+        seq = prompt + out
+        cache = model.new_cache(1, len(seq) + 1)
+        with torch.inference_mode():
+            logits = model.logits(model(torch.tensor([seq]), cache))[0, -1]
+            if len(out) < p.min_tokens:
+                logits[list(p.stop_ids)] = float("-inf")
+        t = int(logits.argmax())
+        if t in p.stop_ids:
+            return out, "stop"
+        out.append(t)
+    return out, "length"
+
+
 def test_stop_conditions_and_streaming(tiny_models: TinyModels,
                                        reference: list[list[int]]) -> None:
     ref = reference[0]
@@ -149,10 +170,15 @@ def test_stop_conditions_and_streaming(tiny_models: TinyModels,
     (r,) = dec.generate([PROMPTS[0]], SamplingParams(max_tokens=24, end_id=stop_tok),
                         on_step=lambda b, t: stream.extend(t))
     assert r.token_ids == ref[:first] == stream and r.finish_reason == "stop"
-    (r,) = dec.generate([PROMPTS[0]], SamplingParams(max_tokens=24, stop_token_ids=(stop_tok,),
-                                                     min_tokens=first + 1))
-    assert stop_tok not in r.token_ids[first + 1:] or r.finish_reason == "length"
-    assert len(r.token_ids) > first
+    # min_tokens: the stop token is banned (not sampled) at positions < min_tokens, so position
+    # `first` takes the next-best token; after that the first stop token ends the output
+    mt = SamplingParams(max_tokens=24, stop_token_ids=(stop_tok,), min_tokens=first + 1)
+    (r,) = dec.generate([PROMPTS[0]], mt)
+    assert _naive_greedy(tiny_models.target, PROMPTS[0], GREEDY) == (ref, "length")  # oracle ok
+    want, reason = _naive_greedy(tiny_models.target, PROMPTS[0], mt)
+    assert (r.token_ids, r.finish_reason) == (want, reason)
+    assert r.token_ids[:first] == ref[:first] and r.token_ids[first] != stop_tok
+    assert len(r.token_ids) >= mt.min_tokens and stop_tok not in r.token_ids
     (r,) = dec.generate([PROMPTS[0]], SamplingParams(max_tokens=7))
     assert r.token_ids == ref[:7] and r.finish_reason == "length"
     word = tuple(ref[8:10])  # a two-token stop word: kept in the output
@@ -187,8 +213,11 @@ def test_sampling_is_seeded_and_batch_independent(tiny_models: TinyModels,
 
 
 def test_chain_proposer_base_is_abstract() -> None:
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(NotImplementedError) as e:  # raised bare: no message to match
         ChainProposer(2).propose([[1]], [2], [GREEDY], [torch.Generator()])
+    assert e.traceback[-1].name == "propose"  # from the base method itself, not a later error
+    with pytest.raises(ValueError, match=r"^max_draft_len must be >= 1, got 0$"):
+        ChainProposer(0)
 
 
 def test_medusa_typical_is_opt_in_and_runs(tiny_models: TinyModels,
@@ -197,9 +226,19 @@ def test_medusa_typical_is_opt_in_and_runs(tiny_models: TinyModels,
     assert isinstance(base, MedusaProposer) and base.acceptance == "greedy"  # lossless default
     typical = MedusaProposer(base.heads, TREE, acceptance="typical")
     dec = SpecDecoder(tiny_models.target, typical)
-    (r,) = dec.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0.7, seed=0))
-    assert len(r.token_ids) == 12 and r.stats.steps >= 1
-    with pytest.raises(ValueError, match="acceptance"):
+    # T=0 never uses the lossy rule: still exactly plain greedy
+    assert [r.token_ids for r in dec.generate(PROMPTS, GREEDY)] == reference
+    sampled = SamplingParams(max_tokens=12, temperature=0.7, seed=0)
+    (r,) = dec.generate([PROMPTS[0]], sampled)
+    assert len(r.token_ids) == 12 and dec.generate([PROMPTS[0]], sampled)[0].token_ids == \
+        r.token_ids  # seeded
+    # The tiny target is near uniform (entropy ~ln 260), so the typical limit
+    # min(0.09, 0.3 * exp(-H)) ~ 0.001 lies below p(draft) ~ 1/260 and every random draft is
+    # accepted; lossless rejection sampling (one-hot q) accepts each with p ~ 0.004.
+    (lossless,) = SpecDecoder(tiny_models.target, base).generate([PROMPTS[0]], sampled)
+    assert r.stats.draft_tokens > 0 and r.stats.acceptance_rate > 0.9, r.stats.to_dict()
+    assert lossless.stats.acceptance_rate < 0.1, lossless.stats.to_dict()
+    with pytest.raises(ValueError, match=r"acceptance must be 'greedy' or 'typical', got 'lossy'"):
         MedusaProposer(base.heads, TREE, acceptance="lossy")
 
 
@@ -207,13 +246,18 @@ def test_bad_prompts_and_params_are_one_line_errors(tiny_models: TinyModels) -> 
     from specserve.errors import SpecserveError
 
     dec = SpecDecoder(tiny_models.target)
-    for prompts, params in [([[]], GREEDY), ([[10_000]], GREEDY),
-                            ([[1]], SamplingParams(max_tokens=0)),
-                            ([[1]], SamplingParams(top_p=0.0)),
-                            ([[1], [2]], [GREEDY]),
-                            ([[1] * 600], GREEDY)]:
-        with pytest.raises(SpecserveError):
+    cases: list[tuple[list[list[int]], SamplingParams | list[SamplingParams], str]] = [
+        ([[]], GREEDY, "generate: every prompt needs at least one token"),
+        ([[10_000]], GREEDY, "generate: token id 10000 outside the vocab (260)"),
+        ([[1]], SamplingParams(max_tokens=0), "max_tokens must be >= 1, got 0"),
+        ([[1]], SamplingParams(top_p=0.0), "top_p must be in (0, 1], got 0.0"),
+        ([[1]], SamplingParams(min_tokens=200), "min_tokens must be in [0, max_tokens]"),
+        ([[1], [2]], [GREEDY], "generate: 1 params for 2 prompts"),
+        ([[1] * 600], GREEDY, "exceeds the model's max_position_embeddings (512)")]
+    for prompts, params, reason in cases:
+        with pytest.raises(SpecserveError, match=re.escape(reason)) as e:
             dec.generate(prompts, params)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("kind", ["draft_random", "draft_same"])

@@ -13,7 +13,7 @@ from specserve.errors import SpecserveError
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.loader import build_decoder
 from specserve.runtime.proposers import DraftModelProposer
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 from tests.runtime.conftest import TinyModels
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specserve.cli.main import cli
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 STATS_KEYS = {"draft_tokens", "accepted_tokens", "acceptance_rate", "tau", "steps",
               "per_position_acceptance"}

@@ -85,19 +85,31 @@ def test_heldout_files_never_trained_on(built: Path, corpus_dir: Path) -> None:
     assert all((corpus_dir / n).is_file() for n in c["heldout_files"] + c["train_files"])
 
 
+def _steps(tokens: int, tau: float) -> int:
+    """The verify steps behind ``tau = tokens / steps`` (eval.json rounds tau to 4 decimals)."""
+    steps = round(tokens / tau)
+    assert tokens / steps == pytest.approx(tau, abs=5e-5), (tokens, tau)
+    return steps
+
+
 def test_eval_json_and_reference_decoder(built: Path) -> None:
     ev = json.loads((built / "eval.json").read_text())
-    acc = ev["medusa"]["top1_accuracy"]
-    assert len(acc) == 3 and all(0.0 <= a <= 1.0 for a in acc)
-    # the offline replay and the reference decoder measure the same tau on the same prompts
-    assert ev["draft"]["tau_replay"] == pytest.approx(ev["draft"]["tau"], abs=0.25)
-    assert ev["medusa"]["tau_replay"] == pytest.approx(ev["medusa"]["tau"], abs=0.25)
-    assert 0.0 <= ev["draft"]["greedy_agreement"] <= 1.0
+    assert len(ev["medusa"]["top1_accuracy"]) == 3
     # measured by specserve.runtime: heads and draft load there, and T=0 stays lossless
     assert "decoder_error" not in ev
+    n, g = ev["heldout_prompts"], ev["gen_len"]
     for mode in ("medusa", "draft"):
         assert ev[mode]["matches_baseline"] == 1.0
-        assert ev[mode]["tau"] >= 1.0 and ev[mode]["tokens_per_s"] > 0
+        # The offline replay and the reference decoder run one step map over the same greedy
+        # continuation: from committed position t, accept a(t) drafts and go to
+        # min(t + a(t) + 1, end). The replay emits all g tokens (its first step also makes the
+        # first token); the decoder gets the first token from the prefill and emits g - 1 (the
+        # chain starts one position later, the tree ends one earlier). The map is monotone
+        # (t < t' <= f(t) => f(t') >= f(t)), so per prompt the replay takes the decoder's
+        # steps or one more: an exact bound instead of a tolerance on tau.
+        replay = _steps(n * g, ev[mode]["tau_replay"])
+        decoder = _steps(n * (g - 1), ev[mode]["tau"])
+        assert decoder <= replay <= decoder + n, (mode, replay, decoder)
 
 
 def _tensors(root: Path) -> dict[str, Any]:

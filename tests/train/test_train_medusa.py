@@ -11,8 +11,8 @@ import torch
 from click.testing import CliRunner
 
 from specserve.cli.main import cli
-from specserve.testing.tiny import TinyCheckpoint
 from specserve.train.medusa_train import MedusaTrainConfig, run_train_medusa
+from tests.helpers.tiny import TinyCheckpoint
 
 TINY_FLAGS = ["--heads", "2", "--samples", "6", "--prompt-len", "4", "--gen-len", "8",
               "--steps", "4", "--batch-tokens", "16", "--threads", "1", "--format", "json"]

@@ -1,6 +1,6 @@
 """Fixtures for Triton tests: one tiny
 reference deployment (engine + repository + running tritonserver) shared per test module.
-Fake TensorRT-LLM engines come from specserve.testing.server.make_fake_trtllm_engine."""
+Fake TensorRT-LLM engines come from tests.helpers.server.make_fake_trtllm_engine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.tiny import TinyCheckpoint
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def tiny_server(tiny_ckpt: TinyCheckpoint,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A TinyDeployment: tiny Medusa reference engine, its repository (with the baseline
     pipeline) and a started tritonserver on free loopback ports; stopped after the module."""
-    from specserve.testing.server import serve_tiny
+    from tests.helpers.server import serve_tiny
 
     dep = serve_tiny(tmp_path_factory.mktemp("served"), ckpt=tiny_ckpt)
     try:

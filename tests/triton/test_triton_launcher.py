@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -118,17 +120,29 @@ def test_missing_repo_is_an_error(tmp_path: Path) -> None:
         TritonServer(tmp_path / "nope").start(timeout_s=5)
 
 
-def test_world_size_two_launches_through_mpirun() -> None:
+@pytest.mark.parametrize("root", [True, False])
+def test_world_size_two_launches_through_mpirun(root: bool) -> None:
     install = TritonInstall(binary=Path("/opt/tritonserver/bin/tritonserver"), bundled=False)
     cmd = build_command(install, Path("/r"), host="127.0.0.1", http_port=1, grpc_port=2,
-                        metrics_port=3, backend_dir=None, shm_prefix="p", world_size=2)
-    assert cmd[:2] == ["mpirun", "--allow-run-as-root"]
+                        metrics_port=3, backend_dir=None, shm_prefix="p", world_size=2,
+                        run_as_root=root)
+    assert cmd[0] == "mpirun"
+    assert ("--allow-run-as-root" in cmd) == root
     ranks = " ".join(cmd).split(" : ")
     assert len(ranks) == 2
     assert "--grpc-port=2" in ranks[0] and "--disable-auto-complete-config" in ranks[0]
     assert "--model-control-mode=explicit" in ranks[1]
     assert "--load-model=tensorrt_llm" in ranks[1] and "--grpc-port" not in ranks[1]
     assert "shm-region-prefix-name=pr1_" in ranks[1]
+
+
+def test_allow_run_as_root_follows_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    install = TritonInstall(binary=Path("/opt/tritonserver/bin/tritonserver"), bundled=False)
+    for euid, expected in ((0, True), (1000, False)):
+        monkeypatch.setattr("os.geteuid", lambda e=euid: e)
+        cmd = build_command(install, Path("/r"), host="127.0.0.1", http_port=1, grpc_port=2,
+                            metrics_port=3, backend_dir=None, shm_prefix="p", world_size=2)
+        assert ("--allow-run-as-root" in cmd) == expected, euid
 
 
 def test_error_lines_picks_glog_errors() -> None:
@@ -139,50 +153,47 @@ def test_error_lines_picks_glog_errors() -> None:
     assert error_lines(log) == [log.splitlines()[2], log.splitlines()[3]]
 
 
-@pytest.mark.server
-def _serve(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    """``specserve serve`` of the echo repository on free ports; returns once it prints."""
+@contextmanager
+def _serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    """``specserve serve`` of the echo repository on free ports: the process, its first output
+    line (printed once ready, or the failure) and the ports; killed if still running, and its
+    output pipe closed, at the end."""
     ports = [str(find_free_port()) for _ in range(3)]
     cmd = [sys.executable, "-m", "specserve.cli.main", "serve", "--repo",
            str(echo_repo(tmp_path)), "--http-port", ports[0], "--grpc-port", ports[1],
            "--metrics-port", ports[2], "--timeout", "60"]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True), ports
-
-
-def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path: Path) -> None:
-    proc, ports = _serve(tmp_path)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # blocks until ready (or failure output)
+        yield proc, proc.stdout.readline(), ports  # readline blocks until ready (or failure)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+@pytest.mark.server
+def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path: Path) -> None:
+    with _serve(tmp_path) as (proc, line, ports):
         assert line.startswith("ready in") and f"127.0.0.1:{ports[1]}" in line, line
         server_pids = descendants_of(proc.pid)
         assert server_pids
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     time.sleep(0.2)
     assert all(not Path(f"/proc/{pid}").exists() for pid in server_pids)
 
 
+@pytest.mark.server
 def test_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
     """SIGKILL leaves the parent no chance to clean up: the server still goes (PDEATHSIG)."""
-    proc, _ = _serve(tmp_path)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
+    with _serve(tmp_path) as (proc, line, _):
         assert line.startswith("ready in"), line
         server_pids = descendants_of(proc.pid)
         assert server_pids
         proc.kill()
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(
             _alive(pid) for pid in server_pids):

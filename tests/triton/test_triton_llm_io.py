@@ -72,6 +72,16 @@ def test_word_list_format() -> None:
         parse_request(stop_single)
 
 
+@pytest.mark.parametrize("name", ["stop_words_list", "bad_words_list"])
+def test_malformed_word_list_names_the_input(name: str) -> None:
+    """An odd number of values is no [2, L] list: one line naming the input (was numpy's
+    reshape message, found by the fuzz run)."""
+    bad = {**base(), name: np.array([[[4, 9, 1]]], dtype=np.int32)}
+    with pytest.raises(ValueError, match=rf"^input '{name}' must hold \[2, L\] values "
+                                         r"\(ids, then end offsets\), got 3$"):
+        parse_request(bad)
+
+
 def test_token_arrays_count_per_response() -> None:
     req = parse_request(base(return_num_output_tokens=True, return_num_input_tokens=True))
     out = token_arrays(req, [11, 12])

@@ -16,10 +16,11 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from specserve.errors import SpecserveError
-from specserve.testing.server import FAKE_MEDUSA_CHOICES as MEDUSA_CHOICES
-from specserve.testing.server import make_fake_trtllm_engine
-from specserve.triton.params import LLM_PARAMETER_PLACEHOLDERS, brace
+from specserve.spec.tree import to_brace as brace
+from specserve.triton.params import LLM_PARAMETER_PLACEHOLDERS
 from specserve.triton.repository import RepoOptions, write_repository
+from tests.helpers.server import FAKE_MEDUSA_CHOICES as MEDUSA_CHOICES
+from tests.helpers.server import make_fake_trtllm_engine
 
 GOLDEN = Path(__file__).parent / "golden"
 KINDS = ("medusa", "draft", "fp8")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specserve.testing.server import grpc_stream, request, scalar, text_of
+from tests.helpers.server import StreamError, grpc_stream, request, scalar, text_of
 
 pytestmark = pytest.mark.server
 
@@ -137,7 +137,7 @@ def test_bls_streams_the_same_text(tiny_server: Any) -> None:
 
 
 def test_unsupported_input_is_reported_on_the_stream(tiny_server: Any) -> None:
-    with pytest.raises(RuntimeError, match="beam_width"):
+    with pytest.raises(StreamError, match="input 'beam_width' is not supported"):
         grpc_stream(tiny_server.server.grpc_url, "ensemble",
                     request(PROMPTS[6], 4, beam_width=2))
 
@@ -148,9 +148,10 @@ def test_bad_requests_fail_alone(tiny_server: Any) -> None:
     t = threading.Thread(target=lambda: good.setdefault(
         "r", grpc_stream(url, "ensemble", request(PROMPTS[7], 12, stream=True))))
     t.start()
-    with pytest.raises(RuntimeError, match=r"top_p must be in \(0, 1\]"):
+    with pytest.raises(StreamError, match=r"top_p must be in \(0, 1\]"):
         grpc_stream(url, "ensemble", request(PROMPTS[7], 4, top_p=0.0))
-    with pytest.raises(RuntimeError, match="max_seq_len"):
+    with pytest.raises(StreamError,
+                       match="request_output_len 100000 exceeds the engine's max_seq_len"):
         grpc_stream(url, "ensemble", request(PROMPTS[7], 100000))
     t.join(timeout=120)
     assert text_of(good["r"])

@@ -1,27 +1,58 @@
-"""The demo's shape: a tiny Medusa reference engine (tree verification) served for real.
-Random heads accept little, so this checks the plumbing and batched tree decoding, not speedup."""
+"""The demo's shape: a tiny Medusa reference engine (tree verification) served for real: the
+plumbing, batched tree decoding, and that the served tree path at T=0 is plain greedy decoding
+(``ensemble_baseline``), token for token. Random heads accept nothing here, so the heads served
+echo the target's own next-token logits (see ``_echo_heads``): some tree nodes get accepted."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from specserve.testing.server import grpc_stream, request, scalar, serve_tiny, text_of
-from specserve.testing.tiny import TinyCheckpoint
+from tests.helpers.server import (
+    grpc_stream,
+    grpc_stream_many,
+    request,
+    scalar,
+    serve_tiny,
+    text_of,
+)
+from tests.helpers.tiny import TinyCheckpoint
 
 pytestmark = pytest.mark.server
 PROMPTS = ["def add(a, b):", "class Point:", "import sys", "for i in range(10):"]
 
 
+def _echo_heads(ckpt: TinyCheckpoint, root: Path) -> TinyCheckpoint:
+    """A copy of ``ckpt`` whose Medusa heads are zero ResBlocks (identity) over the target's own
+    lm_head: every head predicts the next token's ranking, so a node is accepted where the
+    greedy text repeats itself (a run of one token, or the runner-up a step later), as it
+    often does on the random tiny target."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(ckpt.root, root)
+    c = TinyCheckpoint(root=root, target=root / "target", draft=root / "draft",
+                       medusa=root / "medusa", tokenizer=root / "tokenizer")
+    lm = load_file(str(c.target / "model.safetensors"))["lm_head.weight"]
+    heads = load_file(str(c.medusa / "medusa_lm_head.safetensors"))
+    heads = {k: torch.zeros_like(v) if ".linear." in k else lm.clone() for k, v in heads.items()}
+    save_file(heads, str(c.medusa / "medusa_lm_head.safetensors"))
+    return c
+
+
 @pytest.fixture(scope="module")
 def medusa_server(tiny_ckpt: TinyCheckpoint,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    dep = serve_tiny(tmp_path_factory.mktemp("medusa"), spec_mode="medusa", baseline=False,
-                     ckpt=tiny_ckpt)
+    root = tmp_path_factory.mktemp("medusa")
+    dep = serve_tiny(root, spec_mode="medusa", baseline=True,
+                     ckpt=_echo_heads(tiny_ckpt, root / "ckpt"))
     try:
         yield dep
     finally:
@@ -55,3 +86,40 @@ def test_medusa_concurrent_streams_match_single(medusa_server: Any) -> None:
     for t in threads:
         t.join(timeout=120)
     assert got == single
+
+
+def _ids(responses: list[dict[str, Any]]) -> list[int]:
+    return [int(t) for r in responses if "output_ids" in r for t in r["output_ids"].reshape(-1)]
+
+
+def test_medusa_tree_equals_plain_greedy_token_for_token(medusa_server: Any) -> None:
+    """T=0: the tree path (``tensorrt_llm``, Medusa) and the baseline pipeline's engine model
+    (``tensorrt_llm_baseline``, speculation off) give the same ids, all prompts in one batch;
+    the ensembles around them give the same streamed text."""
+    from transformers import AutoTokenizer
+
+    url, n = medusa_server.server.grpc_url, 32
+    tok = AutoTokenizer.from_pretrained(str(medusa_server.engine / "tokenizer"))
+    reqs = []
+    for p in PROMPTS:
+        ids = list(tok(p)["input_ids"])
+        reqs.append({"input_ids": np.array([ids], dtype=np.int32),
+                     "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+                     "request_output_len": np.array([[n]], dtype=np.int32),
+                     "end_id": np.array([[-1]], dtype=np.int32),
+                     "exclude_input_in_output": np.array([[True]], dtype=bool),
+                     "return_perf_metrics": np.array([[True]], dtype=bool)})
+    tree, errors = grpc_stream_many(url, "tensorrt_llm", reqs, timeout_s=120)
+    base, base_errors = grpc_stream_many(url, "tensorrt_llm_baseline", reqs, timeout_s=120)
+    assert errors == base_errors == []
+    for i, p in enumerate(PROMPTS):
+        assert len(_ids(base[i])) == n
+        assert _ids(tree[i]) == _ids(base[i]), p
+    assert sum(scalar(tree[i][-1], "total_draft_tokens") for i in tree) > 0
+    assert sum(scalar(base[i][-1], "total_draft_tokens") for i in base) == 0
+    accepted = sum(scalar(tree[i][-1], "total_accepted_draft_tokens") for i in tree)
+    assert accepted > 0  # accepted paths were gathered, not only bonus tokens
+    for p in PROMPTS:
+        spec = text_of(grpc_stream(url, "ensemble", request(p, n, stream=True)))
+        plain = text_of(grpc_stream(url, "ensemble_baseline", request(p, n, stream=True)))
+        assert spec == plain, p

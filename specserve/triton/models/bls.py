@@ -36,6 +36,15 @@ _FORWARD = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
             "total_draft_tokens", "num_input_tokens", "num_output_tokens", "spec_stats_json")
 
 
+DEFAULT_MAX_INFLIGHT = 256  # decoupled requests served at once (parameter specserve_max_inflight)
+
+
+def _busy(limit: int) -> Any:
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+        f"tensorrt_llm_bls: server busy: {limit} requests in flight "
+        "(specserve_max_inflight); retry later"))
+
+
 def _param(params: dict[str, str], key: str, default: str) -> str:
     value = params.get(key, "")
     return default if not value or value.startswith("${") else value
@@ -55,6 +64,11 @@ class TritonPythonModel:
         self.accumulate = _param(params, "accumulate_tokens", "false").lower() in ("true", "1")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.outputs = [o["name"] for o in cfg.get("output", [])]
+        # One thread per in-flight decoupled request, bounded: past the bound a request fails
+        # at once with "server busy" and the server stays up.
+        self.max_inflight = max(1, int(_param(params, "specserve_max_inflight",
+                                              str(DEFAULT_MAX_INFLIGHT))))
+        self.slots = threading.BoundedSemaphore(self.max_inflight)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         responses = []
@@ -62,13 +76,24 @@ class TritonPythonModel:
             inputs = {t.name(): t.as_numpy().copy() for t in request.inputs()}
             if self.decoupled:
                 sender = request.get_response_sender()
-                threading.Thread(target=self._serve, args=(inputs, sender), daemon=True).start()
+                if not self.slots.acquire(blocking=False):
+                    sender.send(_busy(self.max_inflight),
+                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    continue
+                threading.Thread(target=self._serve_slot, args=(inputs, sender),
+                                 daemon=True).start()
             else:
                 collected: list[Any] = []
                 self._serve(inputs, None, collected)
                 responses.append(collected[-1] if collected else pb_utils.InferenceResponse(
                     output_tensors=[], error=pb_utils.TritonError("tensorrt_llm_bls: no output")))
         return None if self.decoupled else responses
+
+    def _serve_slot(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any) -> None:
+        try:
+            self._serve(inputs, sender)
+        finally:
+            self.slots.release()
 
     def _serve(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any,
                collected: list[Any] | None = None) -> None:

@@ -18,14 +18,18 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specserve.triton.llm_io import LlmRequest, PerfTimes, parse_request, perf_arrays, token_arrays
 
+if TYPE_CHECKING:
+    from specserve.engine_record import EngineRecord
+
 _OFF = ("off", "false", "0")
+DEFAULT_MAX_PENDING = 1024  # queued requests (parameter specserve_max_pending)
 
 
 @dataclass
@@ -68,9 +72,9 @@ def _error(message: str) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
 
 
-def load_decoder(engine_dir: str, speculation: bool) -> tuple[Any, Any, dict[str, Any]]:
-    """(decoder, tokenizer, build_config) of a specserve engine; speculation off gives the
-    target alone."""
+def load_decoder(engine_dir: str, speculation: bool) -> tuple[Any, Any, EngineRecord]:
+    """(decoder, tokenizer, :class:`~specserve.engine_record.EngineRecord`) of a specserve
+    engine; speculation off gives the target alone."""
     from specserve.runtime.engine import load_engine
 
     engine = load_engine(engine_dir)
@@ -79,7 +83,7 @@ def load_decoder(engine_dir: str, speculation: bool) -> tuple[Any, Any, dict[str
         from specserve.runtime.decoder import SpecDecoder
 
         decoder = SpecDecoder(decoder.target, None)
-    return decoder, engine.tokenizer, dict(engine.build_config)
+    return decoder, engine.tokenizer, engine.record
 
 
 class TritonPythonModel:
@@ -93,15 +97,14 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.exclude_default = params.get("exclude_input_in_output", "").lower() in ("true", "1")
         speculation = params.get("specserve_speculation", "on").lower() not in _OFF
-        if params.get("specserve_test_only_verifier"):  # written only by tests/reliability
-            from specserve.testing.negative_control import install_test_only_verifier
-
-            install_test_only_verifier(params["specserve_test_only_verifier"])
         self.decoder, tokenizer, build = load_decoder(params["gpt_model_path"], speculation)
         self.eos = getattr(tokenizer, "eos_token_id", None)
-        self.max_input_len = int(build.get("max_input_len") or 0)
-        self.max_seq_len = int(build.get("max_seq_len") or 0)
-        self.queue: queue.Queue[_Pending | None] = queue.Queue()
+        self.max_input_len = build.max_input_len
+        self.max_seq_len = build.max_seq_len
+        # Bounded: past max_pending queued requests a new one fails at once ("server busy").
+        self.max_pending = max(1, int(params.get("specserve_max_pending", "")
+                                      or DEFAULT_MAX_PENDING))
+        self.queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=self.max_pending)
         self.worker = threading.Thread(target=self._loop, name="specserve-llm", daemon=True)
         self.worker.start()
 
@@ -118,11 +121,19 @@ class TritonPythonModel:
             except Exception as e:  # this request only; the batch goes on
                 _send(sender, _error(f"tensorrt_llm: {e}"), final=True)
                 continue
-            self.queue.put(_Pending(req=req, params=params, sender=sender, arrival=now))
+            try:
+                self.queue.put_nowait(_Pending(req=req, params=params, sender=sender,
+                                               arrival=now))
+            except queue.Full:
+                _send(sender, _error(f"tensorrt_llm: server busy: {self.max_pending} requests "
+                                     "queued (specserve_max_pending); retry later"), final=True)
         return None
 
     def finalize(self) -> None:
-        self.queue.put(None)
+        try:
+            self.queue.put(None, timeout=10)  # the worker drains the queue, making room
+        except queue.Full:
+            return
         self.worker.join(timeout=10)
 
     def _loop(self) -> None:
@@ -130,14 +141,14 @@ class TritonPythonModel:
             first = self.queue.get()
             if first is None:
                 return
-            batch = [first]
+            batch, stop = [first], False
             while len(batch) < self.max_batch:
                 try:
                     nxt = self.queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
-                    self.queue.put(None)
+                    stop = True
                     break
                 batch.append(nxt)
             try:
@@ -146,6 +157,8 @@ class TritonPythonModel:
                 for p in batch:
                     if not p.done:
                         _send(p.sender, _error(f"tensorrt_llm: {e!r}"), final=True)
+            if stop:
+                return
 
     def _params(self, req: LlmRequest) -> Any:
         """Validated SamplingParams (raises with a one-line reason)."""

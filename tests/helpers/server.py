@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import queue
+from collections.abc import Generator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specserve.testing.tiny import TinyCheckpoint, make_tiny_checkpoint
 from specserve.triton.repository import RepoOptions, write_repository
 from specserve.triton.server import TritonServer
+from tests.helpers.tiny import TinyCheckpoint, make_tiny_checkpoint
 
 FAKE_MEDUSA_CHOICES = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3]]
 
@@ -119,35 +121,82 @@ def request(text: str, max_tokens: int = 12, **extra: Any) -> dict[str, np.ndarr
     return arrays
 
 
-def grpc_stream(url: str, model: str, arrays: dict[str, np.ndarray[Any, Any]],
-                timeout_s: float = 60.0) -> list[dict[str, Any]]:
-    """All responses of one request on a gRPC stream (final one included)."""
+class StreamError(RuntimeError):
+    """An error response on a gRPC stream; the message is the server's."""
+
+
+def infer_inputs(arrays: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
+    """tritonclient ``InferInput``s for numpy arrays (dtype names from :data:`DTYPES`)."""
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(url)
-    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
     inputs = []
     for name, arr in arrays.items():
         inp = grpcclient.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
         inp.set_data_from_numpy(arr)
         inputs.append(inp)
-    client.async_stream_infer(model, inputs, enable_empty_final_response=True)
-    out = []
+    return inputs
+
+
+def grpc_responses(url: str, model: str, requests: list[dict[str, np.ndarray[Any, Any]]],
+                   timeout_s: float = 60.0
+                   ) -> Generator[tuple[int | None, dict[str, Any]], None, None]:
+    """THE gRPC streaming loop of the tests: send every request (``request_id`` = its index) on
+    one stream, then yield ``(index, response)`` as responses arrive until every request has had
+    its final response or an error. A response is ``{output name: array, "final": bool}``; an
+    error response is ``(None, {"error": StreamError})`` (tritonclient does not say which
+    request it belongs to) and ends one request. ``queue.Empty`` after ``timeout_s`` without a
+    response. Closing the iterator early (``contextlib.closing``) cancels what is left."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
     try:
-        while True:
+        for i, arrays in enumerate(requests):
+            client.async_stream_infer(model, infer_inputs(arrays), request_id=str(i),
+                                      enable_empty_final_response=True)
+        ended = 0
+        while ended < len(requests):
             result, error = q.get(timeout=timeout_s)
             if error is not None:
-                raise RuntimeError(str(error))
+                ended += 1
+                yield None, {"error": StreamError(str(error))}
+                continue
             resp = result.get_response()
             d: dict[str, Any] = {o.name: result.as_numpy(o.name) for o in resp.outputs}
             d["final"] = resp.parameters["triton_final_response"].bool_param
-            out.append(d)
-            if d["final"]:
-                return out
+            ended += d["final"]
+            yield int(resp.id), d
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=True)
         client.close()
+
+
+def grpc_stream(url: str, model: str, arrays: dict[str, np.ndarray[Any, Any]],
+                timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """All responses of one request on a gRPC stream (final one included); an error response
+    raises :class:`StreamError` with the server's message."""
+    out = []
+    with closing(grpc_responses(url, model, [arrays], timeout_s)) as responses:
+        for _, d in responses:
+            if "error" in d:
+                raise d["error"]
+            out.append(d)
+    return out
+
+
+def grpc_stream_many(url: str, model: str, requests: list[dict[str, np.ndarray[Any, Any]]],
+                     timeout_s: float = 60.0) -> tuple[dict[int, list[dict[str, Any]]], list[str]]:
+    """Every request at once on one stream: ({index: its responses}, [error messages])."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    errors: list[str] = []
+    with closing(grpc_responses(url, model, requests, timeout_s)) as responses:
+        for i, d in responses:
+            if i is None:
+                errors.append(str(d["error"]))
+            else:
+                out.setdefault(i, []).append(d)
+    return out, errors
 
 
 def text_of(responses: list[dict[str, Any]]) -> str:

@@ -19,7 +19,6 @@ TINY_TEXT = (
     "import os\nimport sys\n\nif __name__ == '__main__':\n    sys.exit(main())\n"
 ) * 4
 
-SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 
 @dataclass(frozen=True)

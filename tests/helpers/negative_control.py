@@ -1,4 +1,4 @@
-"""TEST-ONLY broken verifiers: the negative control of the end-to-end losslessness test
+"""TEST-ONLY broken verifier: the negative control of the end-to-end losslessness test
 (``tests/reliability/test_lossless_server.py``, ``docs/reliability.md``).
 
 Speculative sampling is lossless only because a rejected draft is replaced by a sample from the
@@ -6,14 +6,14 @@ residual ``norm(max(0, p - q))`` (Leviathan et al. 2023, Alg. 1; Chen et al. 202
 here skips that step and samples from ``p`` after a rejection, which biases the output towards
 the draft's proposals. A statistical test that cannot tell it apart has no power.
 
-It is switched on only by the Triton model parameter ``specserve_test_only_verifier`` (value
-``"skip_residual"``) in a ``tensorrt_llm`` model's ``config.pbtxt``. ``specserve repo`` never
-writes that parameter; only the test does, on a copied model. Installing it patches the decoder
-module of that model's own Python-backend stub process and nothing else.
+Nothing in the ``specserve`` package imports this file and no repository parameter reaches it:
+the test writes :func:`negative_control_model_py` as the ``1/model.py`` of a copied
+``tensorrt_llm`` model, so the patch lives only in that model's own Python-backend stub process.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 TEST_ONLY_VERIFIERS = ("skip_residual",)
@@ -43,8 +43,14 @@ def skip_residual_sample(draft_tokens: Any, draft_probs: Any, target_probs: Any,
 def install_test_only_verifier(name: str) -> None:
     """Replace the decoder's rejection sampler in THIS process (a test's model stub)."""
     if name not in TEST_ONLY_VERIFIERS:
-        raise ValueError(f"specserve_test_only_verifier: unknown value {name!r}, "
-                         f"expected one of {TEST_ONLY_VERIFIERS}")
+        raise ValueError(f"unknown value {name!r}, expected one of {TEST_ONLY_VERIFIERS}")
     import specserve.runtime.decoder as decoder
 
     setattr(decoder, "rejection_sample", skip_residual_sample)  # noqa: B010 - this process only
+
+
+def negative_control_model_py(name: str = "skip_residual") -> str:
+    """The text of a Triton ``1/model.py``: this module, the patch, then the product's model."""
+    return (Path(__file__).read_text(encoding="utf-8")
+            + f"\n\ninstall_test_only_verifier({name!r})\n"
+            + "from specserve.triton.models.llm import TritonPythonModel  # noqa: E402,F401\n")

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os",
            "if __name__ == '__main__':", "print(i, i * i)", "self.x = x", "return a + b"]
@@ -63,64 +61,35 @@ def group_rss_bytes(pgid: int) -> int:
     return total
 
 
-def _inputs(text: str, max_tokens: int) -> list[Any]:
-    import tritonclient.grpc as grpcclient
-
-    values = {"text_input": (np.array([[text.encode()]], dtype=object), "BYTES"),
-              "max_tokens": (np.array([[max_tokens]], dtype=np.int32), "INT32"),
-              "end_id": (np.array([[-1]], dtype=np.int32), "INT32"),
-              "stream": (np.array([[True]], dtype=bool), "BOOL")}
-    out = []
-    for name, (arr, dt) in values.items():
-        inp = grpcclient.InferInput(name, list(arr.shape), dt)
-        inp.set_data_from_numpy(arr)
-        out.append(inp)
-    return out
-
-
 def one_stream(url: str, index: int, text: str, max_tokens: int, cancel: bool,
                timeout_s: float = 120.0) -> StreamRecord:
-    """One streamed request on its own gRPC stream; ``cancel``: stop after the first chunk."""
-    import tritonclient.grpc as grpcclient
+    """One streamed request on its own gRPC stream; ``cancel``: stop after the first chunk
+    (closing the stream cancels the request)."""
+    from tests.helpers.server import grpc_responses, request
 
     t0 = time.monotonic()
-    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
     chunks, parts = 0, list[str]()
-    client = None
+
+    def record(status: str, error: str | None = None) -> StreamRecord:
+        return StreamRecord(index, status, chunks, "".join(parts), error, time.monotonic() - t0)
+
     try:
-        client = grpcclient.InferenceServerClient(url)
-        client.start_stream(callback=lambda result, error: q.put((result, error)))
-        client.async_stream_infer("ensemble", _inputs(text, max_tokens),
-                                  enable_empty_final_response=True)
-        while True:
-            result, error = q.get(timeout=timeout_s)
-            if error is not None:
-                return StreamRecord(index, "error", chunks, "".join(parts), str(error)[:300],
-                                    time.monotonic() - t0)
-            resp = result.get_response()
-            if any(o.name == "text_output" for o in resp.outputs):
-                piece = result.as_numpy("text_output").reshape(-1)[0]
+        with closing(grpc_responses(url, "ensemble", [request(text, max_tokens, stream=True)],
+                                    timeout_s)) as responses:
+            for _, d in responses:
+                if "error" in d:
+                    return record("error", str(d["error"])[:300])
+                piece = d["text_output"].reshape(-1)[0] if "text_output" in d else b""
                 if piece:
                     chunks += 1
                     parts.append(piece.decode("utf-8", "replace"))
-            if resp.parameters["triton_final_response"].bool_param:
-                return StreamRecord(index, "completed", chunks, "".join(parts), None,
-                                    time.monotonic() - t0)
-            if cancel and chunks >= 1:
-                client.stop_stream(cancel_requests=True)
-                return StreamRecord(index, "cancelled", chunks, "".join(parts), None,
-                                    time.monotonic() - t0)
+                if d["final"]:
+                    return record("completed")
+                if cancel and chunks >= 1:
+                    return record("cancelled")
+        return record("error", "the stream ended without a final response")
     except Exception as e:  # noqa: BLE001 - every failure is recorded
-        message = f"{type(e).__name__}: {e}"[:300]
-        return StreamRecord(index, "error", chunks, "".join(parts), message,
-                            time.monotonic() - t0)
-    finally:
-        if client is not None:
-            try:
-                client.stop_stream(cancel_requests=True)
-                client.close()
-            except Exception:  # noqa: BLE001
-                pass
+        return record("error", f"{type(e).__name__}: {e}"[:300])
 
 
 def soak_streams(server: Any, requests: int = 500, concurrency: int = 64,

@@ -1,1 +1,0 @@
-"""Test and demo helpers: tiny random checkpoints made offline (no hub)."""
