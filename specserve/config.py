@@ -67,19 +67,24 @@ def read_json(path: str | Path) -> Any:
         raise SpecserveError(f"{p}: invalid JSON (not UTF-8)") from e
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to ``path`` via a temp file in the same directory and an atomic rename (the
-    one writer of JSON artefacts; ``indent=2``, sorted keys, trailing newline; the file gets the
-    mode ``open()`` would give it, not mkstemp's 0600)."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same directory and an atomic rename
+    (the one atomic writer of artefacts: a reader never sees half a file; the file gets the mode
+    ``open()`` would give it, not mkstemp's 0600)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; artefacts get the usual mode
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | Path, data: Any, default: Any = None) -> None:
+    """JSON artefacts through :func:`write_text_atomic`: ``indent=2``, sorted keys, trailing
+    newline (``default`` as for ``json.dumps``)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=default) + "\n")

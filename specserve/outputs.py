@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from specserve.config import write_json_atomic
 from specserve.errors import SpecserveError
 
 MARKER = ".specserve-output.json"
@@ -53,7 +54,7 @@ def check_replaceable(out: Path, force: bool, writer: str) -> None:
 
 def mark(directory: Path, writer: str) -> None:
     """Write the marker that lets a later ``--force`` replace ``directory``."""
-    (directory / MARKER).write_text(json.dumps({"written_by": writer}) + "\n", encoding="utf-8")
+    write_json_atomic(directory / MARKER, {"written_by": writer})
 
 
 def _fresh_stage(stage: Path, out: Path, writer: str) -> None:

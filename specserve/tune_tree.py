@@ -15,13 +15,11 @@ Input contract (docs/architecture.md, "tune-tree input"): from a bench summary,
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specserve.config import read_json
+from specserve.config import read_json, write_text_atomic
 from specserve.errors import SpecserveError
 from specserve.spec import tree_tuning as TT
 
@@ -117,16 +115,8 @@ def write_tree_files(out: Path, tree: MedusaTree) -> tuple[Path, Path]:
     brace = out.with_suffix(".txt")
     if brace == out:
         raise SpecserveError(f"{out}: use a .json name (the brace form goes to {out.stem}.txt)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for path, text in ((out, json.dumps(tree.to_list()) + "\n"), (brace, tree.to_brace() + "\n")):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    write_text_atomic(out, json.dumps(tree.to_list()) + "\n")
+    write_text_atomic(brace, tree.to_brace() + "\n")
     return out, brace
 
 

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -19,6 +16,7 @@ from typing import Any
 
 from specserve.client.metrics import RequestRecord
 from specserve.client.summary import Slo, Speedup, summarize
+from specserve.config import write_json_atomic, write_text_atomic
 
 DIST_METRICS = (("ttft_ms", "ms"), ("tpot_ms", "ms"), ("itl_ms", "ms"), ("itl_chunk_ms", "ms"),
                 ("e2e_ms", "ms"), ("per_user_tok_s", "tok/s"))
@@ -68,18 +66,6 @@ def csv_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 CSV_FIELDS = ("variant", "metric", "unit", "n", "mean", "p50", "p90", "p99", "min", "max",
               "value", "ci_low", "ci_high")
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -156,17 +142,16 @@ def write_report(out: Path, summary: dict[str, Any], records: Sequence[RequestRe
                  sp: dict[str, Speedup], plots: bool = True) -> list[str]:
     """Write summary.json/csv, the plots and README.md into ``out``; return the file names."""
     out.mkdir(parents=True, exist_ok=True)
-    _write_text_atomic(out / "summary.json",
-                       json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    write_json_atomic(out / "summary.json", summary, default=str)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
     w.writeheader()
     w.writerows(csv_rows(summary))
-    _write_text_atomic(out / "summary.csv", buf.getvalue())
+    write_text_atomic(out / "summary.csv", buf.getvalue())
     names: list[str] = []
     if plots:
         from specserve.client.plots import write_plots
 
         names = write_plots(records, sp, out)
-    _write_text_atomic(out / "README.md", readme(summary, names))
+    write_text_atomic(out / "README.md", readme(summary, names))
     return ["requests.jsonl", "summary.json", "summary.csv", *names, "README.md"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from specserve.config import JsonConfig
+from specserve.config import JsonConfig, write_json_atomic
 from specserve.errors import SpecserveError
 from specserve.outputs import check_replaceable, mark, swap_into_place
 from specserve.train.lm import Schedule, lr_at
@@ -284,7 +284,7 @@ def run_train_medusa(cfg: MedusaTrainConfig, reporter: Reporter | None = None, *
     save_medusa(heads, result, base_model_name or cfg.model)
     info = {"config": cfg.to_dict(), "final_loss": losses[-1] if losses else None,
             "heldout_top1_accuracy": acc}
-    (result / "train_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(result / "train_info.json", info)
     mark(result, WRITER)
     swap_into_place(result, out)
     shutil.rmtree(work)
