@@ -9,13 +9,12 @@ The server is stopped on success, on failure and on Ctrl-C/SIGTERM (a context ma
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specserve.config import JsonConfig, write_json_atomic
+from specserve.config import JsonConfig, read_json, write_json_atomic
 from specserve.engine_record import RECORD_FILE, EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
 from specserve.interrupts import sigterm_as_interrupt
@@ -69,7 +68,10 @@ def expected_tau(engine_dir: str | None, eval_json: str | None) -> tuple[float |
     ``medusa_tuned`` when the engine was built with that tree, else ``medusa`` (default tree)."""
     if not eval_json or not Path(eval_json).is_file():
         return None, "no eval.json"
-    ev = json.loads(Path(eval_json).read_text())
+    ev = read_json(eval_json)
+    if not isinstance(ev, dict):
+        raise SpecserveError(f"{eval_json}: expected a JSON object (specserve demo-model's "
+                             "eval.json)")
     build = engine_record(engine_dir)
     mode = build.spec_mode if build is not None else "medusa"
     tuned = ev.get("medusa_tuned") or {}
@@ -77,7 +79,10 @@ def expected_tau(engine_dir: str | None, eval_json: str | None) -> tuple[float |
         tuned["choices"], build.medusa_choices_list
     ):
         mode = "medusa_tuned"
-    tau = (ev.get(mode) or {}).get("tau")
+    block = ev.get(mode) or {}
+    tau = block.get("tau") if isinstance(block, dict) else None
+    if tau is not None and (isinstance(tau, bool) or not isinstance(tau, int | float)):
+        raise SpecserveError(f"{eval_json}: {mode}.tau {tau!r:.40}: expected a number")
     return (float(tau) if tau is not None else None), mode
 
 
@@ -145,7 +150,8 @@ def run_demo(cfg: DemoRunConfig, progress: bool | None = None) -> DemoOutcome:
     from specserve.triton.server import TritonServer
 
     cfg.validate()
-    engine_record(cfg.engine)  # a bad build_config.json fails before the server starts
+    engine_record(cfg.engine)  # a bad build_config.json or eval.json fails before the server
+    expected_tau(cfg.engine, cfg.eval_json)  # starts, in one line
     started = time.monotonic()
     server = TritonServer(Path(cfg.repo).resolve(), http_port=cfg.http_port,
                           grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)

@@ -98,3 +98,32 @@ def test_port_in_use_is_a_clear_error_and_no_server_left(tiny_repo) -> None:  # 
 def test_repository_without_baseline_is_refused(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["demo", "--repo", str(tmp_path), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "ensemble_baseline" in r.output
+
+
+@pytest.mark.parametrize(("content", "expect"), [
+    ("{oops", "eval.json: invalid JSON"),
+    ("[1, 2]", "eval.json: expected a JSON object"),
+    ('{"medusa": {"tau": "fast"}}', "eval.json: medusa.tau 'fast': expected a number"),
+], ids=["bad-json", "not-object", "tau-not-a-number"])
+def test_bad_eval_json_is_one_line_before_any_server(tmp_path: Path, content: str,
+                                                     expect: str) -> None:
+    from tests.helpers.server import make_fake_trtllm_engine
+
+    engine = make_fake_trtllm_engine(tmp_path, "medusa")
+    (tmp_path / "eval.json").write_text(content)
+    repo = tmp_path / "served"
+    (repo / "ensemble_baseline").mkdir(parents=True)  # what DemoRunConfig.validate looks for
+    r = CliRunner().invoke(cli, ["demo", "--repo", str(repo), "--engine", str(engine), "--eval",
+                                 str(tmp_path / "eval.json"), "--out", str(tmp_path / "report")])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and expect in lines[0], r.output
+    assert not (tmp_path / "report").exists()  # refused before any server or benchmark
+
+
+def test_demo_model_reuse_with_a_bad_eval_json_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "eval.json").write_text("{oops")
+    r = CliRunner().invoke(cli, ["demo-model", "--out", str(tmp_path / "m")])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "eval.json: invalid JSON" in lines[0], \
+        r.output

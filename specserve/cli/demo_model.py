@@ -3,7 +3,6 @@ heads, eval.json) from the Python standard library, offline, on CPU."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import click
 
 from specserve.cli._output import FORMAT_OPTION, emit
+from specserve.config import read_json
 
 PHASES = ("data", "target", "distill", "draft", "medusa", "eval", "decoder-eval", "total")
 
@@ -59,7 +59,7 @@ def command(out: Path, seed: int, minutes: float, threads: int, force: bool, fmt
     """
     if (out / "eval.json").is_file() and not force:
         emit({"out": str(out), "reused": True,
-              "eval": json.loads((out / "eval.json").read_text())}, fmt, _summary)
+              "eval": read_json(out / "eval.json")}, fmt, _summary)
         return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared CPUs: no spinning threads
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
