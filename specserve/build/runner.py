@@ -71,6 +71,9 @@ def _run_step(step: BuildStep, log: IO[str], console: Console) -> int:
     except BaseException:
         _stop(proc)
         raise
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

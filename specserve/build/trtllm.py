@@ -15,8 +15,17 @@ from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.
 - Draft-target: Llama converter for both; target built with ``draft_tokens_external``; both
   with paged context FMHA; the draft gathers generation logits so ``use_draft_logits`` works.
   The draft is one rank (tp=pp=1), served as its own ``tensorrt_llm_draft`` model.
-- EAGLE: ``examples/eagle/convert_checkpoint.py`` (pp must be 1), mode ``eagle``.
-- N-gram: the target alone with ``draft_tokens_external`` (drafts come from the server side).
+- Qwen2 + Medusa needs tp = pp = 1 (or the FP8 ``quantize.py`` path): the qwen2 branch of
+  ``examples/medusa/convert_checkpoint.py`` builds the base model with
+  ``QWenForCausalLM.from_hugging_face(args.model_dir, args.dtype)`` (no ``mapping``) and saves
+  ``convert_args['hf_model'].named_parameters()`` unsplit into every ``rank{r}.safetensors``
+  (only the Medusa heads are split), so TP/PP > 1 engines would not be sharded.
+- EAGLE: ``examples/eagle/convert_checkpoint.py`` (pp must be 1), mode ``eagle``. Triton's
+  default ``eagle_choices`` is ``mc_sim_7b_63`` (63 nodes); below 63 draft tokens
+  ``specserve repo`` sets ``eagle_choices`` to that tree cut to ``max_draft_len`` nodes.
+- N-gram: the target alone with ``draft_tokens_external``; the C++ backend has no n-gram
+  proposer, so specserve's BLS proposes by prompt lookup and sends ``draft_input_ids`` (the
+  repository sets KV reuse on, as the prompt-lookup README requires, and a non-decoupled target).
 - TP/PP: chosen at conversion (``--tp_size``/``--pp_size``, one ``rank{r}`` per GPU);
   ``trtllm-build --workers`` = world size.
 """
@@ -26,8 +35,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from specserve.build.config import EAGLE_MAX_NON_LEAVES, EAGLE_NUM_LAYERS, BuildConfig
+from specserve.build.config import (
+    EAGLE_MAX_DRAFT_LEN,
+    EAGLE_MAX_NON_LEAVES,
+    EAGLE_NUM_LAYERS,
+    BuildConfig,
+)
 from specserve.build.plan import BuildPlan, BuildStep, staging_dir
+from specserve.errors import SpecserveError
 
 TRTLLM_VERSION = "1.2.1"
 TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
@@ -62,8 +77,21 @@ def examples_dir() -> str:
     return os.environ.get("TRTLLM_EXAMPLES_DIR", DEFAULT_EXAMPLES_DIR)
 
 
+def check_buildable(cfg: BuildConfig, inputs: PlanInputs) -> None:
+    """Refuse what the pinned release's scripts cannot build (one SpecserveError line)."""
+    if (cfg.spec_mode == "medusa" and cfg.quantize is None and inputs.model_type == "qwen2"
+            and cfg.world_size > 1):
+        raise SpecserveError(
+            f"{os.path.join(cfg.model, 'config.json')}: model_type 'qwen2' with --medusa and "
+            f"--tp {cfg.tp_size} --pp {cfg.pp_size}: the pinned TensorRT-LLM's "
+            "examples/medusa/convert_checkpoint.py does not shard a Qwen2 base model (its qwen2 "
+            "branch loads QWenForCausalLM.from_hugging_face(model_dir, dtype) without a mapping "
+            "and writes the full weights into every rank); use --tp 1 --pp 1")
+
+
 def make_trtllm_plan(cfg: BuildConfig, inputs: PlanInputs) -> BuildPlan:
     """The convert/quantize and ``trtllm-build`` steps for a resolved config (pure)."""
+    check_buildable(cfg, inputs)
     stage = staging_dir(cfg.out)
     ckpt = os.path.join(stage, "_checkpoints")
     steps = [_convert_target(cfg, inputs, os.path.join(ckpt, "target"))]
@@ -76,7 +104,21 @@ def make_trtllm_plan(cfg: BuildConfig, inputs: PlanInputs) -> BuildPlan:
         draft_ckpt = os.path.join(ckpt, "draft")
         steps.insert(1, _convert_plain(cfg, inputs, cfg.draft, draft_ckpt, "draft", 1, 1))
         steps.append(_build(cfg, draft_ckpt, os.path.join(stage, "draft"), target=False))
-        notes.append("the draft is one rank; serve it as tensorrt_llm_draft (orchestrator mode)")
+        notes.append("the draft is one rank; `specserve repo` writes tensorrt_llm and "
+                     "tensorrt_llm_draft non-decoupled with KV reuse and "
+                     "kv_cache_free_gpu_mem_fraction 0.5 each on a shared GPU, and `specserve "
+                     "serve` starts them in orchestrator mode (TRTLLM_ORCHESTRATOR=1, world "
+                     "size 1), as in upstream's draft-target recipe")
+    if cfg.spec_mode == "ngram":
+        notes.append("the C++ backend has no n-gram proposer: `specserve repo` writes a "
+                     "non-decoupled tensorrt_llm with KV reuse (the prompt-lookup README: "
+                     "\"must be specified\"), and its BLS proposes by prompt lookup and sends "
+                     "draft_input_ids; the ensemble alone does not speculate")
+    if cfg.spec_mode == "eagle" and (cfg.max_draft_len or 0) < EAGLE_MAX_DRAFT_LEN:
+        notes.append(f"max_draft_len {cfg.max_draft_len} < {EAGLE_MAX_DRAFT_LEN}: Triton's "
+                     f"default eagle_choices (mc_sim_7b_63, {EAGLE_MAX_DRAFT_LEN} nodes) does not "
+                     f"fit; specserve repo sets eagle_choices to its first {cfg.max_draft_len} "
+                     "nodes")
     if cfg.quantize == "fp8":
         notes.append(f"FP8 calibration reads cnn_dailymail ({FP8_CALIB_SIZE} samples) and needs "
                      "a Hopper (sm90) or newer GPU")

@@ -10,12 +10,19 @@ Formats checked:
 - Medusa-1 heads in the FasterDecoding layout (Cai et al. 2024, "Medusa", arXiv:2401.10774):
   ``config.json`` with ``medusa_num_heads``/``medusa_num_layers`` and
   ``medusa_lm_head.safetensors`` with ``{h}.{l}.linear.weight|bias`` and ``{h}.{L}.weight``,
-  which is what TensorRT-LLM's ``examples/medusa/convert_checkpoint.py`` reads.
+  which is what TensorRT-LLM's ``examples/medusa/convert_checkpoint.py`` reads. The head count
+  comes from the weights: the converter ignores the heads' ``config.json`` (it takes
+  ``--num_medusa_heads``), and the public ``FasterDecoding/medusa-vicuna-7b-v1.3`` heads, which
+  upstream's Medusa README converts, say ``medusa_num_heads: 2`` while holding more; a mismatch
+  is one ``warning:`` line on stderr, not an error.
+- EAGLE weights as TensorRT-LLM's ``ModelWeightsLoader.detect_format`` (used by
+  ``examples/eagle/convert_checkpoint.py``) reads them: ``*.safetensors``, ``*.bin`` or ``*.pth``.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,9 +125,16 @@ def validate_medusa(heads_dir: str | Path, target_cfg: dict[str, Any],
         if m is None:
             raise SpecserveError(f"{weights}: unexpected tensor {name!r} (not a Medusa head)")
         found.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-    if sorted(found) != list(range(n_heads)):
-        raise SpecserveError(f"{weights}: holds {len(found)} heads but {cfg_path.name} says "
-                             f"medusa_num_heads={n_heads}")
+    if not found:
+        raise SpecserveError(f"{weights}: holds no Medusa heads")
+    if sorted(found) != list(range(len(found))):
+        raise SpecserveError(f"{weights}: heads {sorted(found)} are not numbered 0..N-1 "
+                             "(the converter reads heads 0..num_medusa_heads-1)")
+    if len(found) != n_heads:
+        warn(f"{weights}: holds {len(found)} heads but {cfg_path.name} says "
+             f"medusa_num_heads={n_heads}; using {len(found)} (the count in the weights, "
+             "passed to the converter as --num_medusa_heads)")
+        n_heads = len(found)
     for h in range(n_heads):
         _check_head(weights, shapes, h, n_layers, hidden, vocab)
     if tree is not None and tree:
@@ -129,6 +143,11 @@ def validate_medusa(heads_dir: str | Path, target_cfg: dict[str, Any],
             raise SpecserveError(f"{cfg_path}: medusa_choices depth {depth} exceeds the "
                                  f"{n_heads} heads")
     return MedusaInfo(n_heads, n_layers, hidden, vocab, weights)
+
+
+def warn(message: str) -> None:
+    """One ``warning: <message>`` line on stderr (stdout stays the command's output)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _check_head(weights: Path, shapes: dict[str, tuple[int, ...]], h: int, n_layers: int,
@@ -185,6 +204,12 @@ def validate_eagle(eagle_dir: str | Path, target_cfg: dict[str, Any]) -> dict[st
     if files:
         for f in files:
             read_safetensors_header(f)
-    elif not any(d.glob("*.bin")) and not any(d.glob("*.pt")):
-        raise SpecserveError(f"{d}: no EAGLE weights (*.safetensors, *.bin or *.pt)")
+    elif not any(d.glob("*.bin")) and not any(d.glob("*.pth")):
+        pt = sorted(d.glob("*.pt"))
+        if pt:
+            raise SpecserveError(
+                f"{pt[0]}: EAGLE weights as *.pt are not read by the pinned TensorRT-LLM "
+                "(examples/eagle/convert_checkpoint.py loads *.safetensors, *.bin or *.pth: "
+                "ModelWeightsLoader.detect_format); save them as safetensors")
+        raise SpecserveError(f"{d}: no EAGLE weights (*.safetensors, *.bin or *.pth)")
     return cfg

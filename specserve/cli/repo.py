@@ -19,6 +19,12 @@ Examples:
 Layout and tensor names are TensorRT-LLM 1.2.1's inflight_batcher_llm (ensemble, preprocessing,
 tensorrt_llm, postprocessing, tensorrt_llm_bls; tensorrt_llm_draft for draft-target engines).
 Defaults come from the engine's build_config.json. Serve it with `specserve serve --repo OUT`.
+Draft-target TensorRT-LLM repositories follow upstream's recipe: tensorrt_llm and
+tensorrt_llm_draft non-decoupled (the BLS calls them step by step; the BLS may stream), KV reuse
+on, kv_cache_free_gpu_mem_fraction 0.5 each on a shared GPU; `specserve serve` starts them in
+TensorRT-LLM's orchestrator mode (TRTLLM_ORCHESTRATOR=1), as launch_triton_server.py
+--multi-model does:
+  specserve repo --engine engines/dt --out repo --gpu-device-ids 0 --draft-gpu-device-ids 1
 """
 
 
@@ -48,12 +54,31 @@ def _text(d: dict[str, Any]) -> str:
 @click.option("--baseline", is_flag=True,
               help="Reference engines: also ensemble_baseline -> tensorrt_llm_baseline "
                    "(same engine, speculation off).")
+@click.option("--kv-cache-fraction", type=float, default=None,
+              help="TensorRT-LLM: kv_cache_free_gpu_mem_fraction of tensorrt_llm, in (0, 1] "
+                   "[default: 0.9; 0.5 when the draft shares its GPU].")
+@click.option("--draft-kv-cache-fraction", type=float, default=None,
+              help="TensorRT-LLM draft-target: the same for tensorrt_llm_draft [default: 0.5 "
+                   "on the target's GPU, else 0.9]; the two sum to at most 1 on one GPU.")
+@click.option("--gpu-device-ids", default=None,
+              help="TensorRT-LLM: GPUs of tensorrt_llm, one id per rank, e.g. 0 or 0,1 "
+                   "[default: ranks 0..world_size-1].")
+@click.option("--draft-gpu-device-ids", default=None,
+              help="TensorRT-LLM draft-target: the GPU of tensorrt_llm_draft [default: 0].")
+@click.option("--max-tokens-in-paged-kv-cache", type=int, default=None,
+              help="TensorRT-LLM: cap on KV-cache tokens per model [default: from the memory "
+                   "fraction].")
+@click.option("--max-attention-window-size", type=int, default=None,
+              help="TensorRT-LLM: attention window per model [default: max_seq_len].")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @FORMAT_OPTION
 def command(engine_dir: str, out: str, max_batch_size: int | None, preprocessing_instances: int,
             postprocessing_instances: int, bls_instances: int, decoupled: bool,
             tokenizer_dir: str | None, max_queue_delay_us: int, accumulate_tokens: bool,
-            baseline: bool, force: bool, fmt: str) -> None:
+            baseline: bool, kv_cache_fraction: float | None,
+            draft_kv_cache_fraction: float | None, gpu_device_ids: str | None,
+            draft_gpu_device_ids: str | None, max_tokens_in_paged_kv_cache: int | None,
+            max_attention_window_size: int | None, force: bool, fmt: str) -> None:
     """Write a Triton model repository for ENGINE into OUT (atomically)."""
     from specserve.triton.repository import RepoOptions, read_repo_meta, write_repository
 
@@ -61,7 +86,11 @@ def command(engine_dir: str, out: str, max_batch_size: int | None, preprocessing
         max_batch_size=max_batch_size, preprocessing_instance_count=preprocessing_instances,
         postprocessing_instance_count=postprocessing_instances, bls_instance_count=bls_instances,
         decoupled=decoupled, tokenizer_dir=tokenizer_dir, max_queue_delay_us=max_queue_delay_us,
-        baseline=baseline, accumulate_tokens=accumulate_tokens)
+        baseline=baseline, accumulate_tokens=accumulate_tokens,
+        kv_cache_fraction=kv_cache_fraction, draft_kv_cache_fraction=draft_kv_cache_fraction,
+        gpu_device_ids=gpu_device_ids, draft_gpu_device_ids=draft_gpu_device_ids,
+        max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
+        max_attention_window_size=max_attention_window_size)
     repo = write_repository(engine_dir, out, opts, force=force)
     meta = read_repo_meta(repo)
     emit({"repo": str(repo), **meta}, fmt, _text)

@@ -21,6 +21,10 @@ sampled from the target but not yet fed) is not in the target cache, so
    the proposer back (``update``), apply stop conditions, record stats, stream new tokens.
 
 The first generated token comes from the prefill forward and is not counted as a verify step.
+:meth:`SpecDecoder.verify` is the exception: one verify step of drafts given after a full context
+(TensorRT-LLM's ``draft_input_ids``): the prefill feeds ``context[:-1]`` and samples nothing, the
+context's last token is the pending one, so the first step's target distribution at position 0
+is the one that follows the context.
 """
 
 from __future__ import annotations
@@ -54,14 +58,18 @@ OnStep = Callable[[int, list[int]], None]
 
 @dataclass
 class GenerationResult:
-    """One request's output. ``finish_reason``: "stop" (end_id/stop token, not included) or
-    "length" (max_tokens). Times are ``time.time_ns()``."""
+    """One request's output. ``finish_reason``: "stop" (end_id/stop token, not included),
+    "length" (max_tokens) or "verified" (:meth:`SpecDecoder.verify`: its one step ended before
+    max_tokens). Times are ``time.time_ns()``. ``logits`` [T, V] float32, only when asked
+    (``return_logits``): for each emitted token the target's logits it was chosen from (stop
+    tokens banned before ``min_tokens`` are -inf, as when it was chosen)."""
 
     token_ids: list[int]
     stats: AcceptanceStats
     finish_reason: str
     first_token_time_ns: int
     last_token_time_ns: int
+    logits: torch.Tensor | None = None
 
 
 class _Batch:
@@ -87,6 +95,25 @@ class _Batch:
                 g.manual_seed(p.seed)
             self.gens.append(g)
         self.k: list[int] = []  # per-sequence draft length (chain steps)
+        self.prop: Proposer | None = None  # this call's proposer
+        self.logits: list[list[torch.Tensor]] | None = None  # per row, when some row asked
+        self.want: list[bool] = [False] * n
+
+    def keep_logits(self, want: list[bool]) -> None:
+        """Keep the logits of emitted tokens for the rows that want them (opt-in)."""
+        self.want = want
+        self.logits = [[] for _ in want] if any(want) else None
+
+    def capture(self, b: int, logits: torch.Tensor) -> None:
+        """logits [n, V] of the n tokens row b just emitted (a copy: the batch tensor goes)."""
+        if self.logits is not None and self.want[b] and logits.shape[0]:
+            self.logits[b].append(logits.float().clone())
+
+    def result_logits(self, b: int, vocab: int) -> torch.Tensor | None:
+        if self.logits is None or not self.want[b]:
+            return None
+        rows = self.logits[b]
+        return torch.cat(rows) if rows else torch.zeros(0, vocab)
 
     def active(self) -> list[int]:
         return [b for b, d in enumerate(self.done) if not d]
@@ -140,31 +167,67 @@ class SpecDecoder:
 
     def generate(self, prompts: list[list[int]],
                  params: SamplingParams | Sequence[SamplingParams],
-                 on_step: OnStep | None = None) -> list[GenerationResult]:
+                 on_step: OnStep | None = None, *,
+                 return_logits: bool | Sequence[bool] = False) -> list[GenerationResult]:
         """Generate for a batch of token-id prompts; ``on_step(seq_index, new_token_ids)`` is
-        called whenever a sequence emits tokens (first token included)."""
+        called whenever a sequence emits tokens (first token included). ``return_logits`` (all
+        rows, or per row): fill ``GenerationResult.logits``; off, nothing is kept."""
         plist = self._check(prompts, params)
         with self._lock:
-            return self._generate(prompts, plist, on_step)
+            return self._generate(prompts, plist, on_step, self.proposer, False,
+                                  self._want(return_logits, len(prompts)))
+
+    def verify(self, contexts: list[list[int]],
+               params: SamplingParams | Sequence[SamplingParams],
+               proposer: Proposer | None = None, on_step: OnStep | None = None, *,
+               return_logits: bool | Sequence[bool] = False) -> list[GenerationResult]:
+        """ONE verify step after each full context, with ``proposer`` (default: the decoder's
+        own; bound here) proposing after the context's last token, e.g.
+        :class:`~specserve.runtime.proposers.ExternalDraftProposer` (TensorRT-LLM's
+        ``draft_input_ids``). Two target forwards: ``context[:-1]`` (prefill, nothing sampled;
+        skipped when every context has one token) and ``[context[-1], drafts]`` (the chain or
+        tree step: greedy at T=0, rejection sampling otherwise). Each row emits its accepted
+        drafts + 1 (at most ``max_tokens``; fewer at a stop token) and ends ("verified")."""
+        plist = self._check(contexts, params)
+        prop = self.proposer if proposer is None else proposer
+        with self._lock:
+            if prop is not None and prop is not self.proposer:
+                prop.bind(self.target)
+            return self._generate(contexts, plist, on_step, prop, True,
+                                  self._want(return_logits, len(contexts)))
+
+    @staticmethod
+    def _want(flag: bool | Sequence[bool], n: int) -> list[bool]:
+        want = [flag] * n if isinstance(flag, bool) else [bool(x) for x in flag]
+        if len(want) != n:
+            raise SpecserveError(f"generate: {len(want)} return_logits flags for {n} prompts")
+        return want
 
     def _generate(self, prompts: list[list[int]], plist: list[SamplingParams],
-                  on_step: OnStep | None) -> list[GenerationResult]:
+                  on_step: OnStep | None, prop: Proposer | None, verify: bool,
+                  want_logits: list[bool]) -> list[GenerationResult]:
         st = _Batch(prompts, plist, self.device)
+        st.prop = prop
+        st.keep_logits(want_logits)
+        look = self._lookahead(prop)
         # the longest any row can grow (not max prompt + max budget: rows valid alone stay valid)
-        max_len = max(len(q) + p.max_tokens for q, p in zip(prompts, plist, strict=True)) \
-            + self._lookahead()
-        cache = self._get_cache(len(prompts), max_len)
-        prop = self.proposer
+        max_len = max(len(q) + p.max_tokens for q, p in zip(prompts, plist, strict=True)) + look
+        cache = self._get_cache(len(prompts), max_len, look)
         with torch.inference_mode():
-            hidden = self._prefill(st, cache, on_step)
+            hidden = self._prefill(st, cache, on_step, sample=not verify)
             if prop is not None:
                 prop.start([list(p) for p in prompts], max_len)
                 n = len(prompts)
-                prop.update(StepOutcome(hidden, [x - 1 for x in cache.lengths], [0] * n,
-                                        st.seqs))
+                prop.update(StepOutcome(hidden, [max(x - 1, 0) for x in cache.lengths],
+                                        [0] * n, st.seqs))
             while not all(st.done):
                 self._step(st, cache, on_step)
-        return [GenerationResult(st.out[b], st.stats[b], st.finish[b], st.first[b], st.last[b])
+                if verify:  # one step only
+                    for b in st.active():
+                        st.done[b], st.finish[b] = True, "verified"
+        vocab = self.target.cfg.vocab_size
+        return [GenerationResult(st.out[b], st.stats[b], st.finish[b], st.first[b], st.last[b],
+                                 st.result_logits(b, vocab))
                 for b in range(len(prompts))]
 
     def _check(self, prompts: list[list[int]],
@@ -189,11 +252,12 @@ class SpecDecoder:
         if bad is not None:
             raise SpecserveError(f"generate: token id {bad} outside the vocab ({vocab})")
 
-    def _lookahead(self) -> int:
-        return (0 if self.proposer is None else self.proposer.lookahead) + 2
+    @staticmethod
+    def _lookahead(prop: Proposer | None) -> int:
+        return (0 if prop is None else prop.lookahead) + 2
 
-    def _get_cache(self, batch: int, max_len: int) -> KVCache:
-        if max_len > self.target.cfg.max_position_embeddings + self._lookahead():
+    def _get_cache(self, batch: int, max_len: int, lookahead: int) -> KVCache:
+        if max_len > self.target.cfg.max_position_embeddings + lookahead:
             raise SpecserveError(
                 f"generate: prompt + max_tokens = {max_len} exceeds the model's "
                 f"max_position_embeddings ({self.target.cfg.max_position_embeddings})")
@@ -203,20 +267,33 @@ class SpecDecoder:
         c.lengths = [0] * batch
         return c
 
-    def _prefill(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> torch.Tensor:
+    def _prefill(self, st: _Batch, cache: KVCache, on_step: OnStep | None,
+                 sample: bool = True) -> torch.Tensor:
         """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
-        hidden states [B, P, H]."""
+        hidden states [B, P, H]. ``sample`` False (:meth:`verify`): run all but each prompt's
+        last token (which stays pending) and sample nothing; no forward when that is nothing
+        (hidden states [B, 1, H] of zeros then)."""
         dev, n = self.device, len(st.seqs)
-        lens = [len(s) for s in st.seqs]
-        tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in st.seqs], device=dev)
+        rows = st.seqs if sample else [s[:-1] for s in st.seqs]
+        lens = [len(s) for s in rows]
+        if max(lens) == 0:
+            cache.lengths = lens
+            return torch.zeros(n, 1, self.target.cfg.hidden_size, dtype=self.target.dtype,
+                               device=dev)
+        tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in rows], device=dev)
         hidden: torch.Tensor = self.target(tokens, cache)  # [B, P, H]
-        last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
         cache.lengths = lens
+        if not sample:
+            return hidden
+        last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
         logits = self.target.logits(last)[:, None]  # [B, 1, V]
         self._ban_stops(st, logits, [0])
         first = self._pick(st, logits[:, 0])
         for b in range(n):
-            self._deliver(st, b, st.emit(b, [first[b]]), on_step)
+            new = st.emit(b, [first[b]])
+            if st.logits is not None:
+                st.capture(b, logits[b, :len(new)])
+            self._deliver(st, b, new, on_step)
         return hidden
 
     def _pick(self, st: _Batch, logits: torch.Tensor) -> list[int]:
@@ -251,7 +328,7 @@ class SpecDecoder:
 
     def _step(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
         """1. propose, then verify as the proposal's kind asks (no proposal: plain decoding)."""
-        p, n = self.proposer, len(st.seqs)
+        p, n = st.prop, len(st.seqs)
         if not st.k:
             st.k = [0 if p is None else p.max_draft_len] * n
         limits = [0 if st.done[b] else min(st.k[b], st.params[b].max_tokens - len(st.out[b]) - 1)
@@ -290,16 +367,19 @@ class SpecDecoder:
             cache.lengths[b] += len(toks)
             last[b] = len(toks) - 1
             new = st.emit(b, toks)
+            if st.logits is not None:  # token j was chosen from the logits at position j
+                st.capture(b, logits[b, :len(new)])
             st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
             self._deliver(st, b, new, on_step)
             if self.adaptive_draft_len and counts[b]:
                 grow = len(toks) - 1 == counts[b]
-                st.k[b] = min(st.k[b] + 2, self._kmax()) if grow else max(st.k[b] - 1, 1)
-        if self.proposer is not None:
-            self.proposer.update(StepOutcome(hidden, last, last, st.seqs))
+                st.k[b] = min(st.k[b] + 2, self._kmax(st)) if grow else max(st.k[b] - 1, 1)
+        if st.prop is not None:
+            st.prop.update(StepOutcome(hidden, last, last, st.seqs))
 
-    def _kmax(self) -> int:
-        return 0 if self.proposer is None else self.proposer.max_draft_len
+    @staticmethod
+    def _kmax(st: _Batch) -> int:
+        return 0 if st.prop is None else st.prop.max_draft_len
 
     def _verify_chain(self, st: _Batch, drafts: torch.Tensor, q: torch.Tensor | None,
                       logits: torch.Tensor, counts: list[int],
@@ -359,9 +439,11 @@ class SpecDecoder:
             cache.keep_nodes(b, path)
             cache.lengths[b] += len(path)
             new = st.emit(b, toks[b][:keep])
+            if st.logits is not None:  # emitted token i was chosen from node path[i]'s logits
+                st.capture(b, logits[b, path[:len(new)]])
             st.stats[b].observe(nodes, len(path) - 1, num_emitted=len(new),
                                 positions_drafted=depth,
                                 nodes=[(heads[j], ranks[j]) for j in path[1:]])
             self._deliver(st, b, new, on_step)
-        assert self.proposer is not None
-        self.proposer.update(StepOutcome(hidden, last, accepted, st.seqs, kept))
+        assert st.prop is not None
+        st.prop.update(StepOutcome(hidden, last, accepted, st.seqs, kept))

@@ -11,11 +11,18 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   and ``spec_stats_json``.
 - non-streaming: one response with every token (prompt first unless ``exclude_input_in_output``).
 - perf outputs use ``time.monotonic_ns()`` (a steady clock, like TensorRT-LLM's): use differences.
+- ``draft_input_ids`` (K tokens after the full context in ``input_ids``; optional
+  ``draft_logits`` [K, V], the draft model's raw logits of them): ONE verify step of those
+  drafts (:meth:`SpecDecoder.verify <specserve.runtime.decoder.SpecDecoder.verify>`), answering
+  the accepted drafts + 1 token, at most ``request_output_len`` (drafts past
+  ``request_output_len - 1`` are not verified; a larger ``request_output_len`` still ends after
+  that step). Empty ``draft_input_ids`` = none: a plain request. ``return_generation_logits``:
+  ``generation_logits`` [1, 1, T, V] FP32 of the T generated tokens (not with streaming).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,15 +31,17 @@ import numpy as np
 NEUTRAL: dict[str, float] = {
     "len_penalty": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
     "frequency_penalty": 0.0, "beam_width": 1, "num_return_sequences": 1,
-    "return_log_probs": 0, "return_context_logits": 0, "return_generation_logits": 0,
-    "early_stopping": 0, "stop": 0,
+    "return_log_probs": 0, "return_context_logits": 0, "early_stopping": 0, "stop": 0,
 }
 HONOURED = {
     "input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "stop_words_list",
     "bad_words_list", "streaming", "temperature", "runtime_top_k", "runtime_top_p", "seed",
     "min_tokens", "exclude_input_in_output", "return_perf_metrics", "return_num_input_tokens",
-    "return_num_output_tokens",
+    "return_num_output_tokens", "draft_input_ids", "draft_logits", "return_generation_logits",
 }
+MAYBE_EMPTY = {"draft_input_ids", "draft_logits"}  # empty = no drafts (a plain request)
+# draft_input_ids allowed on an engine whose record has no max_draft_len (a plain engine)
+PLAIN_ENGINE_MAX_DRAFT_LEN = 16
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,16 @@ class LlmRequest:
     perf: bool = False
     num_input_tokens: bool = False
     num_output_tokens: bool = False
+    # draft_input_ids: None = none (a plain request), else ONE verify step of these drafts
+    draft_ids: tuple[int, ...] | None = None
+    draft_logits: np.ndarray[Any, Any] | None = field(default=None, compare=False, repr=False)
+    return_generation_logits: bool = False
+
+    @property
+    def verify_max_tokens(self) -> int:
+        """The tokens a draft_input_ids request can answer: min(request_output_len, K + 1)."""
+        assert self.draft_ids is not None
+        return min(self.max_tokens, len(self.draft_ids) + 1)
 
 
 def _scalar(a: np.ndarray[Any, Any]) -> Any:
@@ -81,7 +100,8 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
                   exclude_default: bool = False) -> LlmRequest:
     """Map one Triton request's numpy inputs (batch dim 1) to an LlmRequest, or raise ValueError
     naming the input the reference backend cannot honour."""
-    empty = sorted(name for name, arr in arrays.items() if arr.size == 0)
+    empty = sorted(name for name, arr in arrays.items()
+                   if arr.size == 0 and name not in MAYBE_EMPTY)
     if empty:
         raise ValueError(f"input '{empty[0]}' is empty")
     for name, arr in arrays.items():
@@ -110,6 +130,12 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
 
     end_id = opt("end_id", None)
     seed = opt("seed", None)
+    draft_ids, draft_logits = _drafts(arrays)
+    gen_logits = bool(opt("return_generation_logits", False))
+    streaming = bool(opt("streaming", False))
+    if gen_logits and streaming:
+        raise ValueError("input 'return_generation_logits' is not supported with streaming by "
+                         "the specserve reference backend")
     return LlmRequest(
         prompt=[int(t) for t in ids[:n]], max_tokens=max_tokens,
         streaming=bool(opt("streaming", False)), temperature=float(opt("temperature", 0.0)),
@@ -121,7 +147,49 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
         perf=bool(opt("return_perf_metrics", False)),
         num_input_tokens=bool(opt("return_num_input_tokens", False)),
         num_output_tokens=bool(opt("return_num_output_tokens", False)),
+        draft_ids=draft_ids, draft_logits=draft_logits, return_generation_logits=gen_logits,
     )
+
+
+def _drafts(arrays: dict[str, np.ndarray[Any, Any]]
+            ) -> tuple[tuple[int, ...] | None, np.ndarray[Any, Any] | None]:
+    """(draft ids or None, draft logits [K, V] float32 or None), shapes checked."""
+    ids = arrays.get("draft_input_ids")
+    logits = arrays.get("draft_logits")
+    if ids is None or ids.size == 0:
+        if logits is not None and logits.size:
+            raise ValueError("input 'draft_logits' needs 'draft_input_ids'")
+        return None, None
+    draft = tuple(int(t) for t in ids.reshape(-1))
+    if logits is None:
+        return draft, None
+    k = len(draft)
+    if logits.ndim < 2 or logits.size == 0 or logits.size // logits.shape[-1] != k:
+        raise ValueError(f"input 'draft_logits' must be [K, V] with K = {k} (the "
+                         f"draft_input_ids), got shape {list(logits.shape)}")
+    q = np.asarray(logits, dtype=np.float32).reshape(k, logits.shape[-1])
+    if np.isnan(q).any() or np.isposinf(q).any():
+        raise ValueError("input 'draft_logits' holds NaN or +inf")
+    return draft, q
+
+
+def check_drafts(req: LlmRequest, vocab_size: int, max_draft_len: int) -> None:
+    """Raise ValueError (naming the input) unless the drafts fit the target: at most
+    ``max_draft_len`` (the engine's; :data:`PLAIN_ENGINE_MAX_DRAFT_LEN` when it records none),
+    ids inside the vocabulary, ``draft_logits`` [K, vocab_size]."""
+    if req.draft_ids is None:
+        return
+    k = len(req.draft_ids)
+    if k > max_draft_len:
+        raise ValueError(f"input 'draft_input_ids' has {k} tokens, more than the engine's "
+                         f"max_draft_len {max_draft_len}")
+    bad = next((t for t in req.draft_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"input 'draft_input_ids': token id {bad} outside the vocab "
+                         f"({vocab_size})")
+    if req.draft_logits is not None and req.draft_logits.shape[1] != vocab_size:
+        raise ValueError(f"input 'draft_logits' must be [K, V] = [{k}, {vocab_size}] (the "
+                         f"target's vocab), got {list(req.draft_logits.shape)}")
 
 
 @dataclass(frozen=True)
@@ -145,6 +213,11 @@ def token_arrays(req: LlmRequest, tokens: list[int]) -> dict[str, np.ndarray[Any
     if req.num_output_tokens:
         out["num_output_tokens"] = np.array([[len(tokens)]], dtype=np.int32)
     return out
+
+
+def generation_logits_array(logits: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    """``generation_logits`` [1, 1, T, V] FP32 (``logits_datatype`` of reference repos)."""
+    return {"generation_logits": np.asarray(logits, dtype=np.float32)[None, None]}
 
 
 def perf_arrays(times: PerfTimes, drafted: int, accepted: int,

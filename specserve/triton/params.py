@@ -5,13 +5,19 @@ Every placeholder of the pinned TensorRT-LLM 1.2.1 templates gets a value, becau
 an empty string: the C++ backend's ``ModelState::GetParameter`` then fails to parse them
 (``std::stoi("")``, "Cannot convert  to a boolean", empty device lists) and falls back to its
 default with a warning, exactly as for an unfilled ``${...}``. Values we do set follow
-``trtllm-pinned.md`` §3.6 / ``trtllm-facts.md`` §3.3.
+``trtllm-pinned.md`` §3.6 / ``trtllm-facts.md`` §3.3, and for two-model TensorRT-LLM repositories
+upstream's draft-target recipe (``../shared/reference/trtllm-backend-audit.md`` §4:
+``examples/draft_target_model/README.md`` fills both models with ``decoupled_mode:False``,
+``enable_kv_cache_reuse:True``, ``kv_cache_free_gpu_mem_fraction:0.5`` and their own
+``gpu_device_ids``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from specserve.errors import SpecserveError
 
 if TYPE_CHECKING:
     from specserve.engine_record import EngineRecord
@@ -35,6 +41,13 @@ LLM_PARAMETER_PLACEHOLDERS = (
     "xgrammar_tokenizer_info_path",
 )
 _DECODING_MODE = {"medusa": "medusa", "eagle": "eagle"}
+#: Nodes of the C++ backend's default tree (``mc_sim_7b_63``, also the default ``eagle_choices``).
+DEFAULT_TREE_NODES = 63
+#: kv_cache_free_gpu_mem_fraction: the C++ default for one model on a GPU, and the draft-target
+#: README's value for each of two models sharing one ("or one of the models would use out of the
+#: GPU memory").
+KV_FRACTION_ALONE = 0.9
+KV_FRACTION_SHARED = 0.5
 SPEC_STATS_OUTPUT = ',\n  { name: "spec_stats_json" data_type: TYPE_STRING dims: [ 1 ] }'
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
 
@@ -54,19 +67,28 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
     else:
         path = engine_dir / ("draft" if draft else "target")
     medusa = mode == "medusa" and not draft
+    fraction, device_ids = kv_placement(cfg, opts, draft=draft)
     values.update(
         max_beam_width="1", batching_strategy="inflight_fused_batching", engine_dir=str(path),
-        batch_scheduler_policy="guaranteed_no_evict", kv_cache_free_gpu_mem_fraction="0.9",
+        batch_scheduler_policy="guaranteed_no_evict", kv_cache_free_gpu_mem_fraction=fraction,
         exclude_input_in_output="false", cancellation_check_period_ms="100",
         stats_check_period_ms="100", normalize_log_probs="true", enable_chunked_context="false",
-        enable_kv_cache_reuse=_b(mode == "draft"),
+        # draft-target (README) and prompt lookup ("must be specified for this approach") need
+        # KV reuse: the BLS re-sends the whole context every step.
+        enable_kv_cache_reuse=_b(mode in ("draft", "ngram")),
         decoding_mode=_DECODING_MODE.get(mode, "") if (speculation and not draft) else "",
         medusa_choices=_brace(cfg) if medusa else "",
+        eagle_choices=eagle_choices(cfg) if mode == "eagle" and speculation and not draft else "",
+        gpu_device_ids=device_ids,
+        max_tokens_in_paged_kv_cache=_opt_int(opts.max_tokens_in_paged_kv_cache),
+        max_attention_window_size=_opt_int(opts.max_attention_window_size),
     )
     if reference and not speculation:
         values["decoding_mode"] = "top_k_top_p"
-    # draft-target on the pinned release: the BLS drives both engines without streaming.
-    decoupled = opts.decoupled and not draft
+    # Draft-target and n-gram TensorRT-LLM engines: the BLS drives the engines step by step
+    # through request.exec(decoupled=False) (upstream's triton_decoder.py), so neither the
+    # target nor the draft may be decoupled; the BLS itself may stream.
+    decoupled = opts.decoupled and not draft and not bls_driven(cfg)
     values.update(
         model_name=name, triton_backend="python" if reference else "tensorrtllm",
         triton_max_batch_size=str(batch), decoupled_mode=_b(decoupled),
@@ -76,9 +98,81 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
         specserve_extra_outputs=SPEC_STATS_OUTPUT if reference else "",
         specserve_parameters=(
             '\nparameters: { key: "specserve_speculation" value: { string_value: "%s" } }'
-            % ("on" if speculation else "off")) if reference else "",
+            % ("on" if speculation else "off")
+            # the reference tensorrt_llm_draft: the engine's draft/ checkpoint alone
+            + ('\nparameters: { key: "specserve_checkpoint" value: { string_value: "draft" } }'
+               if draft else "")) if reference else "",
     )
     return values
+
+
+def bls_driven(cfg: EngineRecord) -> bool:
+    """TensorRT-LLM engines whose speculation the BLS drives (draft-target, n-gram)."""
+    return cfg.backend == "trtllm" and cfg.spec_mode in ("draft", "ngram")
+
+
+def trtllm_draft(cfg: EngineRecord) -> bool:
+    """A two-model TensorRT-LLM repository (``tensorrt_llm`` + ``tensorrt_llm_draft``)."""
+    return cfg.backend == "trtllm" and cfg.spec_mode == "draft"
+
+
+def parse_device_ids(text: str | None, option: str = "--gpu-device-ids") -> tuple[int, ...]:
+    """``"0,1"`` -> (0, 1); () for None/empty; SpecserveError for anything else."""
+    if text is None or not text.strip():
+        return ()
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and p.isascii() for p in parts):
+        raise SpecserveError(f"{option} {text!r}: expected comma-separated non-negative "
+                             "integers, e.g. 0 or 0,1")
+    ids = tuple(int(p) for p in parts)
+    if len(set(ids)) != len(ids):
+        raise SpecserveError(f"{option} {text!r}: a device is listed twice")
+    return ids
+
+
+def shares_gpu(cfg: EngineRecord, opts: RepoOptions) -> bool:
+    """Target and draft TensorRT-LLM engines on a common GPU. Unset ids are the executor's
+    default placement: ranks 0..world_size-1 (the draft is one rank)."""
+    if not trtllm_draft(cfg):
+        return False
+    target = parse_device_ids(opts.gpu_device_ids) or tuple(range(cfg.world_size))
+    draft = parse_device_ids(opts.draft_gpu_device_ids, "--draft-gpu-device-ids") or (0,)
+    return bool(set(target) & set(draft))
+
+
+def kv_fractions(cfg: EngineRecord, opts: RepoOptions) -> tuple[float, float | None]:
+    """(target, draft) ``kv_cache_free_gpu_mem_fraction``; draft None without a draft engine."""
+    default = KV_FRACTION_SHARED if shares_gpu(cfg, opts) else KV_FRACTION_ALONE
+    target = default if opts.kv_cache_fraction is None else opts.kv_cache_fraction
+    if not trtllm_draft(cfg):
+        return target, None
+    draft = default if opts.draft_kv_cache_fraction is None else opts.draft_kv_cache_fraction
+    return target, draft
+
+
+def kv_placement(cfg: EngineRecord, opts: RepoOptions, *, draft: bool) -> tuple[str, str]:
+    """(kv_cache_free_gpu_mem_fraction, gpu_device_ids) rendered for one model."""
+    target_f, draft_f = kv_fractions(cfg, opts)
+    fraction = draft_f if draft and draft_f is not None else target_f
+    spec = opts.draft_gpu_device_ids if draft else opts.gpu_device_ids
+    ids = parse_device_ids(spec, "--draft-gpu-device-ids" if draft else "--gpu-device-ids")
+    return format(fraction, "g"), ",".join(str(i) for i in ids)
+
+
+def _opt_int(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def eagle_choices(cfg: EngineRecord) -> str:
+    """``eagle_choices`` in brace form: "" (the C++ default ``mc_sim_7b_63``, 63 nodes) when
+    ``max_draft_len`` >= 63, else the first ``max_draft_len`` nodes of ``mc_sim_7b_63`` in its
+    own order (every prefix of it is a tree: each node comes after its parent), sorted by depth.
+    The default tree cannot be used by an engine built for fewer draft tokens."""
+    if not 0 < cfg.max_draft_len < DEFAULT_TREE_NODES:
+        return ""
+    from specserve.spec.tree import MC_SIM_7B_63, MedusaTree, to_brace
+
+    return to_brace(MedusaTree.from_choices(MC_SIM_7B_63[:cfg.max_draft_len]).choices)
 
 
 def _brace(cfg: EngineRecord) -> str:
@@ -97,17 +191,54 @@ def ensemble_mapping(name: str, llm: str, batch: int, reference: bool) -> dict[s
     }
 
 
-def bls_mapping(batch: int, opts: RepoOptions, reference: bool, draft: bool) -> dict[str, str]:
+def bls_mapping(batch: int, opts: RepoOptions, reference: bool, draft: bool,
+                spec: dict[str, str]) -> dict[str, str]:
+    """Values for ``tensorrt_llm_bls/config.pbtxt``; ``spec``: :func:`bls_spec_mapping`."""
     return {
         "triton_max_batch_size": str(batch),
-        "decoupled_mode": _b(opts.decoupled and not draft),
+        "decoupled_mode": _b(opts.decoupled),
         "bls_instance_count": str(opts.bls_instance_count),
         "accumulate_tokens": _b(opts.accumulate_tokens),
         "tensorrt_llm_model_name": "tensorrt_llm",
         "tensorrt_llm_draft_model_name": "tensorrt_llm_draft" if draft else "",
         "multimodal_encoders_name": "",
         "specserve_extra_outputs": SPEC_STATS_OUTPUT if reference else "",
+        **spec,
     }
+
+
+DEFAULT_NGRAM_MAX_SIZE = 3  # the reference NgramProposer's and the BLS prompt lookup's max n
+
+
+def bls_spec_mapping(cfg: EngineRecord, engine_dir: Path, *,
+                     target_decoupled: bool) -> dict[str, str]:
+    """The BLS loop's parameters (specserve's BLS model.py; NVIDIA's ignores them):
+    ``speculative_mode`` (draft | ngram | ""), the target's ``max_draft_len``,
+    ``ngram_max_size``, whether ``tensorrt_llm`` / ``tensorrt_llm_draft`` are decoupled, and the
+    target's vocabulary size (checked against the draft's generation logits)."""
+    mode = cfg.spec_mode if cfg.spec_mode in ("draft", "ngram") else ""
+    ngram = cfg.get("ngram_max_size") or DEFAULT_NGRAM_MAX_SIZE
+    return {
+        "speculative_mode": mode,
+        "max_draft_len": str(cfg.max_draft_len) if mode else "",
+        "ngram_max_size": str(ngram) if mode == "ngram" else "",
+        "tensorrt_llm_decoupled": _b(target_decoupled),
+        "tensorrt_llm_draft_decoupled": "false",
+        "tensorrt_llm_vocab_size": target_vocab_size(engine_dir) if mode == "draft" else "",
+    }
+
+
+def target_vocab_size(engine_dir: Path) -> str:
+    """``vocab_size`` of ``engine_dir/target/config.json`` (HF: top level; TensorRT-LLM:
+    ``pretrained_config``), "" when it cannot be read."""
+    import json
+
+    try:
+        cfg = json.loads((engine_dir / "target" / "config.json").read_text(encoding="utf-8"))
+        value = cfg.get("vocab_size", cfg.get("pretrained_config", {}).get("vocab_size"))
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else ""
 
 
 def pre_mapping(batch: int, tokenizer: str, opts: RepoOptions) -> dict[str, str]:

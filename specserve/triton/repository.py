@@ -26,10 +26,15 @@ from specserve.errors import SpecserveError
 from specserve.outputs import staged_output
 from specserve.triton.params import (
     bls_mapping,
+    bls_spec_mapping,
     ensemble_mapping,
+    kv_fractions,
     llm_mapping,
+    parse_device_ids,
     post_mapping,
     pre_mapping,
+    shares_gpu,
+    trtllm_draft,
 )
 from specserve.triton.render import load_template, render
 
@@ -56,6 +61,14 @@ class RepoOptions(JsonConfig):
     max_queue_delay_us: int = 0
     baseline: bool = False
     accumulate_tokens: bool = False
+    # TensorRT-LLM executor placement (None = default: kv fraction 0.9 for a model alone on its
+    # GPUs, 0.5 each when target and draft share one; ids unset = ranks 0..world_size-1)
+    kv_cache_fraction: float | None = None
+    draft_kv_cache_fraction: float | None = None
+    gpu_device_ids: str | None = None
+    draft_gpu_device_ids: str | None = None
+    max_tokens_in_paged_kv_cache: int | None = None
+    max_attention_window_size: int | None = None
 
     def validate(self) -> None:
         for name in ("preprocessing_instance_count", "postprocessing_instance_count",
@@ -66,14 +79,71 @@ class RepoOptions(JsonConfig):
             raise SpecserveError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_queue_delay_us < 0:
             raise SpecserveError(f"max_queue_delay_us must be >= 0, got {self.max_queue_delay_us}")
+        for name in ("kv_cache_fraction", "draft_kv_cache_fraction"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float))
+                                          and not isinstance(value, bool) and 0 < value <= 1):
+                raise SpecserveError(f"{_flag(name)} {value!r}: must be in (0, 1] (the fraction "
+                                     "of free GPU memory for the KV cache)")
+        for name in ("max_tokens_in_paged_kv_cache", "max_attention_window_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise SpecserveError(f"{_flag(name)} {value!r}: must be a positive integer")
+        parse_device_ids(self.gpu_device_ids, "--gpu-device-ids")
+        parse_device_ids(self.draft_gpu_device_ids, "--draft-gpu-device-ids")
+
+    def validate_for(self, cfg: EngineRecord) -> None:
+        """Checks that need the engine: executor options only for TensorRT-LLM engines, draft
+        options only with a draft engine, one device id per rank, and at most the whole GPU for
+        two models that share one."""
+        set_ = [n for n in _EXECUTOR_OPTIONS if getattr(self, n) is not None]
+        if cfg.backend != "trtllm" and set_:
+            raise SpecserveError(f"{_flag(set_[0])}: a TensorRT-LLM executor option; the "
+                                 "reference (torch) engine has no KV cache to configure")
+        if not trtllm_draft(cfg):
+            drafts = [n for n in set_ if n.startswith("draft_")]
+            if drafts:
+                raise SpecserveError(f"{_flag(drafts[0])}: only for draft-target engines "
+                                     f"(this engine's spec_mode is {cfg.spec_mode})")
+        for name, ranks in (("gpu_device_ids", cfg.world_size), ("draft_gpu_device_ids", 1)):
+            ids = parse_device_ids(getattr(self, name), _flag(name))
+            if ids and len(ids) != ranks:
+                raise SpecserveError(f"{_flag(name)} {getattr(self, name)!r}: {len(ids)} "
+                                     f"device(s) for {ranks} rank(s) (one id per rank)")
+        target, draft = kv_fractions(cfg, self)
+        if draft is not None and shares_gpu(cfg, self) and target + draft > 1 + 1e-9:
+            raise SpecserveError(
+                f"--kv-cache-fraction {target:g} + --draft-kv-cache-fraction {draft:g} = "
+                f"{target + draft:g} > 1: target and draft share a GPU (give both, or "
+                "--gpu-device-ids / --draft-gpu-device-ids on different GPUs)")
+
+
+_EXECUTOR_OPTIONS = ("kv_cache_fraction", "draft_kv_cache_fraction", "gpu_device_ids",
+                     "draft_gpu_device_ids", "max_tokens_in_paged_kv_cache",
+                     "max_attention_window_size")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _python_model(name: str) -> str:
     return resources.files("specserve.triton.models").joinpath(f"{name}.py").read_text("utf-8")
 
 
+def _bls_lib() -> dict[str, str]:
+    """The BLS helpers (``specserve/triton/models/bls_lib/*.py``, stdlib only) as
+    ``tensorrt_llm_bls/1/lib/*.py``: the Python backend puts the version folder on sys.path."""
+    lib = resources.files("specserve.triton.models.bls_lib")
+    return {f"tensorrt_llm_bls/1/lib/{f.name}": f.read_text("utf-8")
+            for f in sorted(lib.iterdir(), key=lambda f: f.name)
+            if f.is_file() and f.name.endswith(".py")}
+
+
 def plan_repository(engine_dir: Path, cfg: EngineRecord, opts: RepoOptions) -> dict[str, str]:
     """Relative path -> file text of the whole repository (pure apart from reading templates)."""
+    opts.validate_for(cfg)
     engine_dir = engine_dir.resolve()
     reference = cfg.backend == "torch"
     batch = opts.max_batch_size or cfg.max_batch_size
@@ -90,6 +160,7 @@ def plan_repository(engine_dir: Path, cfg: EngineRecord, opts: RepoOptions) -> d
     files["preprocessing/1/model.py"] = _python_model("preprocessing")
     files["postprocessing/1/model.py"] = _python_model("postprocessing")
     pipelines = [("ensemble", "tensorrt_llm", True)]
+    decoupled: dict[str, bool] = {}
     if opts.baseline:
         if not reference:
             raise SpecserveError(f"{engine_dir}: --baseline needs a reference (torch) engine; "
@@ -98,19 +169,25 @@ def plan_repository(engine_dir: Path, cfg: EngineRecord, opts: RepoOptions) -> d
     for ens, llm, spec in pipelines:
         add(ens, "ensemble/config.pbtxt", ensemble_mapping(ens, llm, batch, reference))
         files[f"{ens}/1/.gitkeep"] = ""
-        add(llm, "tensorrt_llm/config.pbtxt",
-            llm_mapping(llm, engine_dir, cfg, batch, opts, speculation=spec))
+        mapping = llm_mapping(llm, engine_dir, cfg, batch, opts, speculation=spec)
+        add(llm, "tensorrt_llm/config.pbtxt", mapping)
+        decoupled[llm] = mapping["decoupled_mode"] == "true"
         files[f"{llm}/1/" + (".gitkeep" if not reference else "model.py")] = (
             SHIM if reference else "")
-    draft = cfg.spec_mode == "draft" and not reference
+    # draft-target: the draft model the BLS loop calls (reference engines: the engine's draft/
+    # checkpoint served alone, speculation off)
+    draft = cfg.spec_mode == "draft"
     if draft:
         add("tensorrt_llm_draft", "tensorrt_llm/config.pbtxt",
             llm_mapping("tensorrt_llm_draft", engine_dir, cfg, batch, opts, speculation=False,
                         draft=True))
-        files["tensorrt_llm_draft/1/.gitkeep"] = ""
+        files["tensorrt_llm_draft/1/" + (".gitkeep" if not reference else "model.py")] = (
+            SHIM if reference else "")
     add("tensorrt_llm_bls", "tensorrt_llm_bls/config.pbtxt",
-        bls_mapping(batch, opts, reference, draft))
+        bls_mapping(batch, opts, reference, draft, bls_spec_mapping(
+            cfg, engine_dir, target_decoupled=decoupled["tensorrt_llm"])))
     files["tensorrt_llm_bls/1/model.py"] = _python_model("bls")
+    files.update(_bls_lib())  # tensorrt_llm_bls/1/lib/*.py, imported by model.py as lib.*
     files[REPO_META] = json.dumps({
         "engine_dir": str(engine_dir), "backend": cfg.backend,
         "spec_mode": cfg.spec_mode, "world_size": cfg.world_size,

@@ -10,13 +10,20 @@ runs in its own process group (stubs included), its shared-memory regions carry 
 that is removed on stop, and it gets SIGTERM if the starting process dies without stopping it
 (even by SIGKILL; Linux ``PR_SET_PDEATHSIG``). World size > 1 launches through ``mpirun`` as
 TensorRT-LLM's ``scripts/launch_triton_server.py`` does (one rank per GPU, ranks > 0 load only
-the engine model).
+the engine model). A repository with more than one model on the C++ ``tensorrtllm`` backend
+(draft-target: ``tensorrt_llm`` + ``tensorrt_llm_draft``) starts in TensorRT-LLM's orchestrator
+mode, as that script's ``--multi-model`` does: ``TRTLLM_ORCHESTRATOR=1`` and
+``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1`` in the environment, one ``mpirun -n 1`` tritonserver
+(world size 1, asserted as upstream asserts it: the orchestrator spawns every model's ranks
+itself), and on Triton > 24.06 ``--pinned-memory-pool-byte-size=0 --enable-peer-access=false``
+plus ``--cuda-memory-pool-byte-size=<gpu>:0`` for each GPU.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -122,10 +129,63 @@ def check_port_free(host: str, port: int, what: str) -> None:
                               f"pick another with --{what}-port") from e
 
 
-def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+_TENSORRTLLM_BACKEND = re.compile(r'^\s*backend:\s*"tensorrtllm"\s*$', re.MULTILINE)
+#: launch_triton_server.py adds the memory-pool flags only for Triton newer than this.
+MULTI_MODEL_POOL_AFTER = (24, 6)
+
+
+def tensorrtllm_models(repo: Path) -> tuple[str, ...]:
+    """Models of ``repo`` on the C++ TensorRT-LLM backend (``backend: "tensorrtllm"``), sorted."""
+    names = []
+    for cfg in sorted(Path(repo).glob("*/config.pbtxt")):
+        try:
+            text = cfg.read_text(errors="replace")
+        except OSError:
+            continue
+        if _TENSORRTLLM_BACKEND.search(text):
+            names.append(cfg.parent.name)
+    return tuple(names)
+
+
+def _version(text: str | None) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(p) for p in (text or "").strip().split("."))
+    except ValueError:
+        return None
+
+
+def gpu_count() -> int:
+    """GPUs listed by ``nvidia-smi --list-gpus`` (0 without it), as launch_triton_server.py."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0
+    try:
+        res = subprocess.run([exe, "--list-gpus"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in res.stdout.splitlines() if line.strip())
+
+
+def multi_model_args(triton_version: str | None, num_gpus: int) -> list[str]:
+    """launch_triton_server.py ``add_multi_model_config`` (spawning processes): no pinned or
+    CUDA memory pools and no peer access, when ``$NVIDIA_TRITON_SERVER_VERSION`` > 24.06."""
+    version = _version(triton_version)
+    if version is None or version <= MULTI_MODEL_POOL_AFTER:
+        return []
+    return ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
+            *[f"--cuda-memory-pool-byte-size={j}:0" for j in range(num_gpus)]]
+
+
+def server_env(install: TritonInstall, base: dict[str, str] | None = None,
+               orchestrator: bool = False) -> dict[str, str]:
     """Environment for tritonserver: the venv's python first on PATH (the stub derives
-    ``sys.prefix`` from it) and, for the bundled server, its libraries and the base LIBDIR."""
+    ``sys.prefix`` from it) and, for the bundled server, its libraries and the base LIBDIR;
+    with ``orchestrator``, TensorRT-LLM's orchestrator switches (launch_triton_server.py
+    ``--multi-model`` without ``--disable-spawn-processes``)."""
     env = dict(os.environ if base is None else base)
+    if orchestrator:
+        env["TRTLLM_ORCHESTRATOR"] = "1"
+        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if install.bundled:
         libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -151,10 +211,17 @@ def build_command(
     install: TritonInstall, repo: Path, *, host: str, http_port: int, grpc_port: int,
     metrics_port: int, backend_dir: Path | None, shm_prefix: str, world_size: int = 1,
     engine_models: tuple[str, ...] = ("tensorrt_llm",), extra_args: tuple[str, ...] = (),
-    run_as_root: bool | None = None,
+    run_as_root: bool | None = None, orchestrator: bool = False,
+    orchestrator_args: tuple[str, ...] = (),
 ) -> list[str]:
     """The argv that starts the server (``mpirun`` with one rank per GPU when world_size > 1;
-    ``run_as_root`` None = whether this process runs as root)."""
+    ``run_as_root`` None = whether this process runs as root). ``orchestrator``: one
+    ``mpirun -n 1`` rank plus ``orchestrator_args`` (:func:`multi_model_args`); world size
+    must be 1, as launch_triton_server.py asserts for ``--multi-model``."""
+    if orchestrator and world_size != 1:
+        raise ServerError(f"{repo}: orchestrator mode (several TensorRT-LLM models) starts one "
+                          f"tritonserver, world size 1, got {world_size}; TensorRT-LLM spawns "
+                          "the ranks of multi-GPU models itself")
     if run_as_root is None:
         run_as_root = os.geteuid() == 0
     def rank_args(rank: int) -> list[str]:
@@ -167,17 +234,20 @@ def build_command(
             args += [f"--http-address={host}", f"--http-port={http_port}",
                      f"--grpc-address={host}", f"--grpc-port={grpc_port}",
                      f"--metrics-address={host}", f"--metrics-port={metrics_port}",
-                     *extra_args]
+                     *(orchestrator_args if orchestrator else ()), *extra_args]
         else:
             args += ["--model-control-mode=explicit", "--allow-http=false",
                      "--allow-grpc=false", "--allow-metrics=false",
                      *[f"--load-model={m}" for m in engine_models]]
         return args
 
+    # Open MPI refuses to run as root without this flag; never pass it for anyone else.
+    mpirun = ["mpirun", *(["--allow-run-as-root"] if run_as_root else [])]
+    if orchestrator:  # the orchestrator spawns its workers through MPI: start it under mpirun
+        return [*mpirun, "-n", "1", *rank_args(0)]
     if world_size <= 1:
         return rank_args(0)
-    # Open MPI refuses to run as root without this flag; never pass it for anyone else.
-    cmd = ["mpirun", *(["--allow-run-as-root"] if run_as_root else [])]
+    cmd = list(mpirun)
     for rank in range(world_size):
         if rank:
             cmd.append(":")
@@ -213,6 +283,8 @@ class TritonServer:
     world_size: int = 1
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
+    #: None = from the repository: orchestrator mode when it has more than one tensorrtllm model
+    orchestrator: bool | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: Path | None = field(default=None, init=False, repr=False)
     _shm_prefix: str = field(default="", init=False, repr=False)
@@ -246,19 +318,32 @@ class TritonServer:
                            ("metrics", self.metrics_port)):
             check_port_free(self.host, port, what)
         install = find_tritonserver()
+        if self.orchestrator is None:
+            self.orchestrator = len(tensorrtllm_models(repo)) > 1
+        # orchestrator mode: one process whatever the engines' world size (they are spawned)
+        world = 1 if self.orchestrator else self.world_size
+        if (self.orchestrator or world > 1) and shutil.which("mpirun") is None:
+            raise ServerError(f"{self.repo}: mpirun not found on PATH (needed for "
+                              + ("orchestrator mode" if self.orchestrator else
+                                 f"world size {world}") + "; NVIDIA's TensorRT-LLM image has it)")
+        pools = (tuple(multi_model_args(os.environ.get("NVIDIA_TRITON_SERVER_VERSION"),
+                                        gpu_count())) if self.orchestrator else ())
         self._tmp = Path(tempfile.mkdtemp(prefix="specserve-triton-"))
         self._shm_prefix = f"specserve{os.getpid()}p{self.grpc_port}"
         backend_dir = prepare_backends(install, self._tmp / "backends")
         cmd = build_command(
             install, repo, host=self.host, http_port=self.http_port, grpc_port=self.grpc_port,
             metrics_port=self.metrics_port, backend_dir=backend_dir,
-            shm_prefix=self._shm_prefix, world_size=self.world_size, extra_args=self.extra_args)
+            shm_prefix=self._shm_prefix, world_size=world, extra_args=self.extra_args,
+            orchestrator=self.orchestrator, orchestrator_args=pools)
         if self.log_path is None:
             self.log_path = self._tmp / "server.log"
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          env=server_env(install), start_new_session=True,
+                                          env=server_env(install,
+                                                         orchestrator=self.orchestrator),
+                                          start_new_session=True,
                                           preexec_fn=die_with_parent())
         try:
             self._wait_ready(timeout_s)

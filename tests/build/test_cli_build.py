@@ -88,6 +88,22 @@ def _corrupt(ckpt: TinyCheckpoint, what: str) -> list[str]:
         cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
         p.write_text(json.dumps(cfg))
         return ["--ngram", "--backend", "trtllm", "--dry-run"]
+    elif what == "qwen2_medusa":
+        p = ckpt.target / "config.json"
+        cfg = json.loads(p.read_text())
+        cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+        p.write_text(json.dumps(cfg))
+        return ["--medusa", str(ckpt.medusa), "--backend", "trtllm", "--dry-run"]
+    elif what == "eagle_pt":
+        import torch
+
+        eagle = ckpt.root / "eagle"
+        eagle.mkdir()
+        target = json.loads((ckpt.target / "config.json").read_text())
+        (eagle / "config.json").write_text(json.dumps(
+            {k: target[k] for k in ("hidden_size", "vocab_size")}))
+        torch.save({"fc.weight": torch.zeros(2, 2)}, eagle / "pytorch_model.pt")
+        return ["--eagle", str(eagle), "--backend", "trtllm", "--dry-run"]
     elif what == "truncated":
         f = ckpt.target / "model.safetensors"
         f.write_bytes(f.read_bytes()[:1000])
@@ -109,6 +125,12 @@ CASES = [
     ("arch", [], "target/config.json: architecture 'GPT2LMHeadModel' is not supported"),
     ("truncated", [], "target/model.safetensors: truncated"),
     ("qwen2", [], "model_type 'qwen2' with --ngram is not planned for trtllm"),
+    ("qwen2_medusa", ["--tp", "2"], "target/config.json: model_type 'qwen2' with --medusa and "
+     "--tp 2 --pp 1: the pinned TensorRT-LLM's examples/medusa/convert_checkpoint.py does not "
+     "shard a Qwen2 base model"),
+    ("qwen2_medusa", ["--pp", "2"], "with --medusa and --tp 1 --pp 2"),
+    ("eagle_pt", [], "eagle/pytorch_model.pt: EAGLE weights as *.pt are not read by the pinned "
+     "TensorRT-LLM"),
     ("heads_hidden", [], "medusa/config.json: hidden_size 32 does not match the target's 64"),
     ("tokenizer", [], "draft/tokenizer.json: special tokens differ"),
     ("none", ["--tp", "3", "--backend", "trtllm"], "num_attention_heads 4 is not divisible by"),
@@ -154,3 +176,37 @@ def test_existing_out_needs_force(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> 
     assert result.exit_code == 2 and "already exists (use --force" in result.stderr
     assert (out / "keep.txt").read_text() == "mine"
     shutil.rmtree(out)
+
+
+def test_qwen2_medusa_one_rank_is_planned(ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    args = _corrupt(ckpt, "qwen2_medusa")
+    plan = _json(run("--model", str(ckpt.target), *args, "--out", str(tmp_path / "e"),
+                     "--format", "json"))["plan"]
+    assert _after(_step(plan, "convert target"), "--model_type") == "qwen2"
+
+
+def test_public_medusa_heads_with_a_wrong_config_count_are_accepted(
+        ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    """FasterDecoding's medusa-vicuna-7b-v1.3 layout: medusa_lm_head.pt holding 5 heads while
+    config.json says medusa_num_heads 2 (upstream's Medusa README converts it)."""
+    import torch
+
+    from tests.helpers.tiny import make_medusa_heads
+
+    vocab = json.loads((ckpt.target / "config.json").read_text())["vocab_size"]
+    heads = make_medusa_heads(ckpt.root / "vicuna-heads", 64, vocab, num_heads=5)
+    from safetensors.torch import load_file
+
+    sd = load_file(str(heads / "medusa_lm_head.safetensors"))
+    (heads / "medusa_lm_head.safetensors").unlink()
+    torch.save(sd, heads / "medusa_lm_head.pt")
+    cfg = json.loads((heads / "config.json").read_text())
+    (heads / "config.json").write_text(json.dumps({**cfg, "medusa_num_heads": 2}))
+    result = run("--model", str(ckpt.target), "--medusa", str(heads), "--backend", "trtllm",
+                 "--out", str(tmp_path / "e"), "--dry-run", "--format", "json")
+    plan = _json(result)["plan"]
+    assert _after(_step(plan, "convert target"), "--num_medusa_heads") == "5"
+    assert result.stderr.strip().splitlines() == [
+        f"warning: {heads / 'medusa_lm_head.pt'}: holds 5 heads but config.json says "
+        "medusa_num_heads=2; using 5 (the count in the weights, passed to the converter as "
+        "--num_medusa_heads)"]

@@ -158,3 +158,37 @@ def test_pin_is_recorded_and_rendered() -> None:
 def test_invalid_configs(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(SpecserveError, match=match):
         plan_for(replace(BASE, **changes))
+
+
+@pytest.mark.parametrize(("changes", "refused"), [
+    ({"tp_size": 2}, True), ({"pp_size": 2}, True), ({}, False),
+    ({"tp_size": 2, "quantize": "fp8"}, False),  # quantize.py (ModelOpt) shards the base model
+])
+def test_qwen2_medusa_needs_one_rank(changes: dict[str, Any], refused: bool) -> None:
+    """examples/medusa/convert_checkpoint.py, qwen2 branch: QWenForCausalLM.from_hugging_face(
+    args.model_dir, args.dtype) with no mapping, its named_parameters() saved unsplit per rank."""
+    cfg = resolve(replace(BASE, **changes), {**TARGET_CFG, "model_type": "qwen2"}, 4)
+    inputs = PlanInputs("qwen2", 4, 1, DEFAULT_EXAMPLES_DIR)
+    if not refused:
+        make_trtllm_plan(cfg, inputs)
+        return
+    with pytest.raises(SpecserveError, match=r"^ckpt/llama-3-8b/config.json: model_type 'qwen2' "
+                       r"with --medusa and --tp \d --pp \d: .* does not shard a Qwen2 base "
+                       r"model .*; use --tp 1 --pp 1$"):
+        make_trtllm_plan(cfg, inputs)
+    make_trtllm_plan(cfg, PlanInputs("llama", 4, 1, DEFAULT_EXAMPLES_DIR))  # llama is sharded
+
+
+def test_eagle_below_the_default_tree_notes_eagle_choices() -> None:
+    short = plan_for(replace(SCENARIOS["eagle"], max_draft_len=20))
+    assert any("eagle_choices to its first 20 nodes" in n for n in short.notes)
+    assert _argv(short, "convert target")["--max_draft_len"] == "20"
+    assert not any("eagle_choices" in n for n in plan_for(SCENARIOS["eagle"]).notes)
+
+
+def test_two_model_plans_note_the_serving_recipe() -> None:
+    draft = " ".join(plan_for(SCENARIOS["draft_target"]).notes)
+    for fact in ("non-decoupled", "KV reuse", "0.5 each", "TRTLLM_ORCHESTRATOR=1"):
+        assert fact in draft, fact
+    ngram = " ".join(plan_for(SCENARIOS["ngram"]).notes)
+    assert "non-decoupled tensorrt_llm with KV reuse" in ngram and "draft_input_ids" in ngram

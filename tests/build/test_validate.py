@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 
-from specserve.build.validate import validate_medusa, validate_parallelism, validate_target
+from specserve.build.validate import (
+    validate_eagle,
+    validate_medusa,
+    validate_parallelism,
+    validate_target,
+)
 from specserve.checkpoint import (
     check_tokenizers_match,
     read_safetensors_header,
@@ -105,10 +110,59 @@ def test_medusa_vocab_mismatch(ckpt: TinyCheckpoint) -> None:
         validate_medusa(ckpt.medusa, cfg)
 
 
-def test_medusa_head_count_mismatch(ckpt: TinyCheckpoint) -> None:
-    _edit_json(ckpt.medusa / "config.json", medusa_num_heads=5)
-    with _raises("holds 4 heads but config.json says medusa_num_heads=5"):
+@pytest.mark.parametrize("config_heads", [2, 5])
+def test_medusa_head_count_from_the_weights(ckpt: TinyCheckpoint, config_heads: int,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Upstream's converter ignores the heads' config.json (--num_medusa_heads decides), and the
+    public medusa-vicuna-7b-v1.3 config is wrong: a warning line, the weights' count."""
+    _edit_json(ckpt.medusa / "config.json", medusa_num_heads=config_heads)
+    info = validate_medusa(ckpt.medusa, validate_target(ckpt.target))
+    assert info.num_heads == 4
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"warning: {ckpt.medusa / 'medusa_lm_head.safetensors'}: holds 4 heads but config.json "
+        f"says medusa_num_heads={config_heads}; using 4 (the count in the weights, passed to the "
+        "converter as --num_medusa_heads)"]
+
+
+def test_medusa_heads_must_be_numbered_from_zero(ckpt: TinyCheckpoint) -> None:
+    from safetensors.torch import load_file, save_file
+
+    f = ckpt.medusa / "medusa_lm_head.safetensors"
+    sd = load_file(str(f))
+    save_file({k.replace("2.", "7.", 1) if k.startswith("2.") else k: v for k, v in sd.items()},
+              str(f))
+    with _raises(r"heads \[0, 1, 3, 7\] are not numbered 0..N-1"):
         validate_medusa(ckpt.medusa, validate_target(ckpt.target))
+
+
+def _eagle_dir(root: Path, target: Path, weights: str) -> Path:
+    import torch
+
+    d = root / "eagle"
+    d.mkdir()
+    cfg = json.loads((target / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({k: cfg[k] for k in ("hidden_size",
+                                                                    "vocab_size")}))
+    torch.save({"fc.weight": torch.zeros(2, 2)}, d / weights)
+    return d
+
+
+@pytest.mark.parametrize("weights", ["pytorch_model.bin", "eagle.pth"])
+def test_eagle_weights_the_converter_reads(ckpt: TinyCheckpoint, tmp_path: Path,
+                                           weights: str) -> None:
+    validate_eagle(_eagle_dir(tmp_path, ckpt.target, weights), validate_target(ckpt.target))
+
+
+def test_eagle_pt_weights_are_refused(ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    """ModelWeightsLoader.detect_format reads *.safetensors, *.bin, *.pth only."""
+    d = _eagle_dir(tmp_path, ckpt.target, "model.pt")
+    with _raises(r"model\.pt: EAGLE weights as \*\.pt are not read by the pinned TensorRT-LLM "
+                 r"\(examples/eagle/convert_checkpoint.py loads \*\.safetensors, \*\.bin or "
+                 r"\*\.pth: ModelWeightsLoader.detect_format\); save them as safetensors") as e:
+        validate_eagle(d, validate_target(ckpt.target))
+    assert "\n" not in str(e.value)
 
 
 def test_medusa_layer_count_mismatch(ckpt: TinyCheckpoint) -> None:

@@ -84,16 +84,16 @@ def test_bench_against_the_real_server(deployment, dataset: Path, tmp_path: Path
         st, sv = r["spec_stats"], r["server"]
         assert r["token_count_source"] == "server"
         # token counts equal the server's: the first token comes from the prefill, then every
-        # verify step emits accepted + 1 tokens, streamed as one chunk
+        # verify step emits accepted + 1 tokens, streamed as one chunk (a step that ends inside
+        # a multi-byte character is held back and goes with the next: at most one per step)
         sizes = [k for k in r["chunk_tokens"] if k > 0]
         assert r["output_tokens"] == sum(sizes) == st["emitted_tokens"] + 1
-        assert len(sizes) == st["steps"] + 1
-        assert sum(k - 1 for k in sizes[1:]) == st["accepted_tokens"]
+        assert len(sizes) <= st["steps"] + 1
         # acceptance agrees with the perf outputs
         assert sv["total_accepted_draft_tokens"] == st["accepted_tokens"]
         assert sv["total_draft_tokens"] == st["draft_tokens"]
         if r["variant"] == "baseline":
-            assert sv["total_draft_tokens"] == 0 and max(sizes) == 1
+            assert sv["total_draft_tokens"] == 0 and st["steps"] == st["emitted_tokens"]
     spec = [r for r in recs if r["variant"] == "spec" and r["status"] == "completed"]
     acc = summary["variants"]["spec"]["acceptance"]
     drafted = sum(r["server"]["total_draft_tokens"] for r in spec)
@@ -103,7 +103,8 @@ def test_bench_against_the_real_server(deployment, dataset: Path, tmp_path: Path
     assert accepted > 0, "n-gram drafts on the tiny model's repetitive output are accepted"
     assert acc["tau_server"] == pytest.approx(
         sum(r["spec_stats"]["emitted_tokens"] for r in spec) / acc["steps"])
-    assert acc["tau_stream"] == pytest.approx(acc["tau_server"])  # one chunk per verify step
+    # at most one chunk per verify step: the stream's estimate is never below the server's
+    assert acc["tau_stream"] >= acc["tau_server"] - 1e-9
     assert set(summary["speedup"]) >= {"e2e_s", "tpot_s"}
 
 

@@ -126,3 +126,14 @@ def test_speedups_over_records() -> None:
     e2e_base = np.mean(per_request_values([r for r in rs if r.variant == "baseline"], "e2e_s"))
     assert sp["e2e_s"].speedup == pytest.approx(e2e_base / e2e_spec)
     assert sp["itl_s"].speedup == pytest.approx(0.01 / (0.01 / 3))
+
+
+def test_bootstrap_survives_resamples_of_zero_tpot() -> None:
+    """A request whose tokens all came in one chunk can have TPOT 0; resamples of only such
+    requests give an infinite ratio, which must not warn (warnings are errors) or poison the CI."""
+    from specserve.client.summary import bootstrap_speedup
+
+    sp = bootstrap_speedup([0.0, 0.0, 0.002], [0.003, 0.003, 0.003], higher_is_better=False,
+                           metric="tpot_s", n_boot=500, seed=0)
+    assert sp is not None and sp.speedup == pytest.approx(0.003 / (0.002 / 3))
+    assert sp.ci_low <= sp.speedup <= sp.ci_high

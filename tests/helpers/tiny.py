@@ -19,6 +19,70 @@ TINY_TEXT = (
     "import os\nimport sys\n\nif __name__ == '__main__':\n    sys.exit(main())\n"
 ) * 4
 
+# Chinese, emoji and accented Latin: a BPE trained on it has multi-byte tokens, whole characters
+# and also pieces of characters (a token ending or starting mid-character).
+MULTILINGUAL_TEXT = (
+    "你好，世界！今天天气很好。我们一起学习中文和编程。🙂🚀🎉 emoji 😀 héllo wörld ñandú "
+    "数据 模型 推理 服务 😂👍 def add(a, b):\n    return a + b\n"
+) * 8
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (Radford et al. 2019, ``bytes_to_unicode``): char -> byte."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = dict(zip(keep, keep, strict=True))
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+def byte_level_char(byte: int) -> str:
+    """The character that stands for ``byte`` in a byte-level BPE vocabulary."""
+    return next(c for c, b in _byte_level_alphabet().items() if b == byte)
+
+
+def token_bytes(tokenizer_json: Path, ids: list[int]) -> list[bytes]:
+    """The raw bytes of each id of a byte-level BPE (``tokenizer.json``; special tokens as their
+    text's UTF-8)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    alphabet = _byte_level_alphabet()
+    out = []
+    for i in ids:
+        piece = tok.id_to_token(i)
+        if piece is None:
+            raise ValueError(f"id {i} is not in {tokenizer_json}")
+        if all(c in alphabet for c in piece):
+            out.append(bytes(alphabet[c] for c in piece))
+        else:
+            out.append(piece.encode("utf-8"))
+    return out
+
+
+def chars_split_across(chunks: list[list[bytes]]) -> list[str]:
+    """Valid multi-byte characters whose bytes span a boundary between two chunks (each chunk
+    the byte strings of its tokens), as a lossy UTF-8 decode of all the bytes yields them."""
+    data = b"".join(b for chunk in chunks for b in chunk)
+    bounds, pos = [], 0
+    for chunk in chunks[:-1]:
+        pos += sum(len(b) for b in chunk)
+        bounds.append(pos)
+    out = []
+    for end in bounds:
+        for start in range(max(0, end - 3), end):
+            lead = data[start]
+            size = 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else (
+                4 if 0xF0 <= lead < 0xF5 else 0)
+            if size and end < start + size <= len(data):
+                try:  # a lead byte always starts a sequence: valid here means decoded whole
+                    out.append(data[start:start + size].decode("utf-8"))
+                except UnicodeDecodeError:
+                    pass
+    return out
 
 
 @dataclass(frozen=True)
@@ -113,10 +177,11 @@ def make_medusa_heads(
     return out
 
 
-def make_tiny_checkpoint(root: Path, *, seed: int = 0, vocab_size: int = 256) -> TinyCheckpoint:
-    """Tokenizer, target (2 layers, hidden 64), independent random draft (1 layer, hidden 32) and
-    4 Medusa heads under ``root``."""
-    tok = make_tokenizer(root / "tokenizer", vocab_size=vocab_size)
+def make_tiny_checkpoint(root: Path, *, seed: int = 0, vocab_size: int = 256,
+                         text: str = TINY_TEXT) -> TinyCheckpoint:
+    """Tokenizer (trained on ``text``), target (2 layers, hidden 64), independent random draft
+    (1 layer, hidden 32) and 4 Medusa heads under ``root``."""
+    tok = make_tokenizer(root / "tokenizer", vocab_size=vocab_size, text=text)
     target = make_llama(root / "target", tok, seed=seed)
     draft = make_llama(root / "draft", tok, hidden_size=32, layers=1, heads=2, kv_heads=1,
                        seed=seed + 1)

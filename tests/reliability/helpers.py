@@ -71,6 +71,25 @@ def copy_llm_model(repo: Path, new_name: str, *, engine: Path | None = None,
     (dst / "config.pbtxt").write_text(cfg)
 
 
+def copy_bls_model(repo: Path, new_name: str, params: dict[str, str],
+                   lib: dict[str, str] | None = None) -> None:
+    """Copy ``tensorrt_llm_bls`` to ``new_name`` with parameter values replaced (or added) and
+    ``lib`` ({file name: text}) written over its ``1/lib/`` files."""
+    dst = repo / new_name
+    shutil.copytree(repo / "tensorrt_llm_bls", dst)
+    for fname, text in (lib or {}).items():
+        (dst / "1" / "lib" / fname).write_text(text)
+    cfg = (dst / "config.pbtxt").read_text()
+    cfg = cfg.replace('name: "tensorrt_llm_bls"', f'name: "{new_name}"', 1)
+    for k, v in params.items():
+        pattern = rf'(key: "{re.escape(k)}" value: \{{ string_value: )"[^"]*"'
+        if re.search(pattern, cfg):
+            cfg = re.sub(pattern, lambda m, v=v: f'{m.group(1)}"{v}"', cfg)
+        else:
+            cfg += f'\nparameters: {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+    (dst / "config.pbtxt").write_text(cfg)
+
+
 def scale_lm_head(src: Path, dst: Path, factor: float) -> Path:
     """Copy an HF checkpoint dir with ``lm_head.weight`` multiplied by ``factor`` (sharper
     next-token distributions: a random-init tiny model is otherwise almost uniform)."""

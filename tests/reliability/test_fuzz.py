@@ -74,6 +74,12 @@ PARSE_ERRORS = [
     r"input_lengths -?\d+ does not fit input_ids of length \d+",
     r"stop words must be single tokens in the specserve reference backend",
     r"request_output_len must be positive, got -?\d+",
+    r"input 'draft_logits' needs 'draft_input_ids'",
+    r"input 'draft_logits' must be \[K, V\] with K = \d+ \(the draft_input_ids\), got shape "
+    r"\[[\d, ]*\]",
+    r"input 'draft_logits' holds NaN or \+inf",
+    r"input 'return_generation_logits' is not supported with streaming by the specserve "
+    r"reference backend",
     r"input '(bad|stop)_words_list' must hold \[2, L\] values \(ids, then end offsets\), "
     r"got \d+",
 ]
@@ -88,6 +94,7 @@ PARSE_FLOOR = 20
 
 def _parse_outcome(arrays_in: dict[str, Any]) -> str:
     plainly_valid = set(arrays_in) == {"input_ids", "request_output_len"} and \
+        arrays_in["input_ids"].size > 0 and arrays_in["request_output_len"].size == 1 and \
         int(arrays_in["request_output_len"].item()) >= 1
     try:
         req = parse_request(arrays_in)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -207,3 +208,110 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# --- orchestrator mode for multi-model TensorRT-LLM repositories (launch_triton_server.py
+#     --multi-model: TRTLLM_ORCHESTRATOR=1, world size 1 asserted) ---
+
+_INSTALL = TritonInstall(binary=Path("/opt/tritonserver/bin/tritonserver"), bundled=False)
+
+
+def _orchestrator_cmd(world_size: int = 1, **kw: object) -> list[str]:
+    return build_command(_INSTALL, Path("/r"), host="127.0.0.1", http_port=1, grpc_port=2,
+                         metrics_port=3, backend_dir=None, shm_prefix="p",
+                         world_size=world_size, orchestrator=True, **kw)  # type: ignore[arg-type]
+
+
+def test_orchestrator_launch_is_one_mpirun_rank() -> None:
+    from specserve.triton.server import multi_model_args
+
+    pools = tuple(multi_model_args("26.04", 2))
+    cmd = _orchestrator_cmd(run_as_root=False, orchestrator_args=pools)
+    assert cmd[:3] == ["mpirun", "-n", "1"] and ":" not in cmd
+    assert cmd.count(str(_INSTALL.binary)) == 1
+    assert "--model-control-mode=explicit" not in cmd and "--grpc-port=2" in cmd
+    assert {"--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
+            "--cuda-memory-pool-byte-size=0:0", "--cuda-memory-pool-byte-size=1:0"} <= set(cmd)
+    assert _orchestrator_cmd(run_as_root=True)[:2] == ["mpirun", "--allow-run-as-root"]
+
+
+def test_orchestrator_asserts_world_size_one() -> None:
+    with pytest.raises(ServerError, match=r"orchestrator mode .* world size 1, got 2"):
+        _orchestrator_cmd(world_size=2)
+
+
+def test_multi_model_pool_args_follow_the_triton_version() -> None:
+    from specserve.triton.server import multi_model_args
+
+    assert multi_model_args("26.04", 1) == ["--pinned-memory-pool-byte-size=0",
+                                            "--enable-peer-access=false",
+                                            "--cuda-memory-pool-byte-size=0:0"]
+    for version in ("24.06", "24.05", None, "", "r26"):  # upstream: only > 24.06
+        assert multi_model_args(version, 2) == [], version
+
+
+def test_orchestrator_env() -> None:
+    from specserve.triton.server import server_env
+
+    env = server_env(_INSTALL, base={"PATH": "/bin"}, orchestrator=True)
+    assert env["TRTLLM_ORCHESTRATOR"] == "1"
+    assert env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
+    assert "TRTLLM_ORCHESTRATOR" not in server_env(_INSTALL, base={"PATH": "/bin"})
+
+
+def _trt_repo(root: Path, kind: str, **record: object) -> Path:
+    from specserve.triton.repository import write_repository
+    from tests.triton.test_triton_repository import fake_engine
+
+    return write_repository(fake_engine(root, kind, **record), root / f"repo-{kind}")
+
+
+def test_tensorrtllm_models_of_written_repos(tmp_path: Path) -> None:
+    from specserve.triton.server import tensorrtllm_models
+
+    assert tensorrtllm_models(_trt_repo(tmp_path, "draft")) == ("tensorrt_llm",
+                                                                "tensorrt_llm_draft")
+    assert tensorrtllm_models(_trt_repo(tmp_path, "ngram")) == ("tensorrt_llm",)
+    assert tensorrtllm_models(echo_repo(tmp_path)) == ()
+
+
+@pytest.mark.parametrize(("kind", "world", "orchestrator"),
+                         [("draft", 1, True), ("draft", 2, True), ("medusa", 1, False)])
+def test_start_launches_multi_model_repos_in_orchestrator_mode(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, world: int,
+        orchestrator: bool) -> None:
+    """TritonServer.start (what `specserve serve` calls, world_size from specserve_repo.json)
+    on a draft-target TensorRT-LLM repository: the env and argv it really launches with."""
+    import specserve.triton.server as srv
+
+    record = {"tp_size": world, "world_size": world}
+    repo = _trt_repo(tmp_path, kind, **record)
+    binary = tmp_path / "tritonserver"
+    binary.write_text("")
+    monkeypatch.setenv("SPECSERVE_TRITONSERVER", str(binary))
+    monkeypatch.setenv("NVIDIA_TRITON_SERVER_VERSION", "26.04")
+    monkeypatch.setattr(srv, "gpu_count", lambda: 2)
+    real_which = shutil.which
+    monkeypatch.setattr(srv.shutil, "which",
+                        lambda name: "/usr/bin/mpirun" if name == "mpirun" else real_which(name))
+    seen: dict[str, object] = {}
+    real_popen = subprocess.Popen
+
+    def fake_popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        seen.update(cmd=cmd, env=kw["env"])  # then a real process that exits at once
+        return real_popen([sys.executable, "-c", "raise SystemExit(7)"], **kw)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(srv.subprocess, "Popen", fake_popen)
+    server = TritonServer(repo, world_size=world, log_path=tmp_path / "log")
+    with pytest.raises(ServerError, match="exited with code 7"):
+        server.start(timeout_s=30)
+    cmd, env = seen["cmd"], seen["env"]
+    assert isinstance(cmd, list) and isinstance(env, dict)
+    assert server.orchestrator is orchestrator
+    assert (env.get("TRTLLM_ORCHESTRATOR"), env.get("TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES")) == (
+        ("1", "1") if orchestrator else (None, None))
+    if orchestrator:
+        assert cmd[0] == "mpirun" and cmd[cmd.index("-n") + 1] == "1" and ":" not in cmd
+        assert "--cuda-memory-pool-byte-size=1:0" in cmd
+    else:
+        assert cmd[0] == str(binary) and "--enable-peer-access=false" not in cmd

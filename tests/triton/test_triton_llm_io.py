@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from specserve.triton.llm_io import (
+    PLAIN_ENGINE_MAX_DRAFT_LEN,
     PerfTimes,
+    check_drafts,
+    generation_logits_array,
     parse_request,
     perf_arrays,
     token_arrays,
@@ -97,3 +100,79 @@ def test_perf_arrays() -> None:
     assert out["arrival_time_ns"].dtype == np.int64
     assert out["spec_stats_json"].tolist() == [[b"{}"]]
     assert perf_arrays(PerfTimes(1, 1, 1, 1), 0, 0, None)["acceptance_rate"].tolist() == [[0.0]]
+
+
+# --- draft_input_ids / draft_logits / return_generation_logits (issue 15) ---------------------
+
+def drafted(k: int = 3, logits: Any = None, **extra: Any) -> dict[str, np.ndarray[Any, Any]]:
+    arrays = base(**extra)
+    arrays["draft_input_ids"] = np.array([[9, 8, 7, 6, 5][:k]], dtype=np.int32)
+    if logits is not None:
+        arrays["draft_logits"] = np.asarray(logits, dtype=np.float32)
+    return arrays
+
+
+def test_draft_ids_and_logits_are_parsed() -> None:
+    logits = np.arange(3 * 16, dtype=np.float32).reshape(1, 3, 16)  # [1, K, V] as the BLS
+    req = parse_request(drafted(3, logits, return_generation_logits=True))
+    assert req.draft_ids == (9, 8, 7) and req.return_generation_logits
+    assert req.draft_logits is not None and req.draft_logits.shape == (3, 16)
+    assert req.draft_logits.dtype == np.float32 and req.draft_logits[2, 15] == 47.0
+    assert req.verify_max_tokens == 4  # request_output_len 8, capped at K + 1
+    assert parse_request({**drafted(3), "request_output_len": np.array([2], np.int32)}
+                         ).verify_max_tokens == 2
+    plain = parse_request(base())
+    assert (plain.draft_ids, plain.draft_logits, plain.return_generation_logits) == (
+        None, None, False)
+
+
+def test_empty_draft_input_ids_is_a_plain_request() -> None:
+    arrays = {**base(), "draft_input_ids": np.zeros((1, 0), dtype=np.int32)}
+    assert parse_request(arrays).draft_ids is None
+    arrays["draft_logits"] = np.zeros((1, 0, 16), dtype=np.float32)
+    assert parse_request(arrays).draft_logits is None
+
+
+@pytest.mark.parametrize("logits, message", [
+    (np.zeros((1, 2, 16)), r"'draft_logits' must be \[K, V\] with K = 3 .*got shape \[1, 2, 16\]"),
+    (np.zeros((1, 48)), r"'draft_logits' must be \[K, V\] with K = 3"),
+    (np.zeros(48), r"'draft_logits' must be \[K, V\] with K = 3"),
+    (np.full((1, 3, 16), np.nan), r"'draft_logits' holds NaN or \+inf"),
+])
+def test_bad_draft_logits_name_the_input(logits: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_request(drafted(3, logits))
+
+
+def test_draft_logits_need_draft_ids_and_minus_inf_is_allowed() -> None:
+    with pytest.raises(ValueError, match="'draft_logits' needs 'draft_input_ids'"):
+        parse_request({**base(), "draft_logits": np.zeros((1, 3, 16), dtype=np.float32)})
+    banned = np.zeros((1, 3, 16), dtype=np.float32)
+    banned[0, 0, 2] = -np.inf  # a token the draft banned (min_tokens)
+    assert parse_request(drafted(3, banned)).draft_logits is not None
+
+
+def test_generation_logits_are_refused_with_streaming() -> None:
+    with pytest.raises(ValueError, match="'return_generation_logits' is not supported with "
+                                         "streaming"):
+        parse_request(base(return_generation_logits=True, streaming=True))
+
+
+def test_check_drafts_against_the_engine() -> None:
+    check_drafts(parse_request(base()), vocab_size=16, max_draft_len=0)  # no drafts: no limit
+    req = parse_request(drafted(3, np.zeros((1, 3, 16))))
+    check_drafts(req, vocab_size=16, max_draft_len=3)
+    with pytest.raises(ValueError, match="'draft_input_ids' has 3 tokens, more than the "
+                                         "engine's max_draft_len 2"):
+        check_drafts(req, vocab_size=16, max_draft_len=2)
+    with pytest.raises(ValueError, match=r"'draft_input_ids': token id 9 outside the vocab \(8\)"):
+        check_drafts(parse_request(drafted(3)), vocab_size=8, max_draft_len=4)
+    with pytest.raises(ValueError, match=r"'draft_logits' must be \[K, V\] = \[3, 32\] \(the "
+                                         r"target's vocab\), got \[3, 16\]"):
+        check_drafts(req, vocab_size=32, max_draft_len=4)
+    assert PLAIN_ENGINE_MAX_DRAFT_LEN == 16  # documented in docs/architecture.md
+
+
+def test_generation_logits_array_shape() -> None:
+    out = generation_logits_array(np.ones((3, 16), dtype=np.float64))["generation_logits"]
+    assert out.shape == (1, 1, 3, 16) and out.dtype == np.float32

@@ -7,7 +7,9 @@ spirit of transformers' ``CandidateGenerator``), one module each:
 - :mod:`.draft`: :class:`DraftModelProposer` (Leviathan et al. 2023; Chen et al. 2023);
 - :mod:`.ngram`: :class:`NgramProposer`, prompt lookup decoding (Saxena 2023);
 - :mod:`.medusa`: :class:`MedusaProposer` (Cai et al. 2024): tree at T=0, top-1 chain at T>0;
-- :mod:`.oracle`: :class:`OracleProposer`, a known continuation (benchmarks).
+- :mod:`.oracle`: :class:`OracleProposer`, a known continuation (benchmarks);
+- :mod:`.external`: :class:`ExternalDraftProposer`, drafts given from outside, proposed once
+  (TensorRT-LLM's ``draft_input_ids``/``draft_logits``; with ``SpecDecoder.verify``).
 
 A new proposer (EAGLE-3, ...) is one more module implementing the protocol; the decoder loop
 does not change.
@@ -24,10 +26,11 @@ from specserve.runtime.proposers.base import (
     pad_drafts,
 )
 from specserve.runtime.proposers.draft import DraftModelProposer
+from specserve.runtime.proposers.external import ExternalDraftProposer
 from specserve.runtime.proposers.medusa import MedusaProposer
 from specserve.runtime.proposers.ngram import NgramProposer, ngram_lookup
 from specserve.runtime.proposers.oracle import OracleProposer
 
-__all__ = ["ChainProposal", "ChainProposer", "DraftModelProposer", "MedusaProposer",
-           "NgramProposer", "OracleProposer", "Proposal", "ProposalRequest", "Proposer",
-           "StepOutcome", "TreeProposal", "ngram_lookup", "pad_drafts"]
+__all__ = ["ChainProposal", "ChainProposer", "DraftModelProposer", "ExternalDraftProposer",
+           "MedusaProposer", "NgramProposer", "OracleProposer", "Proposal", "ProposalRequest",
+           "Proposer", "StepOutcome", "TreeProposal", "ngram_lookup", "pad_drafts"]

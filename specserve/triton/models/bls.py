@@ -1,21 +1,61 @@
 """Triton Python model ``tensorrt_llm_bls``: preprocessing -> tensorrt_llm -> postprocessing in one
-model (Business Logic Scripting), TensorRT-LLM 1.2.1 names and parameters.
+model (Business Logic Scripting), TensorRT-LLM 1.2.1 names and parameters, plus the draft-target
+and n-gram loop (``num_draft_tokens`` > 0).
 
-Self-contained (copied into the repository as ``tensorrt_llm_bls/1/model.py``). Decoupled: one
-thread per request, inputs copied in ``execute()`` first (``triton-on-cpu.md`` §2). The engine's
-responses are decoded one by one (or, with ``accumulate_tokens``, all tokens so far), and the perf
-and token-count outputs are forwarded. Draft-target speculation through the BLS
-(``num_draft_tokens`` > 0 with ``tensorrt_llm_draft_model_name``) is not implemented here.
+Self-contained (copied into the repository as ``tensorrt_llm_bls/1/model.py``, its helpers as
+``tensorrt_llm_bls/1/lib/*.py``: the Python backend puts the version folder on ``sys.path``, as
+NVIDIA's BLS relies on for ``lib.decode``). Decoupled: one thread per request, inputs copied in
+``execute()`` first (``triton-on-cpu.md`` §2).
+
+Without speculation the engine's responses are decoded one by one (or, with
+``accumulate_tokens``, all tokens so far), and the perf and token-count outputs are forwarded.
+
+With ``num_draft_tokens`` K > 0 the request runs :func:`lib.spec_loop.run`, upstream's
+``_spec_generate`` contract (NVIDIA/TensorRT-LLM ``triton_backend/all_models/
+inflight_batcher_llm/tensorrt_llm_bls/1/lib/decode.py`` @ 4db68284ec5583177f1cf72c109a479f8733b848,
+``lib/triton_decoder.py`` @ 07f3e442717f402fba3ef7b6471363747e31e3e1; details and specserve's own
+seed and stop rules in ``lib/spec_loop.py``): preprocessing once; per iteration the drafts come
+from the model named by ``tensorrt_llm_draft_model_name`` (``request_output_len`` = k,
+``min_tokens`` = k, ``end_id`` -1, ``return_generation_logits`` when ``use_draft_logits``) or,
+with parameter ``speculative_mode: ngram``, from prompt lookup over the context
+(``lib/ngram.py``, ``ngram_max_size``); the target (``tensorrt_llm_model_name``) gets the context,
+``draft_input_ids`` (+ ``draft_logits``) and ``request_output_len`` = drafts + 1. Both calls ask
+for ``exclude_input_in_output`` (only new tokens come back); a target whose parameter
+``tensorrt_llm_decoupled`` is true is called with ``exec(decoupled=True)`` and its responses are
+concatenated (``tensorrt_llm_draft_decoupled`` likewise; both default to false, upstream's
+setup). A decoupled BLS with ``stream`` sends one response per iteration holding that
+iteration's new text (incremental detokenization, ``lib/detok.py``; upstream refuses streaming
+with speculation), then a final one with the perf outputs. ``total_draft_tokens`` /
+``total_accepted_draft_tokens`` are summed over the iterations, ``acceptance_rate`` = accepted /
+drafted; ``spec_stats_json`` (reference repositories) counts one verify step per iteration.
+
+Bad requests fail alone with one message: ``num_draft_tokens`` < 0 or above the parameter
+``max_draft_len`` (the target's), no draft source, a draft model that is not in the repository,
+a draft vocabulary (the width of its ``generation_logits``, asked for once per request) that
+differs from parameter ``tensorrt_llm_vocab_size``, beam search.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+if TYPE_CHECKING:
+    from specserve.triton.models.bls_lib import ngram, spec_loop
+    from specserve.triton.models.bls_lib.detok import IncrementalDetokenizer
+else:
+    try:  # in a repository: tensorrt_llm_bls/1/lib/
+        from lib import ngram, spec_loop
+        from lib.detok import IncrementalDetokenizer
+    except ImportError:  # imported from the specserve package
+        from specserve.triton.models.bls_lib import ngram, spec_loop
+        from specserve.triton.models.bls_lib.detok import IncrementalDetokenizer
 
 # BLS input -> (model, input name)
 _PRE = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
@@ -34,9 +74,21 @@ _PRE_OUT = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
 _FORWARD = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
             "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens",
             "total_draft_tokens", "num_input_tokens", "num_output_tokens", "spec_stats_json")
+# forwarded unchanged to the draft and the target of the loop (the models judge them)
+_SPEC_PASS = ("length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_MISSING = ("not found", "unknown model", "not ready", "unavailable")
 
 
 DEFAULT_MAX_INFLIGHT = 256  # decoupled requests served at once (parameter specserve_max_inflight)
+KEEP_ITERATORS = 4096  # decoupled BLS response iterators held after use (see _keep)
+
+
+class _Cancelled(Exception):
+    """The client went away: stop the loop, send nothing more."""
+
+
+class _CallError(RuntimeError):
+    """A draft or target call failed (the message names the model and its parameter)."""
 
 
 def _busy(limit: int) -> Any:
@@ -50,9 +102,36 @@ def _param(params: dict[str, str], key: str, default: str) -> str:
     return default if not value or value.startswith("${") else value
 
 
+def _flag(params: dict[str, str], key: str) -> bool:
+    return _param(params, key, "false").lower() in ("true", "1", "yes")
+
+
 def _as_batch(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """BLS inputs reshaped to scalars arrive as [1]; models want [1, 1]."""
     return a.reshape(1, -1) if a.ndim == 1 else a
+
+
+def _scalar(inputs: dict[str, np.ndarray[Any, Any]], name: str, default: Any) -> Any:
+    a = inputs.get(name)
+    return default if a is None or a.size == 0 else a.reshape(-1)[0].item()
+
+
+def _i32(v: int) -> np.ndarray[Any, Any]:
+    return np.array([[v]], dtype=np.int32)
+
+
+def word_lists(arr: np.ndarray[Any, Any] | None) -> tuple[tuple[int, ...], ...]:
+    """TensorRT-LLM's ``[1, 2, L]`` word list (flat ids; end offsets, -1 padded) as words."""
+    if arr is None or arr.size == 0 or arr.size % 2:
+        return ()
+    ids, ends = arr.reshape(2, -1)
+    words, start = [], 0
+    for end in ends:
+        if end < 0:
+            break
+        words.append(tuple(int(t) for t in ids[start:int(end)]))
+        start = int(end)
+    return tuple(w for w in words if w)
 
 
 class TritonPythonModel:
@@ -61,16 +140,27 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         self.llm = _param(params, "tensorrt_llm_model_name", "tensorrt_llm")
         self.draft = _param(params, "tensorrt_llm_draft_model_name", "")
-        self.accumulate = _param(params, "accumulate_tokens", "false").lower() in ("true", "1")
+        self.accumulate = _flag(params, "accumulate_tokens")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.outputs = [o["name"] for o in cfg.get("output", [])]
+        # the speculation loop (specserve's parameters; NVIDIA's BLS ignores them)
+        self.spec_mode = _param(params, "speculative_mode", "draft" if self.draft else "")
+        self.ngram_max = int(_param(params, "ngram_max_size", str(ngram.DEFAULT_MAX_NGRAM)))
+        max_draft = _param(params, "max_draft_len", "")
+        self.max_draft_len = int(max_draft) if max_draft else None
+        vocab = _param(params, "tensorrt_llm_vocab_size", "")
+        self.vocab = int(vocab) if vocab else None
+        self.llm_decoupled = _flag(params, "tensorrt_llm_decoupled")
+        self.draft_decoupled = _flag(params, "tensorrt_llm_draft_decoupled")
         # One thread per in-flight decoupled request, bounded: past the bound a request fails
         # at once with "server busy" and the server stays up.
         self.max_inflight = max(1, int(_param(params, "specserve_max_inflight",
                                               str(DEFAULT_MAX_INFLIGHT))))
         self.slots = threading.BoundedSemaphore(self.max_inflight)
+        self.kept: collections.deque[Any] = collections.deque(maxlen=KEEP_ITERATORS)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
+        arrival = time.monotonic_ns()
         responses = []
         for request in requests:
             inputs = {t.name(): t.as_numpy().copy() for t in request.inputs()}
@@ -80,51 +170,76 @@ class TritonPythonModel:
                     sender.send(_busy(self.max_inflight),
                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
-                threading.Thread(target=self._serve_slot, args=(inputs, sender),
+                threading.Thread(target=self._serve_slot, args=(inputs, sender, arrival),
                                  daemon=True).start()
             else:
                 collected: list[Any] = []
-                self._serve(inputs, None, collected)
+                self._serve(inputs, None, arrival, collected)
                 responses.append(collected[-1] if collected else pb_utils.InferenceResponse(
                     output_tensors=[], error=pb_utils.TritonError("tensorrt_llm_bls: no output")))
         return None if self.decoupled else responses
 
-    def _serve_slot(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any) -> None:
+    def _keep(self, iterator: Any) -> Any:
+        """Hold a decoupled exec's response iterator for a while after its request ended.
+
+        Works around the Python backend stub (r24.10 and its main branch, ``pb_stub.cc``
+        ``Stub::SendCleanupId``): its utility thread erases the iterator from
+        ``response_iterator_map_`` without the GIL, and when that drops the last reference the
+        responses' numpy arrays are freed there, racing the interpreter (measured here: heap
+        corruption, "double free", a dead BLS stub within about a thousand concurrent loop
+        requests). Kept here, the last reference goes when a newer iterator pushes it out of the
+        bounded deque, in a Python thread holding the GIL."""
+        self.kept.append(iterator)
+        return iterator
+
+    def _serve_slot(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any,
+                    arrival: int) -> None:
         try:
-            self._serve(inputs, sender)
+            self._serve(inputs, sender, arrival)
         finally:
             self.slots.release()
 
-    def _serve(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any,
+    def _serve(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any, arrival: int,
                collected: list[Any] | None = None) -> None:
         def emit(resp: Any, final: bool) -> None:
             if collected is not None:  # non-decoupled: one response, the last one wins
                 collected[:] = [resp]
             else:
+                if sender.is_cancelled():
+                    raise _Cancelled()
                 flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
                 sender.send(resp, flags=flags)
 
         try:
-            self._generate(inputs, emit)
+            k = int(_scalar(inputs, "num_draft_tokens", 0))
+            if k != 0:
+                self._spec_generate(inputs, emit, k, arrival)
+            else:
+                self._generate(inputs, emit)
             if sender is not None:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except _Cancelled:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as e:
-            emit(pb_utils.InferenceResponse(output_tensors=[],
-                                            error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")),
-                 True)
+            try:
+                emit(pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")), True)
+            except _Cancelled:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _generate(self, inputs: dict[str, np.ndarray[Any, Any]], emit: Any) -> None:
-        drafts = inputs.get("num_draft_tokens")
-        if drafts is not None and int(drafts.reshape(-1)[0]) > 0:
-            raise ValueError("num_draft_tokens > 0 (draft-target through the BLS) is not "
-                             "implemented by specserve's BLS model")
+    def _preprocess(self, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        """preprocessing's outputs under the tensorrt_llm input names (numpy arrays)."""
         pre_in = [pb_utils.Tensor(_PRE[k], _as_batch(v)) for k, v in inputs.items() if k in _PRE]
         pre = pb_utils.InferenceRequest(model_name="preprocessing", inputs=pre_in,
                                         requested_output_names=list(_PRE_OUT)).exec()
         if pre.has_error():
             raise RuntimeError(pre.error().message())
-        llm_in = [pb_utils.Tensor(_PRE_OUT[t.name()], t.as_numpy())
-                  for t in pre.output_tensors()]
+        # copies: the arrays outlive the response they came in (used by every loop iteration)
+        return {_PRE_OUT[t.name()]: t.as_numpy().copy() for t in pre.output_tensors()}
+
+    def _generate(self, inputs: dict[str, np.ndarray[Any, Any]], emit: Any) -> None:
+        pre = self._preprocess(inputs)
+        llm_in = [pb_utils.Tensor(k, v) for k, v in pre.items()]
         llm_in += [pb_utils.Tensor(_LLM[k], _as_batch(v)) for k, v in inputs.items() if k in _LLM]
         if not self.decoupled:
             llm_in = [t for t in llm_in if t.name() != "streaming"]
@@ -132,7 +247,7 @@ class TritonPythonModel:
         llm = pb_utils.InferenceRequest(model_name=self.llm, inputs=llm_in,
                                         requested_output_names=wanted)
         seen: list[np.ndarray[Any, Any]] = []
-        for resp in llm.exec(decoupled=True):  # also fine for a non-decoupled engine model
+        for resp in self._keep(llm.exec(decoupled=True)):  # also fine for a non-decoupled model
             if resp.has_error():
                 raise RuntimeError(resp.error().message())
             if not resp.output_tensors():
@@ -146,16 +261,242 @@ class TritonPythonModel:
             seen.append(ids[:, :, : int(lens.reshape(-1)[0])])
             ids = np.concatenate(seen, axis=2)
             lens = np.array([[ids.shape[2]]], dtype=np.int32)
+        text = self._postprocess(ids, lens)
+        tensors = [pb_utils.Tensor("text_output", text)]
+        for name in _FORWARD:
+            t = pb_utils.get_output_tensor_by_name(resp, name)
+            if t is not None and name in self.outputs:
+                tensors.append(pb_utils.Tensor(name, t.as_numpy()))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _postprocess(self, ids: np.ndarray[Any, Any], lens: np.ndarray[Any, Any]) -> Any:
         post = pb_utils.InferenceRequest(
             model_name="postprocessing", requested_output_names=["OUTPUT"],
             inputs=[pb_utils.Tensor("TOKENS_BATCH", ids.astype(np.int32)),
                     pb_utils.Tensor("SEQUENCE_LENGTH", lens.astype(np.int32))]).exec()
         if post.has_error():
             raise RuntimeError(post.error().message())
-        text = pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy()
-        tensors = [pb_utils.Tensor("text_output", text)]
-        for name in _FORWARD:
-            t = pb_utils.get_output_tensor_by_name(resp, name)
-            if t is not None and name in self.outputs:
-                tensors.append(pb_utils.Tensor(name, t.as_numpy()))
+        return pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy().copy()
+
+    def _decode(self, ids: list[int]) -> str:
+        """postprocessing's text of ``ids`` (the decode of the non-streamed text)."""
+        if not ids:
+            return ""
+        out = self._postprocess(np.array(ids, dtype=np.int32).reshape(1, 1, -1),
+                                np.array([[len(ids)]], dtype=np.int32))
+        v = out.reshape(-1)[0]
+        return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+    # --- the draft-target / n-gram loop ---
+
+    def _check_spec_request(self, inputs: dict[str, np.ndarray[Any, Any]], k: int) -> None:
+        if k < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {k}")
+        if self.max_draft_len is not None and k > self.max_draft_len:
+            raise ValueError(f"num_draft_tokens {k} exceeds the target's max_draft_len "
+                             f"{self.max_draft_len} (parameter max_draft_len)")
+        if self.spec_mode == "draft" and not self.draft:
+            raise ValueError("num_draft_tokens > 0 needs a draft model: parameter "
+                             "tensorrt_llm_draft_model_name is empty")
+        if self.spec_mode not in ("draft", "ngram"):
+            raise ValueError("num_draft_tokens > 0 needs a draft source: parameter "
+                             "tensorrt_llm_draft_model_name or speculative_mode ngram "
+                             f"(speculative_mode is {self.spec_mode!r})")
+        for name in ("beam_width", "num_return_sequences"):
+            if int(_scalar(inputs, name, 1)) > 1:
+                raise ValueError(f"{name} > 1 is not supported with speculative decoding")
+
+    def _call_error(self, role: str, model: str, message: str) -> _CallError:
+        param = ("tensorrt_llm_draft_model_name" if role == "draft"
+                 else "tensorrt_llm_model_name")
+        if any(m in message.lower() for m in _MISSING):
+            return _CallError(f"{role} model '{model}' (parameter {param}) is not available "
+                              f"in the repository: {message}")
+        return _CallError(f"{role} model '{model}' (parameter {param}): {message}")
+
+    def _exec(self, role: str, model: str, tensors: list[Any], names: list[str],
+              decoupled: bool) -> dict[str, Any]:
+        """One call; ``output_ids`` (a list of new ids), ``generation_logits`` ([n, V]) and the
+        last value of every other output, over all responses of a decoupled model."""
+        req = pb_utils.InferenceRequest(model_name=model, inputs=tensors,
+                                        requested_output_names=names)
+        try:
+            responses = self._keep(req.exec(decoupled=True)) if decoupled else [req.exec()]
+            out: dict[str, Any] = {"output_ids": []}
+            logits: list[np.ndarray[Any, Any]] = []
+            for resp in responses:
+                if resp.has_error():
+                    raise self._call_error(role, model, resp.error().message())
+                got = {t.name(): t.as_numpy().copy() for t in resp.output_tensors()}
+                if not got:
+                    continue
+                ids = got.pop("output_ids", np.zeros((1, 1, 0), dtype=np.int32)).reshape(-1)
+                n = int(got.pop("sequence_length", np.array([ids.size])).reshape(-1)[0])
+                out["output_ids"].extend(int(t) for t in ids[:min(n, ids.size)])
+                lg = got.pop("generation_logits", None)
+                if lg is not None and lg.size:
+                    logits.append(lg.reshape(-1, lg.shape[-1]))
+                out.update(got)
+        except _CallError:
+            raise
+        except Exception as e:  # exec itself failed (e.g. an unknown model)
+            raise self._call_error(role, model, str(e)) from e
+        if logits:
+            out["generation_logits"] = np.concatenate(logits)
+        return out
+
+    def _common(self, inputs: dict[str, np.ndarray[Any, Any]], pre: dict[str, Any],
+                ctx: list[int], s: spec_loop.Sampling, out_len: int, end_id: int) -> list[Any]:
+        tensors = [
+            pb_utils.Tensor("input_ids", np.array([ctx], dtype=np.int32)),
+            pb_utils.Tensor("input_lengths", _i32(len(ctx))),
+            pb_utils.Tensor("request_output_len", _i32(out_len)),
+            pb_utils.Tensor("end_id", _i32(end_id)),
+            pb_utils.Tensor("exclude_input_in_output", np.array([[True]], dtype=bool)),
+            pb_utils.Tensor("temperature", np.array([[s.temperature]], dtype=np.float32)),
+            pb_utils.Tensor("runtime_top_k", _i32(s.top_k)),
+            pb_utils.Tensor("runtime_top_p", np.array([[s.top_p]], dtype=np.float32)),
+            pb_utils.Tensor("min_tokens", _i32(s.min_tokens)),
+        ]
+        if s.seed is not None:
+            tensors.append(pb_utils.Tensor("seed", np.array([[s.seed]], dtype=np.uint64)))
+        for name in ("pad_id", "bad_words_list"):
+            if name in pre:
+                tensors.append(pb_utils.Tensor(name, pre[name]))
+        tensors += [pb_utils.Tensor(_LLM[k], _as_batch(inputs[k])) for k in _SPEC_PASS
+                    if k in inputs]
+        return tensors
+
+    def _spec_generate(self, inputs: dict[str, np.ndarray[Any, Any]], emit: Any, k: int,
+                       arrival: int) -> None:
+        self._check_spec_request(inputs, k)
+        pre = self._preprocess(inputs)
+        n_in = int(pre["input_lengths"].reshape(-1)[0])
+        prompt = tuple(int(t) for t in pre["input_ids"].reshape(-1)[:n_in])
+        end_id = int(pre["end_id"].reshape(-1)[0]) if "end_id" in pre else -1
+        seed = _scalar(inputs, "seed", None)
+        req = spec_loop.SpecRequest(
+            prompt=prompt, max_tokens=int(_scalar(inputs, "max_tokens", 0)), num_draft_tokens=k,
+            sampling=spec_loop.Sampling(
+                temperature=float(_scalar(inputs, "temperature", 0.0)),
+                top_k=int(_scalar(inputs, "top_k", 0)), top_p=float(_scalar(inputs, "top_p", 1.0)),
+                seed=None if seed is None else int(seed)),
+            end_id=end_id, stop_words=word_lists(pre.get("stop_words_list")),
+            min_tokens=int(_scalar(inputs, "min_tokens", 0)))
+        use_logits = bool(_scalar(inputs, "use_draft_logits", False))
+        streaming = self.decoupled and bool(_scalar(inputs, "stream", False))
+        counts_in = bool(_scalar(inputs, "return_num_input_tokens", False))
+        counts_out = bool(_scalar(inputs, "return_num_output_tokens", False))
+        checked_vocab = [self.vocab is None]
+        draft: spec_loop.DraftFn
+
+        def model_draft(ctx: list[int], n: int, s: spec_loop.Sampling) -> tuple[list[int], Any]:
+            want = use_logits or not checked_vocab[0]
+            tensors = self._common(inputs, pre, ctx, s, n, -1)
+            tensors.append(pb_utils.Tensor("return_generation_logits",
+                                           np.array([[want]], dtype=bool)))
+            names = ["output_ids", "sequence_length"] + (["generation_logits"] if want else [])
+            out = self._exec("draft", self.draft, tensors, names, self.draft_decoupled)
+            tokens: list[int] = out["output_ids"]
+            logits = out.get("generation_logits")
+            if self.vocab is not None and logits is not None and tokens:
+                if logits.shape[-1] != self.vocab:
+                    raise ValueError(
+                        f"draft model '{self.draft}' has a vocabulary of {logits.shape[-1]} "
+                        f"(its generation_logits), the target's is {self.vocab} (parameter "
+                        "tensorrt_llm_vocab_size): draft and target must share the tokenizer")
+                checked_vocab[0] = True
+            bad = next((t for t in tokens if self.vocab is not None and not
+                        0 <= t < self.vocab), None)
+            if bad is not None:
+                raise ValueError(f"draft model '{self.draft}' proposed token id {bad}, outside "
+                                 f"the target's vocabulary ({self.vocab})")
+            return tokens, (logits if use_logits else None)
+
+        def ngram_draft(ctx: list[int], n: int, s: spec_loop.Sampling) -> tuple[list[int], Any]:
+            return ngram.propose(ctx, n, self.ngram_max), None
+
+        draft = ngram_draft if self.spec_mode == "ngram" else model_draft
+
+        def target(ctx: list[int], drafts: list[int], logits: Any,
+                   s: spec_loop.Sampling) -> tuple[list[int], int, int]:
+            tensors = self._common(inputs, pre, ctx, s, len(drafts) + 1, end_id)
+            tensors.append(pb_utils.Tensor("return_perf_metrics", np.array([[True]], dtype=bool)))
+            if "stop_words_list" in pre:
+                tensors.append(pb_utils.Tensor("stop_words_list", pre["stop_words_list"]))
+            if drafts:
+                tensors.append(pb_utils.Tensor("draft_input_ids",
+                                               np.array([drafts], dtype=np.int32)))
+            if drafts and logits is not None:
+                tensors.append(pb_utils.Tensor(
+                    "draft_logits", np.ascontiguousarray(logits, dtype=np.float32)[None]))
+            names = ["output_ids", "sequence_length", "total_draft_tokens",
+                     "total_accepted_draft_tokens"]
+            out = self._exec("target", self.llm, tensors, names, self.llm_decoupled)
+            tokens: list[int] = out["output_ids"]
+            drafted = out.get("total_draft_tokens")
+            accepted = out.get("total_accepted_draft_tokens")
+            return (tokens,
+                    spec_loop.accepted_prefix(drafts, tokens) if accepted is None
+                    else int(accepted.reshape(-1)[0]),
+                    len(drafts) if drafted is None else int(drafted.reshape(-1)[0]))
+
+        detok = IncrementalDetokenizer(self._decode)
+        streamed: list[str] = []
+
+        def on_iteration(it: spec_loop.Iteration) -> None:
+            if not streaming or not it.new_tokens:
+                return
+            piece = detok.push(it.new_tokens)
+            streamed.append(piece)
+            arrays: dict[str, Any] = {"text_output": "".join(streamed) if self.accumulate
+                                      else piece}
+            if counts_out:
+                arrays["num_output_tokens"] = len(it.new_tokens)
+            if counts_in:
+                arrays["num_input_tokens"] = len(prompt)
+            emit(self._response(arrays), False)
+
+        scheduled = time.monotonic_ns()
+        result = spec_loop.run(req, draft, target, on_iteration)
+        exclude = bool(_scalar(inputs, "exclude_input_in_output", False))
+        final: dict[str, Any]
+        if streaming:
+            rest = detok.flush()
+            streamed.append(rest)
+            final = {"text_output": "".join(streamed) if self.accumulate else rest}
+            n_out = 0
+        else:
+            ids = result.tokens if exclude else [*prompt, *result.tokens]
+            final = {"text_output": self._decode(ids)}
+            n_out = len(ids)
+        if counts_out:
+            final["num_output_tokens"] = n_out
+        if counts_in:
+            final["num_input_tokens"] = len(prompt)
+        if bool(_scalar(inputs, "return_perf_metrics", False)):
+            final.update(
+                arrival_time_ns=np.array([[arrival]], dtype=np.int64),
+                first_scheduled_time_ns=np.array([[scheduled]], dtype=np.int64),
+                first_token_time_ns=np.array([[result.first_token_ns or scheduled]],
+                                             dtype=np.int64),
+                last_token_time_ns=np.array([[result.last_token_ns or scheduled]],
+                                            dtype=np.int64),
+                acceptance_rate=np.array([[result.acceptance_rate]], dtype=np.float32),
+                total_accepted_draft_tokens=_i32(result.accepted),
+                total_draft_tokens=_i32(result.drafted),
+                spec_stats_json=json.dumps(result.stats_dict(), sort_keys=True))
+        emit(self._response(final), False)
+
+    def _response(self, values: dict[str, Any]) -> Any:
+        """A response of the declared outputs among ``values`` (str -> BYTES, int -> INT32)."""
+        tensors = []
+        for name, v in values.items():
+            if name not in self.outputs:
+                continue
+            if isinstance(v, str):
+                v = np.array([[v.encode("utf-8")]], dtype=np.object_)
+            elif isinstance(v, int):
+                v = _i32(v)
+            tensors.append(pb_utils.Tensor(name, v))
         return pb_utils.InferenceResponse(output_tensors=tensors)

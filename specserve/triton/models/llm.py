@@ -7,7 +7,10 @@ copies, hands them with the response sender to a queue and returns ``None``; one
 takes everything pending (up to ``max_batch_size``) and runs one batched
 ``SpecDecoder.generate(prompts, params, on_step)``, streaming each sequence's accepted tokens from
 ``on_step``. Requests that arrive meanwhile wait for the next batch. Response semantics:
-:mod:`specserve.triton.llm_io`.
+:mod:`specserve.triton.llm_io`. Requests with ``draft_input_ids`` go (apart from the others of
+the batch) through one ``SpecDecoder.verify(contexts, params, ExternalDraftProposer(...))``.
+Parameter ``specserve_checkpoint`` ("target", default, or "draft"): the engine checkpoint served
+("draft": the draft model alone, e.g. ``tensorrt_llm_draft``; speculation is then off).
 """
 
 from __future__ import annotations
@@ -23,13 +26,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from specserve.triton.llm_io import LlmRequest, PerfTimes, parse_request, perf_arrays, token_arrays
+from specserve.triton.llm_io import (
+    PLAIN_ENGINE_MAX_DRAFT_LEN,
+    LlmRequest,
+    PerfTimes,
+    check_drafts,
+    generation_logits_array,
+    parse_request,
+    perf_arrays,
+    token_arrays,
+)
+from specserve.triton.models.bls_lib.detok import TokenHoldBack
 
 if TYPE_CHECKING:
     from specserve.engine_record import EngineRecord
 
 _OFF = ("off", "false", "0")
-DEFAULT_MAX_PENDING = 1024  # queued requests (parameter specserve_max_pending)
+DEFAULT_MAX_PENDING = 4096  # queued requests (parameter specserve_max_pending)
 
 
 @dataclass
@@ -42,6 +55,7 @@ class _Pending:
     first_token: int = 0
     last_token: int = 0
     done: bool = False  # final sent, or the client went away
+    hold: TokenHoldBack | None = None  # streaming: tokens held back while they end mid-character
 
 
 def _send(sender: Any, response: Any, final: bool) -> bool:
@@ -72,10 +86,18 @@ def _error(message: str) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
 
 
-def load_decoder(engine_dir: str, speculation: bool) -> tuple[Any, Any, EngineRecord]:
+def load_decoder(engine_dir: str, speculation: bool, checkpoint: str = "target"
+                 ) -> tuple[Any, Any, EngineRecord]:
     """(decoder, tokenizer, :class:`~specserve.engine_record.EngineRecord`) of a specserve
-    engine; speculation off gives the target alone."""
+    engine; speculation off gives the target alone; ``checkpoint`` "draft" gives the engine's
+    draft model alone (a draft-target engine's ``draft/``)."""
     from specserve.runtime.engine import load_engine
+
+    if checkpoint not in ("target", "draft"):
+        raise ValueError(f"parameter specserve_checkpoint must be 'target' or 'draft', got "
+                         f"{checkpoint!r}")
+    if checkpoint == "draft":
+        return _load_draft(engine_dir)
 
     engine = load_engine(engine_dir)
     decoder = engine.decoder
@@ -84,6 +106,26 @@ def load_decoder(engine_dir: str, speculation: bool) -> tuple[Any, Any, EngineRe
 
         decoder = SpecDecoder(decoder.target, None)
     return decoder, engine.tokenizer, engine.record
+
+
+def _load_draft(engine_dir: str) -> tuple[Any, Any, EngineRecord]:
+    """The draft checkpoint of a draft-target engine as a plain decoder."""
+    from pathlib import Path
+
+    from specserve.engine_record import read_engine_record
+    from specserve.errors import SpecserveError
+    from specserve.runtime import loader
+    from specserve.runtime.decoder import SpecDecoder
+    from specserve.runtime.model import load_model
+
+    d = Path(engine_dir)
+    rec = read_engine_record(d)
+    if rec.spec_mode != "draft" or not (d / "draft").is_dir():
+        raise SpecserveError(f"{d}: specserve_checkpoint 'draft' needs a draft-target engine "
+                             f"(spec_mode {rec.spec_mode!r})")
+    model = load_model(d / "draft", loader.parse_dtype(rec.dtype))
+    tok_dir = d / "tokenizer" if (d / "tokenizer").is_dir() else d / "target"
+    return SpecDecoder(model, None), loader.load_tokenizer(tok_dir), rec
 
 
 class TritonPythonModel:
@@ -97,8 +139,14 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.exclude_default = params.get("exclude_input_in_output", "").lower() in ("true", "1")
         speculation = params.get("specserve_speculation", "on").lower() not in _OFF
-        self.decoder, tokenizer, build = load_decoder(params["gpt_model_path"], speculation)
+        checkpoint = params.get("specserve_checkpoint", "") or "target"
+        self.decoder, tokenizer, build = load_decoder(params["gpt_model_path"], speculation,
+                                                      checkpoint)
+        # draft_input_ids: at most the engine's max_draft_len (a plain engine: a fixed limit)
+        self.max_draft_len = build.max_draft_len if build.spec_mode != "none" and \
+            build.max_draft_len > 0 else PLAIN_ENGINE_MAX_DRAFT_LEN
         self.eos = getattr(tokenizer, "eos_token_id", None)
+        self.tokenizer = tokenizer  # streaming hold-back (_text)
         self.max_input_len = build.max_input_len
         self.max_seq_len = build.max_seq_len
         # Bounded: past max_pending queued requests a new one fails at once ("server busy").
@@ -166,21 +214,31 @@ class TritonPythonModel:
 
         n = len(req.prompt)
         self.decoder.check_prompt(req.prompt)  # a bad request fails alone, before batching
+        check_drafts(req, self.decoder.target.cfg.vocab_size, self.max_draft_len)
         if self.max_input_len and n > self.max_input_len:
             raise ValueError(f"prompt has {n} tokens, the engine's max_input_len is "
                              f"{self.max_input_len}")
-        if self.max_seq_len and n + req.max_tokens > self.max_seq_len:
-            raise ValueError(f"prompt {n} + request_output_len {req.max_tokens} exceeds the "
+        # draft_input_ids: one verify step answers at most K + 1 tokens
+        max_tokens = req.max_tokens if req.draft_ids is None else req.verify_max_tokens
+        if self.max_seq_len and n + max_tokens > self.max_seq_len:
+            raise ValueError(f"prompt {n} + request_output_len {max_tokens} exceeds the "
                              f"engine's max_seq_len {self.max_seq_len}")
         end_id = self.eos if req.end_id is None else (req.end_id if req.end_id >= 0 else None)
         params = SamplingParams(
-            max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
+            max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k,
             top_p=req.top_p, seed=req.seed, end_id=end_id,
-            stop_token_ids=req.stop_token_ids, min_tokens=req.min_tokens)
+            stop_token_ids=req.stop_token_ids,
+            min_tokens=req.min_tokens if req.draft_ids is None else min(req.min_tokens,
+                                                                        max_tokens))
         params.validate()
         return params
 
     def _run(self, batch: list[_Pending]) -> None:
+        verify = [p for p in batch if p.req.draft_ids is not None]
+        if verify and len(verify) < len(batch):  # draft_input_ids: a verify call of their own
+            self._run([p for p in batch if p.req.draft_ids is None])
+            self._run(verify)
+            return
         start = time.monotonic_ns()
         for p in batch:
             p.first_scheduled = start
@@ -191,12 +249,16 @@ class TritonPythonModel:
             p.first_token = p.first_token or now
             p.last_token = now
             if p.req.streaming and new_tokens and not p.done:
-                arrays = token_arrays(p.req, [int(t) for t in new_tokens])
-                p.done = not _send(p.sender, _response(arrays), final=False)
+                # Each chunk is decoded on its own by postprocessing: send it only once it ends
+                # on a complete character (held tokens go with the next step or the final).
+                p.hold = p.hold or TokenHoldBack(self._text)
+                ready = p.hold.push([int(t) for t in new_tokens])
+                if ready:
+                    arrays = token_arrays(p.req, ready)
+                    p.done = not _send(p.sender, _response(arrays), final=False)
 
         try:
-            results = self.decoder.generate(
-                [p.req.prompt for p in batch], [p.params for p in batch], on_step)
+            results = self._decode(batch, on_step)
         except Exception as e:
             if len(batch) > 1 and not any(p.first_token for p in batch):
                 for p in batch:  # nothing sent yet: a bad request fails alone, the rest run
@@ -212,12 +274,35 @@ class TritonPythonModel:
                 _send(p.sender, _response(self._final_arrays(p, result)), final=True)
             p.done = True
 
+    def _decode(self, batch: list[_Pending], on_step: Any) -> list[Any]:
+        """One decoder call for the batch: ``verify`` when it holds draft_input_ids (then all
+        of it does), else ``generate``."""
+        prompts, params = [p.req.prompt for p in batch], [p.params for p in batch]
+        want = [p.req.return_generation_logits for p in batch]
+        if batch[0].req.draft_ids is None:
+            return list(self.decoder.generate(prompts, params, on_step, return_logits=want))
+        import torch
+
+        from specserve.runtime.proposers import ExternalDraftProposer
+
+        drafts = [p.req.draft_ids or () for p in batch]
+        logits = [None if p.req.draft_logits is None else torch.from_numpy(p.req.draft_logits)
+                  for p in batch]
+        proposer = ExternalDraftProposer(drafts, logits, max_draft_len=self.max_draft_len)
+        return list(self.decoder.verify(prompts, params, proposer, on_step, return_logits=want))
+
+    def _text(self, ids: list[int]) -> str:
+        """Text of ``ids`` as postprocessing decodes them (special tokens skipped)."""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
     def _final_arrays(self, p: _Pending, result: Any) -> dict[str, Any]:
-        if p.req.streaming:
-            arrays = token_arrays(p.req, [])
+        if p.req.streaming:  # the tokens still held back (usually none)
+            arrays = token_arrays(p.req, p.hold.flush() if p.hold else [])
         else:
             tokens = [int(t) for t in result.token_ids]
             arrays = token_arrays(p.req, tokens if p.req.exclude_input else p.req.prompt + tokens)
+        if p.req.return_generation_logits and result.logits is not None:
+            arrays.update(generation_logits_array(result.logits.numpy()))
         if p.req.perf:
             stats = result.stats
             times = PerfTimes(arrival=p.arrival, first_scheduled=p.first_scheduled,

@@ -1,9 +1,11 @@
 """Triton Python model ``postprocessing``: token ids -> text, TensorRT-LLM's tensor names.
 
 Self-contained (copied into the repository as ``postprocessing/1/model.py``). Each response's
-tokens are decoded on their own, as TensorRT-LLM 1.2.1's postprocessing does; in streaming mode a
-multi-byte character split across responses shows as U+FFFD (decode the accumulated ids if the
-exact text matters, e.g. BLS ``accumulate_tokens``).
+tokens are decoded on their own, as TensorRT-LLM 1.2.1's postprocessing does (stateless: Triton
+sends every streamed response through as a separate request). The reference ``tensorrt_llm``
+holds tokens back so that each streamed response decodes to complete characters; behind the
+TensorRT-LLM backend a multi-byte character split across responses shows as U+FFFD
+(docs/architecture.md, "Streaming").
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ Self-contained (copied into the repository as ``preprocessing/1/model.py``): nee
 ``tokenizers`` and Triton's ``triton_python_backend_utils``. I/O is the text-only subset of
 TensorRT-LLM 1.2.1 ``inflight_batcher_llm/preprocessing``; bad/stop words become the
 ``[2, L]`` word-list format (flat ids; end offsets, -1 padded) the ``tensorrt_llm`` model reads.
+Like upstream's model.py for a text-only request it also answers ``DECODER_INPUT_ID`` =
+``[[pad_id]]``, ``REQUEST_DECODER_INPUT_LEN`` = ``[[1]]`` and ``EMBEDDING_BIAS`` = an empty
+``[1, 0]`` FP32 (what NVIDIA's BLS model.py requests and forwards); Triton sends a caller only
+the outputs it requested.
 """
 
 from __future__ import annotations
@@ -95,8 +99,11 @@ class TritonPythonModel:
         tensors = [
             pb_utils.Tensor("INPUT_ID", np.array([ids], dtype=i32)),
             pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(ids)]], dtype=i32)),
+            pb_utils.Tensor("DECODER_INPUT_ID", np.array([[pad]], dtype=i32)),
+            pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", np.array([[1]], dtype=i32)),
             pb_utils.Tensor("BAD_WORDS_IDS", bad),
             pb_utils.Tensor("STOP_WORDS_IDS", stop),
+            pb_utils.Tensor("EMBEDDING_BIAS", np.empty([1, 0], dtype=np.float32)),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", np.array([[out_len]], dtype=i32)),
             pb_utils.Tensor("OUT_END_ID", np.array([[end]], dtype=i32)),
             pb_utils.Tensor("OUT_PAD_ID", np.array([[pad]], dtype=i32)),
