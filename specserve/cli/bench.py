@@ -67,6 +67,9 @@ def _text(s: dict[str, Any]) -> str:
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds prompts, arrivals, bootstrap and the server's sampler.")
 @click.option("--end-id", type=int, default=None, help="End-of-sequence token id to send.")
+@click.option("--num-draft-tokens", type=int, default=None,
+              help="Send num_draft_tokens (tensorrt_llm_bls: the draft-target / n-gram loop's "
+                   "K) to every model that declares it; the ensembles do not.")
 @click.option("--stream/--no-stream", default=True, show_default=True)
 @click.option("--perf-outputs/--no-perf-outputs", default=True, show_default=True,
               help="Ask the server for perf metrics and per-response token counts (off: send "

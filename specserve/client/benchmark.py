@@ -104,7 +104,8 @@ class Runner:
         c = self.cfg
         return GenParams(max_tokens=job.prompt.max_tokens or c.max_tokens, stream=c.stream,
                          temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed,
-                         end_id=c.end_id, perf_outputs=c.perf_outputs)
+                         end_id=c.end_id, perf_outputs=c.perf_outputs,
+                         num_draft_tokens=c.num_draft_tokens)
 
     async def run_job(self, job: Job) -> None:
         t = self.targets[job.variant]

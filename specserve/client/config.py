@@ -34,6 +34,7 @@ class BenchmarkConfig(JsonConfig):
     top_p: float | None = None
     seed: int = 0
     end_id: int | None = None
+    num_draft_tokens: int | None = None     # tensorrt_llm_bls input (models that declare it)
     stream: bool = True
     perf_outputs: bool = True               # request return_perf_metrics / num_output_tokens
     slo: str | None = None                  # "ttft=200,tpot=50" (milliseconds)
@@ -72,6 +73,8 @@ class BenchmarkConfig(JsonConfig):
             raise SpecserveError(f"--temperature must be >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise SpecserveError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
+            raise SpecserveError(f"--num-draft-tokens must be >= 0, got {self.num_draft_tokens}")
         if self.seed < 0:
             raise SpecserveError(f"--seed must be >= 0 (UINT64), got {self.seed}")
         if self.abort_after_errors < 1:

@@ -33,7 +33,7 @@ INPUT_DTYPES: dict[str, str] = {
     "text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
     "top_k": "INT32", "top_p": "FP32", "seed": "UINT64", "end_id": "INT32",
     "exclude_input_in_output": "BOOL", "return_perf_metrics": "BOOL",
-    "return_num_output_tokens": "BOOL",
+    "return_num_output_tokens": "BOOL", "num_draft_tokens": "INT32",
 }
 _NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32,
        "UINT64": np.uint64}
@@ -51,6 +51,7 @@ class GenParams:
     seed: int | None = None
     end_id: int | None = None
     perf_outputs: bool = True   # ask for perf metrics and per-response token counts
+    num_draft_tokens: int | None = None  # tensorrt_llm_bls only (left out where undeclared)
 
 
 def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:
@@ -61,6 +62,7 @@ def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> 
         "end_id": p.end_id, "exclude_input_in_output": True,
         "return_perf_metrics": p.perf_outputs or None,
         "return_num_output_tokens": p.perf_outputs or None,
+        "num_draft_tokens": p.num_draft_tokens,
     }
     return {k: v for k, v in values.items()
             if v is not None and (declared is None or k in declared)}

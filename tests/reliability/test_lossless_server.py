@@ -11,6 +11,18 @@ generated positions a two-sample chi-square test (scipy ``chi2_contingency``, to
 than 10 samples in both arms pooled) against the baseline. Threshold: reject when
 p < ALPHA / M (Bonferroni, ALPHA = 1e-3). Speculation must not be rejected; the negative control
 must be. Greedy (temperature 0) outputs must be token-exact.
+
+The same server also runs the loop of ``tensorrt_llm_bls`` (``num_draft_tokens`` = 3, the
+engine's max_draft_len): ``tensorrt_llm_bls`` (draft model ``tensorrt_llm_draft`` = the sharp
+draft above, with ``use_draft_logits``), ``tensorrt_llm_bls_ngram`` (prompt lookup, target
+``tensorrt_llm_ngram``) and ``tensorrt_llm_bls_negctl`` (the draft-target loop whose target is
+``tensorrt_llm_negctl``), against ``ensemble_baseline``. These arms take text, so their outputs are
+compared as the re-tokenized text (ids of ``tokenizer.encode(text)``, -1 padded to M): a fixed
+function of the output, equal in law under losslessness. N_BLS = 600 requests per arm, sent in
+waves of 200 (below the BLS's 256 in flight); about 13 s for the four arms. Measured
+(2026-12-01): smallest per-position p of ``tensorrt_llm_bls`` 0.25, ``tensorrt_llm_bls_ngram``
+0.069, ``tensorrt_llm_bls_negctl`` 5e-33 (threshold ALPHA / M = 2.5e-4): the power is there at
+this N (p-values recorded with ``record_property``).
 """
 
 from __future__ import annotations
@@ -23,7 +35,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.reliability.helpers import Job, copy_llm_model, llm_inputs, run_jobs, scale_lm_head
+from tests.reliability.helpers import (
+    Job,
+    copy_bls_model,
+    copy_llm_model,
+    llm_inputs,
+    run_jobs,
+    scale_lm_head,
+)
 
 pytestmark = pytest.mark.server
 
@@ -31,6 +50,9 @@ ALPHA = 1e-3
 M = 4  # first M generated tokens
 N_FAST = 600  # requests per arm in the always-run test
 N_SLOW = 3000  # requests per arm in the @slow test
+N_BLS = 600  # requests per BLS arm (and its ensemble_baseline arm) in the always-run test
+BLS_WAVE = 200  # BLS requests in flight at once
+K_BLS = 3  # num_draft_tokens sent to the BLS (= max_draft_len of the engines below)
 PROMPT = [10, 11, 12, 13, 10, 11, 12, 13, 10, 11]  # repeats: the n-gram proposer finds matches
 TARGET_SCALE, DRAFT_SCALE = 25.0, 100.0  # draft = the target, much sharper: q ~ one-hot on
 # the target's top token (skipping the residual then over-samples it: p* -> 2p* - p*^2)
@@ -61,6 +83,11 @@ def lossless_server(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) ->
                             force=True)
     copy_llm_model(repo, "tensorrt_llm_ngram", engine=engines["ngram"])
     copy_llm_model(repo, "tensorrt_llm_negctl", model_py=negative_control_model_py())
+    copy_bls_model(repo, "tensorrt_llm_bls_ngram", {
+        "speculative_mode": "ngram", "ngram_max_size": "3", "tensorrt_llm_draft_model_name": "",
+        "tensorrt_llm_model_name": "tensorrt_llm_ngram"})
+    copy_bls_model(repo, "tensorrt_llm_bls_negctl",
+                   {"tensorrt_llm_model_name": "tensorrt_llm_negctl"})
     server = TritonServer(repo, log_path=root / "server.log").start(180)
     try:
         yield server
@@ -112,6 +139,76 @@ def test_sampling_matches_target_only(lossless_server: Any, record_property: Any
     _check(lossless_server, N_FAST, record_property)
 
 
+BLS_ARMS = ("tensorrt_llm_bls", "tensorrt_llm_bls_ngram", "tensorrt_llm_bls_negctl")
+
+
+def _bls_inputs(model: str, text: str, n: int, temperature: float, seed: int,
+                perf: bool = False) -> dict[str, np.ndarray[Any, Any]]:
+    arrays: dict[str, np.ndarray[Any, Any]] = {
+        "text_input": np.array([[text.encode()]], dtype=object),
+        "max_tokens": np.array([[n]], dtype=np.int32),
+        "end_id": np.array([[-1]], dtype=np.int32),
+        "temperature": np.array([[temperature]], dtype=np.float32),
+        "seed": np.array([[seed]], dtype=np.uint64),
+        "exclude_input_in_output": np.array([[True]], dtype=bool),
+    }
+    if model.startswith("tensorrt_llm_bls"):
+        arrays["num_draft_tokens"] = np.array([[K_BLS]], dtype=np.int32)
+        arrays["use_draft_logits"] = np.array([[True]], dtype=bool)
+    if perf:
+        arrays["return_perf_metrics"] = np.array([[True]], dtype=bool)
+    return arrays
+
+
+def _bls_texts(url: str, model: str, text: str, n_tokens: int, temperature: float,
+               seeds: list[int]) -> list[str]:
+    from tests.helpers.server import grpc_stream_many, text_of
+
+    texts: list[str] = []
+    for c in range(0, len(seeds), BLS_WAVE):  # below the BLS's specserve_max_inflight (256)
+        wave = seeds[c:c + BLS_WAVE]
+        out, errors = grpc_stream_many(
+            url, model, [_bls_inputs(model, text, n_tokens, temperature, s) for s in wave],
+            timeout_s=300)
+        if errors:
+            raise RuntimeError(f"{model}: {errors[0]}")
+        texts += [text_of(out[i]) for i in range(len(wave))]
+    return texts
+
+
+def _retokenized(texts: list[str], tokenizer: Any) -> list[list[int]]:
+    ids = [tokenizer.encode(t, add_special_tokens=False).ids[:M] for t in texts]
+    return [s + [-1] * (M - len(s)) for s in ids]
+
+
+def _prompt_text(tiny_ckpt: Any) -> tuple[str, Any]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_ckpt.tokenizer / "tokenizer.json"))
+    return tok.decode(PROMPT), tok
+
+
+def test_bls_sampling_matches_target_only(lossless_server: Any, tiny_ckpt: Any,
+                                          record_property: Any) -> None:
+    """The BLS loop at T=1 (draft-target with draft logits, n-gram) against ensemble_baseline;
+    the BLS loop over the negative-control target must be told apart."""
+    text, tok = _prompt_text(tiny_ckpt)
+    url = lossless_server.grpc_url
+    base = _retokenized(_bls_texts(url, "ensemble_baseline", text, M, 1.0,
+                                   list(range(N_BLS))), tok)
+    results = {}
+    for j, model in enumerate(BLS_ARMS):
+        seeds = [(j + 4) * 10**6 + i for i in range(N_BLS)]
+        arm = _retokenized(_bls_texts(url, model, text, M, 1.0, seeds), tok)
+        results[model] = chi_square_pvalues(base, arm)
+        record_property(f"chi2_{model}_n{N_BLS}", results[model])
+    for model in BLS_ARMS[:2]:
+        assert min(p for _, p, _ in results[model]) >= ALPHA / M, (model, results[model])
+    assert min(p for _, p, _ in results["tensorrt_llm_bls_negctl"]) < ALPHA / M, \
+        ("BLS negative control not detected: the test has no power",
+         results["tensorrt_llm_bls_negctl"])
+
+
 @pytest.mark.slow
 def test_sampling_matches_target_only_large(lossless_server: Any, record_property: Any) -> None:
     _check(lossless_server, N_SLOW, record_property)
@@ -127,14 +224,28 @@ def test_greedy_token_exact(lossless_server: Any) -> None:
         assert run_jobs(url, model, jobs) == base, model
 
 
-@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_ngram"])
-def test_speculation_really_drafts(lossless_server: Any, model: str) -> None:
+def test_bls_greedy_text_exact(lossless_server: Any, tiny_ckpt: Any) -> None:
+    text, _ = _prompt_text(tiny_ckpt)
+    url = lossless_server.grpc_url
+    prompts = [text, "def add(a, b):", "x = 1\nx = 1\nx ="]
+    for p in prompts:
+        base = _bls_texts(url, "ensemble_baseline", p, 16, 0.0, [0])
+        for model in BLS_ARMS:
+            assert _bls_texts(url, model, p, 16, 0.0, [0]) == base, (model, p)
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_ngram", *BLS_ARMS])
+def test_speculation_really_drafts(lossless_server: Any, tiny_ckpt: Any, model: str) -> None:
     """Otherwise the distribution test would compare plain sampling with itself."""
     from tests.helpers.server import grpc_stream, scalar
 
-    arrays = {**llm_inputs(Job(PROMPT, 16, 1.0, 7)),
-              "return_perf_metrics": np.array([[True]], dtype=bool)}
-    final = grpc_stream(lossless_server.grpc_url, model, arrays)[-1]
+    if model.startswith("tensorrt_llm_bls"):
+        arrays = _bls_inputs(model, _prompt_text(tiny_ckpt)[0], 16, 1.0, 7, perf=True)
+    else:
+        arrays = {**llm_inputs(Job(PROMPT, 16, 1.0, 7)),
+                  "return_perf_metrics": np.array([[True]], dtype=bool)}
+    final = next(r for r in grpc_stream(lossless_server.grpc_url, model, arrays)
+                 if "total_draft_tokens" in r)
     assert scalar(final, "total_draft_tokens") > 0
 
 

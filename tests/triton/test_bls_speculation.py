@@ -379,3 +379,31 @@ def test_the_repository_lib_copy_is_what_runs(ngram_server: Any) -> None:
         drafted("tensorrt_llm_bls_libprobe")
     assert real > 0 and probe == 0
     assert probe_text == text
+
+
+@pytest.mark.server
+def test_bls_survives_bursts_of_concurrent_loops(ngram_server: Any) -> None:
+    """Waves of 200 concurrent loop requests at T=1 (about four target calls each). On
+    tritonserver 2.51 a stub freed numpy arrays without the GIL when a decoupled BLS iterator or
+    an unrequested output was dropped on a backend thread: before the BLS worked around it
+    (``TritonPythonModel._keep``, exact requested outputs) a stub died within a few waves."""
+    url = ngram_server.grpc_url
+    for wave in range(6):
+        reqs = [{**request(PROMPTS[i % 4], 4, num_draft_tokens=K, temperature=1.0),
+                 "seed": np.array([[wave * 1000 + i]], dtype=np.uint64)} for i in range(200)]
+        out, errors = grpc_stream_many(url, "tensorrt_llm_bls", reqs, timeout_s=30)
+        assert not errors and len(out) == 200, (wave, errors[:1])
+
+
+def test_bench_sends_num_draft_tokens_only_where_declared() -> None:
+    from specserve.client.config import BenchmarkConfig
+    from specserve.client.transport import GenParams, build_inputs
+    from specserve.errors import SpecserveError
+
+    p = GenParams(max_tokens=8, num_draft_tokens=K)
+    bls = frozenset({"text_input", "max_tokens", "num_draft_tokens"})
+    assert build_inputs("x", p, bls)["num_draft_tokens"] == K
+    assert "num_draft_tokens" not in build_inputs("x", p, frozenset({"text_input", "max_tokens"}))
+    assert "num_draft_tokens" not in build_inputs("x", GenParams(max_tokens=8), bls)
+    with pytest.raises(SpecserveError, match="--num-draft-tokens must be >= 0"):
+        BenchmarkConfig(url="127.0.0.1:1", out="o", num_draft_tokens=-1).validate()

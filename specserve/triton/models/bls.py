@@ -26,8 +26,10 @@ concatenated (``tensorrt_llm_draft_decoupled`` likewise; both default to false, 
 setup). A decoupled BLS with ``stream`` sends one response per iteration holding that
 iteration's new text (incremental detokenization, ``lib/detok.py``; upstream refuses streaming
 with speculation), then a final one with the perf outputs. ``total_draft_tokens`` /
-``total_accepted_draft_tokens`` are summed over the iterations, ``acceptance_rate`` = accepted /
-drafted; ``spec_stats_json`` (reference repositories) counts one verify step per iteration.
+``total_accepted_draft_tokens`` are summed over the iterations (accepted: the leading target
+tokens equal to the drafts; the target is asked for no perf outputs, see ``_keep``),
+``acceptance_rate`` = accepted / drafted; ``spec_stats_json`` (reference repositories) counts one
+verify step per iteration.
 
 Bad requests fail alone with one message: ``num_draft_tokens`` < 0 or above the parameter
 ``max_draft_len`` (the target's), no draft source, a draft model that is not in the repository,
@@ -182,13 +184,19 @@ class TritonPythonModel:
     def _keep(self, iterator: Any) -> Any:
         """Hold a decoupled exec's response iterator for a while after its request ended.
 
-        Works around the Python backend stub (r24.10 and its main branch, ``pb_stub.cc``
-        ``Stub::SendCleanupId``): its utility thread erases the iterator from
-        ``response_iterator_map_`` without the GIL, and when that drops the last reference the
-        responses' numpy arrays are freed there, racing the interpreter (measured here: heap
-        corruption, "double free", a dead BLS stub within about a thousand concurrent loop
-        requests). Kept here, the last reference goes when a newer iterator pushes it out of the
-        bounded deque, in a Python thread holding the GIL."""
+        Works around the Python backend stub of tritonserver 2.51 (r24.10): ``~PbTensor`` frees
+        a tensor's numpy array without taking the GIL (fixed upstream by
+        triton-inference-server/python_backend b771f4f, "Hold GIL when deleting numpy array",
+        Dec 2024), and its utility thread erases finished iterators from
+        ``response_iterator_map_`` (``Stub::SendCleanupId``) without the GIL: when that drops
+        the last reference, the responses' arrays are freed there, racing the interpreter
+        (measured here: heap corruption, "double free", a dead BLS stub within about a thousand
+        concurrent loop requests). Kept here, the last reference goes when a newer iterator
+        pushes it out of the bounded deque, in a Python thread holding the GIL. The same bug is
+        why every call asks for exactly the outputs its model produces: a response sender
+        prunes unrequested outputs with the GIL released (``ResponseSender::Send``), which
+        crashed the reference ``tensorrt_llm`` stub when the loop asked it for fewer outputs
+        than ``return_perf_metrics`` made it send."""
         self.kept.append(iterator)
         return iterator
 
@@ -421,7 +429,6 @@ class TritonPythonModel:
         def target(ctx: list[int], drafts: list[int], logits: Any,
                    s: spec_loop.Sampling) -> tuple[list[int], int, int]:
             tensors = self._common(inputs, pre, ctx, s, len(drafts) + 1, end_id)
-            tensors.append(pb_utils.Tensor("return_perf_metrics", np.array([[True]], dtype=bool)))
             if "stop_words_list" in pre:
                 tensors.append(pb_utils.Tensor("stop_words_list", pre["stop_words_list"]))
             if drafts:
@@ -430,16 +437,12 @@ class TritonPythonModel:
             if drafts and logits is not None:
                 tensors.append(pb_utils.Tensor(
                     "draft_logits", np.ascontiguousarray(logits, dtype=np.float32)[None]))
-            names = ["output_ids", "sequence_length", "total_draft_tokens",
-                     "total_accepted_draft_tokens"]
-            out = self._exec("target", self.llm, tensors, names, self.llm_decoupled)
+            # Exactly the outputs the target produces (no perf outputs asked: see _keep)
+            out = self._exec("target", self.llm, tensors, ["output_ids", "sequence_length"],
+                             self.llm_decoupled)
             tokens: list[int] = out["output_ids"]
-            drafted = out.get("total_draft_tokens")
-            accepted = out.get("total_accepted_draft_tokens")
-            return (tokens,
-                    spec_loop.accepted_prefix(drafts, tokens) if accepted is None
-                    else int(accepted.reshape(-1)[0]),
-                    len(drafts) if drafted is None else int(drafted.reshape(-1)[0]))
+            # a rejected draft's position never holds the draft: the prefix is what was accepted
+            return tokens, spec_loop.accepted_prefix(drafts, tokens), len(drafts)
 
         detok = IncrementalDetokenizer(self._decode)
         streamed: list[str] = []

@@ -268,3 +268,5 @@ def run(req: SpecRequest, draft: DraftFn, target: TargetFn,
             result.finish_reason = out.finish
             return result
         index += 1
+        if index >= req.max_tokens:  # cannot happen (see above): never spin on a broken rule
+            raise SpecLoopError(f"{index} iterations without finishing {req.max_tokens} tokens")
