@@ -57,12 +57,15 @@ def mark(directory: Path, writer: str) -> None:
     write_json_atomic(directory / MARKER, {"written_by": writer})
 
 
-def _fresh_stage(stage: Path, out: Path, writer: str) -> None:
+def _fresh_stage_or_refuse(stage: Path, out: Path) -> None:
     if stage.exists() or stage.is_symlink():
         if written_by(stage) is None:  # not a stage of ours: never delete it
             raise SpecserveError(f"{stage}: exists and was not left by specserve; remove it to "
                                  f"write {out}")
         shutil.rmtree(stage)  # left over by a killed run of ours
+
+
+def _make_stage(stage: Path, out: Path, writer: str) -> None:
     try:
         stage.mkdir(parents=True)
     except OSError as e:  # unwritable or not a directory
@@ -95,8 +98,9 @@ def staged_output(out: Path, force: bool, writer: str,
     it into ``out``, otherwise delete it. ``out`` is checked before any work starts."""
     check_replaceable(out, force, writer)
     stage = stage if stage is not None else out.parent / f".{out.name}.building"
-    _fresh_stage(stage, out, writer)
-    try:
+    _fresh_stage_or_refuse(stage, out)
+    try:  # from the mkdir on: a Ctrl-C between it and the work must not leave the stage
+        _make_stage(stage, out, writer)
         yield stage
         swap_into_place(stage, out)
     except BaseException:
