@@ -30,13 +30,12 @@ is the one that follows the context.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from specserve.errors import SpecserveError
+from specserve.runtime.batch import Batch, GenerationResult
 from specserve.runtime.model import KVCache, Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import (
@@ -47,99 +46,12 @@ from specserve.runtime.proposers import (
     TreeProposal,
 )
 from specserve.spec.sampling import logits_to_probs, sample
-from specserve.spec.stats import AcceptanceStats
 from specserve.spec.tree import tree_greedy_verify
 from specserve.spec.verify import greedy_verify, rejection_sample, typical_acceptance
 
 __all__ = ["GenerationResult", "SamplingParams", "SpecDecoder"]
 
 OnStep = Callable[[int, list[int]], None]
-
-
-@dataclass
-class GenerationResult:
-    """One request's output. ``finish_reason``: "stop" (end_id/stop token, not included),
-    "length" (max_tokens) or "verified" (:meth:`SpecDecoder.verify`: its one step ended before
-    max_tokens). Times are ``time.time_ns()``. ``logits`` [T, V] float32, only when asked
-    (``return_logits``): for each emitted token the target's logits it was chosen from (stop
-    tokens banned before ``min_tokens`` are -inf, as when it was chosen)."""
-
-    token_ids: list[int]
-    stats: AcceptanceStats
-    finish_reason: str
-    first_token_time_ns: int
-    last_token_time_ns: int
-    logits: torch.Tensor | None = None
-
-
-class _Batch:
-    """Mutable per-call state: sequences, outputs, stop flags, stats, generators, times."""
-
-    def __init__(self, prompts: list[list[int]], params: list[SamplingParams],
-                 device: torch.device) -> None:
-        n = len(prompts)
-        self.params = params
-        self.seqs = [list(p) for p in prompts]
-        self.out: list[list[int]] = [[] for _ in range(n)]
-        self.done = [False] * n
-        self.finish = [""] * n
-        self.stats = [AcceptanceStats() for _ in range(n)]
-        self.stop = [p.stop_ids for p in params]
-        self.first, self.last = [0] * n, [0] * n
-        self.gens = []
-        for p in params:
-            g = torch.Generator(device=device)
-            if p.seed is None:
-                g.seed()
-            else:
-                g.manual_seed(p.seed)
-            self.gens.append(g)
-        self.k: list[int] = []  # per-sequence draft length (chain steps)
-        self.prop: Proposer | None = None  # this call's proposer
-        self.logits: list[list[torch.Tensor]] | None = None  # per row, when some row asked
-        self.want: list[bool] = [False] * n
-
-    def keep_logits(self, want: list[bool]) -> None:
-        """Keep the logits of emitted tokens for the rows that want them (opt-in)."""
-        self.want = want
-        self.logits = [[] for _ in want] if any(want) else None
-
-    def capture(self, b: int, logits: torch.Tensor) -> None:
-        """logits [n, V] of the n tokens row b just emitted (a copy: the batch tensor goes)."""
-        if self.logits is not None and self.want[b] and logits.shape[0]:
-            self.logits[b].append(logits.float().clone())
-
-    def result_logits(self, b: int, vocab: int) -> torch.Tensor | None:
-        if self.logits is None or not self.want[b]:
-            return None
-        rows = self.logits[b]
-        return torch.cat(rows) if rows else torch.zeros(0, vocab)
-
-    def active(self) -> list[int]:
-        return [b for b, d in enumerate(self.done) if not d]
-
-    def emit(self, b: int, tokens: list[int]) -> list[int]:
-        """Append tokens to sequence b up to a stop condition; the tokens actually emitted."""
-        p, out, new = self.params[b], self.out[b], []
-        for t in tokens:
-            if t in self.stop[b] and len(out) >= p.min_tokens:
-                self.done[b], self.finish[b] = True, "stop"
-                break
-            out.append(t)
-            new.append(t)
-            if len(out) >= p.max_tokens:
-                self.done[b], self.finish[b] = True, "length"
-                break
-            if p.stop_sequences and len(out) >= p.min_tokens and any(
-                    out[-len(w):] == list(w) for w in p.stop_sequences):
-                self.done[b], self.finish[b] = True, "stop"
-                break
-        self.seqs[b].extend(new)
-        if new or self.done[b]:  # a request stopped before any token still gets its times
-            now = time.time_ns()
-            self.first[b] = self.first[b] or now
-            self.last[b] = now
-        return new
 
 
 class SpecDecoder:
@@ -206,7 +118,7 @@ class SpecDecoder:
     def _generate(self, prompts: list[list[int]], plist: list[SamplingParams],
                   on_step: OnStep | None, prop: Proposer | None, verify: bool,
                   want_logits: list[bool]) -> list[GenerationResult]:
-        st = _Batch(prompts, plist, self.device)
+        st = Batch(prompts, plist, self.device)
         st.prop = prop
         st.keep_logits(want_logits)
         look = self._lookahead(prop)
@@ -267,7 +179,7 @@ class SpecDecoder:
         c.lengths = [0] * batch
         return c
 
-    def _prefill(self, st: _Batch, cache: KVCache, on_step: OnStep | None,
+    def _prefill(self, st: Batch, cache: KVCache, on_step: OnStep | None,
                  sample: bool = True) -> torch.Tensor:
         """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
         hidden states [B, P, H]. ``sample`` False (:meth:`verify`): run all but each prompt's
@@ -296,7 +208,7 @@ class SpecDecoder:
             self._deliver(st, b, new, on_step)
         return hidden
 
-    def _pick(self, st: _Batch, logits: torch.Tensor) -> list[int]:
+    def _pick(self, st: Batch, logits: torch.Tensor) -> list[int]:
         """One token per row from logits [B, V]: argmax, or sampled with the row's params."""
         tok = [int(t) for t in logits.argmax(dim=-1).tolist()]  # [B]
         for b in st.active():
@@ -305,13 +217,13 @@ class SpecDecoder:
         return tok
 
     @staticmethod
-    def _pick_row(st: _Batch, b: int, logits: torch.Tensor) -> list[int]:
+    def _pick_row(st: Batch, b: int, logits: torch.Tensor) -> list[int]:
         """Sample row b's token from logits [1, V] with its params and generator."""
         p = st.params[b]
         probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # [1, V]
         return [int(sample(probs, st.gens[b])[0])]
 
-    def _ban_stops(self, st: _Batch, logits: torch.Tensor, depth: list[int]) -> None:
+    def _ban_stops(self, st: Batch, logits: torch.Tensor, depth: list[int]) -> None:
         """Forbid stop tokens at positions that would come before ``min_tokens`` (in place)."""
         for b in st.active():
             p, done = st.params[b], len(st.out[b])
@@ -322,11 +234,11 @@ class SpecDecoder:
                         logits[b, j, ids] = float("-inf")
 
     @staticmethod
-    def _deliver(st: _Batch, b: int, new: list[int], on_step: OnStep | None) -> None:
+    def _deliver(st: Batch, b: int, new: list[int], on_step: OnStep | None) -> None:
         if new and on_step is not None:
             on_step(b, new)
 
-    def _step(self, st: _Batch, cache: KVCache, on_step: OnStep | None) -> None:
+    def _step(self, st: Batch, cache: KVCache, on_step: OnStep | None) -> None:
         """1. propose, then verify as the proposal's kind asks (no proposal: plain decoding)."""
         p, n = st.prop, len(st.seqs)
         if not st.k:
@@ -340,7 +252,7 @@ class SpecDecoder:
         else:
             self._chain_step(st, cache, prop, limits, on_step)
 
-    def _chain_step(self, st: _Batch, cache: KVCache, prop: ChainProposal | None,
+    def _chain_step(self, st: Batch, cache: KVCache, prop: ChainProposal | None,
                     limits: list[int], on_step: OnStep | None) -> None:
         """Steps 2-4 for a chain of drafts (none, or K = 0: a plain decoding step)."""
         act, dev, n = st.active(), self.device, len(st.seqs)
@@ -378,10 +290,10 @@ class SpecDecoder:
             st.prop.update(StepOutcome(hidden, last, last, st.seqs))
 
     @staticmethod
-    def _kmax(st: _Batch) -> int:
+    def _kmax(st: Batch) -> int:
         return 0 if st.prop is None else st.prop.max_draft_len
 
-    def _verify_chain(self, st: _Batch, drafts: torch.Tensor, q: torch.Tensor | None,
+    def _verify_chain(self, st: Batch, drafts: torch.Tensor, q: torch.Tensor | None,
                       logits: torch.Tensor, counts: list[int],
                       typical: bool) -> list[list[int]]:
         """Emitted tokens per row. drafts [B, K], q [B, K, V] | None, logits [B, K+1, V];
@@ -417,7 +329,7 @@ class SpecDecoder:
             out[b] = r.emitted(0)
         return out
 
-    def _tree_step(self, st: _Batch, cache: KVCache, prop: TreeProposal,
+    def _tree_step(self, st: Batch, cache: KVCache, prop: TreeProposal,
                    on_step: OnStep | None) -> None:
         """Steps 2-4 for a candidate tree (greedy; longest accepted root-to-leaf path)."""
         n, buf, tree_tokens = len(st.seqs), prop.buffers, prop.tokens  # [B, N+1]

@@ -325,7 +325,7 @@ def test_streaming_from_the_bls(served: Any) -> None:
             prompt, 24, num_draft_tokens=K, stream=True, return_perf_metrics=True,
             return_num_output_tokens=True))
         chunks = [r for r in rs if "num_output_tokens" in r and scalar(r, "num_output_tokens")]
-        assert 1 < len(chunks) <= 24
+        assert len(chunks) > 1 and len(chunks) <= 24  # several chunks, none empty
         assert sum(scalar(r, "num_output_tokens") for r in chunks) == 24
         assert text_of(rs) == whole, prompt
         final = next(r for r in rs if "total_draft_tokens" in r)

@@ -50,36 +50,17 @@ import triton_python_backend_utils as pb_utils
 
 if TYPE_CHECKING:
     from specserve.triton.models.bls_lib import ngram, spec_loop
+    from specserve.triton.models.bls_lib import request as rq
     from specserve.triton.models.bls_lib.detok import IncrementalDetokenizer
 else:
     try:  # in a repository: tensorrt_llm_bls/1/lib/
         from lib import ngram, spec_loop
+        from lib import request as rq
         from lib.detok import IncrementalDetokenizer
     except ImportError:  # imported from the specserve package
         from specserve.triton.models.bls_lib import ngram, spec_loop
+        from specserve.triton.models.bls_lib import request as rq
         from specserve.triton.models.bls_lib.detok import IncrementalDetokenizer
-
-# BLS input -> (model, input name)
-_PRE = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
-        "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
-_LLM = {"exclude_input_in_output": "exclude_input_in_output", "top_k": "runtime_top_k",
-        "top_p": "runtime_top_p", "temperature": "temperature", "length_penalty": "len_penalty",
-        "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens",
-        "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-        "seed": "seed", "return_perf_metrics": "return_perf_metrics",
-        "return_num_input_tokens": "return_num_input_tokens",
-        "return_num_output_tokens": "return_num_output_tokens", "beam_width": "beam_width",
-        "num_return_sequences": "num_return_sequences", "stream": "streaming"}
-_PRE_OUT = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
-            "REQUEST_OUTPUT_LEN": "request_output_len", "BAD_WORDS_IDS": "bad_words_list",
-            "STOP_WORDS_IDS": "stop_words_list", "OUT_END_ID": "end_id", "OUT_PAD_ID": "pad_id"}
-_FORWARD = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
-            "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens",
-            "total_draft_tokens", "num_input_tokens", "num_output_tokens", "spec_stats_json")
-# forwarded unchanged to the draft and the target of the loop (the models judge them)
-_SPEC_PASS = ("length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
-_MISSING = ("not found", "unknown model", "not ready", "unavailable")
-
 
 DEFAULT_MAX_INFLIGHT = 256  # decoupled requests served at once (parameter specserve_max_inflight)
 KEEP_ITERATORS = 4096  # decoupled BLS response iterators held after use (see _keep)
@@ -99,64 +80,31 @@ def _busy(limit: int) -> Any:
         "(specserve_max_inflight); retry later"))
 
 
-def _param(params: dict[str, str], key: str, default: str) -> str:
-    value = params.get(key, "")
-    return default if not value or value.startswith("${") else value
-
-
-def _flag(params: dict[str, str], key: str) -> bool:
-    return _param(params, key, "false").lower() in ("true", "1", "yes")
-
-
-def _as_batch(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """BLS inputs reshaped to scalars arrive as [1]; models want [1, 1]."""
-    return a.reshape(1, -1) if a.ndim == 1 else a
-
-
-def _scalar(inputs: dict[str, np.ndarray[Any, Any]], name: str, default: Any) -> Any:
-    a = inputs.get(name)
-    return default if a is None or a.size == 0 else a.reshape(-1)[0].item()
-
-
 def _i32(v: int) -> np.ndarray[Any, Any]:
     return np.array([[v]], dtype=np.int32)
-
-
-def word_lists(arr: np.ndarray[Any, Any] | None) -> tuple[tuple[int, ...], ...]:
-    """TensorRT-LLM's ``[1, 2, L]`` word list (flat ids; end offsets, -1 padded) as words."""
-    if arr is None or arr.size == 0 or arr.size % 2:
-        return ()
-    ids, ends = arr.reshape(2, -1)
-    words, start = [], 0
-    for end in ends:
-        if end < 0:
-            break
-        words.append(tuple(int(t) for t in ids[start:int(end)]))
-        start = int(end)
-    return tuple(w for w in words if w)
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         cfg = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
-        self.llm = _param(params, "tensorrt_llm_model_name", "tensorrt_llm")
-        self.draft = _param(params, "tensorrt_llm_draft_model_name", "")
-        self.accumulate = _flag(params, "accumulate_tokens")
+        self.llm = rq.param(params, "tensorrt_llm_model_name", "tensorrt_llm")
+        self.draft = rq.param(params, "tensorrt_llm_draft_model_name", "")
+        self.accumulate = rq.flag(params, "accumulate_tokens")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.outputs = [o["name"] for o in cfg.get("output", [])]
         # the speculation loop (specserve's parameters; NVIDIA's BLS ignores them)
-        self.spec_mode = _param(params, "speculative_mode", "draft" if self.draft else "")
-        self.ngram_max = int(_param(params, "ngram_max_size", str(ngram.DEFAULT_MAX_NGRAM)))
-        max_draft = _param(params, "max_draft_len", "")
+        self.spec_mode = rq.param(params, "speculative_mode", "draft" if self.draft else "")
+        self.ngram_max = int(rq.param(params, "ngram_max_size", str(ngram.DEFAULT_MAX_NGRAM)))
+        max_draft = rq.param(params, "max_draft_len", "")
         self.max_draft_len = int(max_draft) if max_draft else None
-        vocab = _param(params, "tensorrt_llm_vocab_size", "")
+        vocab = rq.param(params, "tensorrt_llm_vocab_size", "")
         self.vocab = int(vocab) if vocab else None
-        self.llm_decoupled = _flag(params, "tensorrt_llm_decoupled")
-        self.draft_decoupled = _flag(params, "tensorrt_llm_draft_decoupled")
+        self.llm_decoupled = rq.flag(params, "tensorrt_llm_decoupled")
+        self.draft_decoupled = rq.flag(params, "tensorrt_llm_draft_decoupled")
         # One thread per in-flight decoupled request, bounded: past the bound a request fails
         # at once with "server busy" and the server stays up.
-        self.max_inflight = max(1, int(_param(params, "specserve_max_inflight",
+        self.max_inflight = max(1, int(rq.param(params, "specserve_max_inflight",
                                               str(DEFAULT_MAX_INFLIGHT))))
         self.slots = threading.BoundedSemaphore(self.max_inflight)
         self.kept: collections.deque[Any] = collections.deque(maxlen=KEEP_ITERATORS)
@@ -219,7 +167,7 @@ class TritonPythonModel:
                 sender.send(resp, flags=flags)
 
         try:
-            k = int(_scalar(inputs, "num_draft_tokens", 0))
+            k = int(rq.scalar(inputs, "num_draft_tokens", 0))
             if k != 0:
                 self._spec_generate(inputs, emit, k, arrival)
             else:
@@ -237,21 +185,23 @@ class TritonPythonModel:
 
     def _preprocess(self, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         """preprocessing's outputs under the tensorrt_llm input names (numpy arrays)."""
-        pre_in = [pb_utils.Tensor(_PRE[k], _as_batch(v)) for k, v in inputs.items() if k in _PRE]
+        pre_in = [pb_utils.Tensor(rq.PRE[k], rq.as_batch(v))
+                  for k, v in inputs.items() if k in rq.PRE]
         pre = pb_utils.InferenceRequest(model_name="preprocessing", inputs=pre_in,
-                                        requested_output_names=list(_PRE_OUT)).exec()
+                                        requested_output_names=list(rq.PRE_OUT)).exec()
         if pre.has_error():
             raise RuntimeError(pre.error().message())
         # copies: the arrays outlive the response they came in (used by every loop iteration)
-        return {_PRE_OUT[t.name()]: t.as_numpy().copy() for t in pre.output_tensors()}
+        return {rq.PRE_OUT[t.name()]: t.as_numpy().copy() for t in pre.output_tensors()}
 
     def _generate(self, inputs: dict[str, np.ndarray[Any, Any]], emit: Any) -> None:
         pre = self._preprocess(inputs)
         llm_in = [pb_utils.Tensor(k, v) for k, v in pre.items()]
-        llm_in += [pb_utils.Tensor(_LLM[k], _as_batch(v)) for k, v in inputs.items() if k in _LLM]
+        llm_in += [pb_utils.Tensor(rq.LLM[k], rq.as_batch(v))
+                   for k, v in inputs.items() if k in rq.LLM]
         if not self.decoupled:
             llm_in = [t for t in llm_in if t.name() != "streaming"]
-        wanted = ["output_ids", "sequence_length", *[o for o in _FORWARD if o in self.outputs]]
+        wanted = ["output_ids", "sequence_length", *[o for o in rq.FORWARD if o in self.outputs]]
         llm = pb_utils.InferenceRequest(model_name=self.llm, inputs=llm_in,
                                         requested_output_names=wanted)
         seen: list[np.ndarray[Any, Any]] = []
@@ -271,7 +221,7 @@ class TritonPythonModel:
             lens = np.array([[ids.shape[2]]], dtype=np.int32)
         text = self._postprocess(ids, lens)
         tensors = [pb_utils.Tensor("text_output", text)]
-        for name in _FORWARD:
+        for name in rq.FORWARD:
             t = pb_utils.get_output_tensor_by_name(resp, name)
             if t is not None and name in self.outputs:
                 tensors.append(pb_utils.Tensor(name, t.as_numpy()))
@@ -311,13 +261,13 @@ class TritonPythonModel:
                              "tensorrt_llm_draft_model_name or speculative_mode ngram "
                              f"(speculative_mode is {self.spec_mode!r})")
         for name in ("beam_width", "num_return_sequences"):
-            if int(_scalar(inputs, name, 1)) > 1:
+            if int(rq.scalar(inputs, name, 1)) > 1:
                 raise ValueError(f"{name} > 1 is not supported with speculative decoding")
 
     def _call_error(self, role: str, model: str, message: str) -> _CallError:
         param = ("tensorrt_llm_draft_model_name" if role == "draft"
                  else "tensorrt_llm_model_name")
-        if any(m in message.lower() for m in _MISSING):
+        if any(m in message.lower() for m in rq.MISSING):
             return _CallError(f"{role} model '{model}' (parameter {param}) is not available "
                               f"in the repository: {message}")
         return _CallError(f"{role} model '{model}' (parameter {param}): {message}")
@@ -371,7 +321,7 @@ class TritonPythonModel:
         for name in ("pad_id", "bad_words_list"):
             if name in pre:
                 tensors.append(pb_utils.Tensor(name, pre[name]))
-        tensors += [pb_utils.Tensor(_LLM[k], _as_batch(inputs[k])) for k in _SPEC_PASS
+        tensors += [pb_utils.Tensor(rq.LLM[k], rq.as_batch(inputs[k])) for k in rq.SPEC_PASS
                     if k in inputs]
         return tensors
 
@@ -382,19 +332,20 @@ class TritonPythonModel:
         n_in = int(pre["input_lengths"].reshape(-1)[0])
         prompt = tuple(int(t) for t in pre["input_ids"].reshape(-1)[:n_in])
         end_id = int(pre["end_id"].reshape(-1)[0]) if "end_id" in pre else -1
-        seed = _scalar(inputs, "seed", None)
+        seed = rq.scalar(inputs, "seed", None)
         req = spec_loop.SpecRequest(
-            prompt=prompt, max_tokens=int(_scalar(inputs, "max_tokens", 0)), num_draft_tokens=k,
+            prompt=prompt, max_tokens=int(rq.scalar(inputs, "max_tokens", 0)), num_draft_tokens=k,
             sampling=spec_loop.Sampling(
-                temperature=float(_scalar(inputs, "temperature", 0.0)),
-                top_k=int(_scalar(inputs, "top_k", 0)), top_p=float(_scalar(inputs, "top_p", 1.0)),
+                temperature=float(rq.scalar(inputs, "temperature", 0.0)),
+                top_k=int(rq.scalar(inputs, "top_k", 0)),
+                top_p=float(rq.scalar(inputs, "top_p", 1.0)),
                 seed=None if seed is None else int(seed)),
-            end_id=end_id, stop_words=word_lists(pre.get("stop_words_list")),
-            min_tokens=int(_scalar(inputs, "min_tokens", 0)))
-        use_logits = bool(_scalar(inputs, "use_draft_logits", False))
-        streaming = self.decoupled and bool(_scalar(inputs, "stream", False))
-        counts_in = bool(_scalar(inputs, "return_num_input_tokens", False))
-        counts_out = bool(_scalar(inputs, "return_num_output_tokens", False))
+            end_id=end_id, stop_words=rq.word_lists(pre.get("stop_words_list")),
+            min_tokens=int(rq.scalar(inputs, "min_tokens", 0)))
+        use_logits = bool(rq.scalar(inputs, "use_draft_logits", False))
+        streaming = self.decoupled and bool(rq.scalar(inputs, "stream", False))
+        counts_in = bool(rq.scalar(inputs, "return_num_input_tokens", False))
+        counts_out = bool(rq.scalar(inputs, "return_num_output_tokens", False))
         checked_vocab = [self.vocab is None]
         draft: spec_loop.DraftFn
 
@@ -462,7 +413,7 @@ class TritonPythonModel:
 
         scheduled = time.monotonic_ns()
         result = spec_loop.run(req, draft, target, on_iteration)
-        exclude = bool(_scalar(inputs, "exclude_input_in_output", False))
+        exclude = bool(rq.scalar(inputs, "exclude_input_in_output", False))
         final: dict[str, Any]
         if streaming:
             rest = detok.flush()
@@ -477,7 +428,7 @@ class TritonPythonModel:
             final["num_output_tokens"] = n_out
         if counts_in:
             final["num_input_tokens"] = len(prompt)
-        if bool(_scalar(inputs, "return_perf_metrics", False)):
+        if bool(rq.scalar(inputs, "return_perf_metrics", False)):
             final.update(
                 arrival_time_ns=np.array([[arrival]], dtype=np.int64),
                 first_scheduled_time_ns=np.array([[scheduled]], dtype=np.int64),

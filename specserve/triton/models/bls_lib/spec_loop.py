@@ -31,8 +31,9 @@ specserve's own rules on top (documented in docs/architecture.md, "Triton contra
   be lossless. Here call ``role`` of iteration ``i`` gets :func:`iteration_seed` ``(seed, i,
   role)``: splitmix64 of splitmix64(seed) + 2i + (1 draft | 2 target), distinct for every call of
   a request (splitmix64 is a bijection of 64-bit integers). No seed stays no seed.
-- **Stops** are decided here, as the reference decoder decides them (``runtime/decoder.py``
-  ``_Batch.emit``): ``end_id`` and single-token stop words end the output and are not part of it,
+- **Stops** are decided here, as the reference decoder decides them
+  (``runtime/batch.py`` ``Batch.emit``): ``end_id`` and single-token stop words end the output
+  and are not part of it,
   multi-token stop words end it and are kept, none of them counts before ``min_tokens`` tokens,
   ``max_tokens`` caps it. A target that stops by itself (its own end id, stop word or length)
   answers with no token of its own: every token it returned equals the draft at that position

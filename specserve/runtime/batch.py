@@ -1,0 +1,101 @@
+"""Per-call state of :class:`specserve.runtime.decoder.SpecDecoder`: the sequences of one
+``generate``/``verify`` call, their outputs, stop conditions (end_id/stop tokens, max_tokens,
+min_tokens, stop sequences), stats, generators, times and the opt-in emitted-token logits; and
+the result record of one request."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specserve.runtime.params import SamplingParams
+from specserve.runtime.proposers import Proposer
+from specserve.spec.stats import AcceptanceStats
+
+
+@dataclass
+class GenerationResult:
+    """One request's output. ``finish_reason``: "stop" (end_id/stop token, not included),
+    "length" (max_tokens) or "verified" (:meth:`SpecDecoder.verify`: its one step ended before
+    max_tokens). Times are ``time.time_ns()``. ``logits`` [T, V] float32, only when asked
+    (``return_logits``): for each emitted token the target's logits it was chosen from (stop
+    tokens banned before ``min_tokens`` are -inf, as when it was chosen)."""
+
+    token_ids: list[int]
+    stats: AcceptanceStats
+    finish_reason: str
+    first_token_time_ns: int
+    last_token_time_ns: int
+    logits: torch.Tensor | None = None
+
+
+class Batch:
+    """Mutable per-call state: sequences, outputs, stop flags, stats, generators, times."""
+
+    def __init__(self, prompts: list[list[int]], params: list[SamplingParams],
+                 device: torch.device) -> None:
+        n = len(prompts)
+        self.params = params
+        self.seqs = [list(p) for p in prompts]
+        self.out: list[list[int]] = [[] for _ in range(n)]
+        self.done = [False] * n
+        self.finish = [""] * n
+        self.stats = [AcceptanceStats() for _ in range(n)]
+        self.stop = [p.stop_ids for p in params]
+        self.first, self.last = [0] * n, [0] * n
+        self.gens = []
+        for p in params:
+            g = torch.Generator(device=device)
+            if p.seed is None:
+                g.seed()
+            else:
+                g.manual_seed(p.seed)
+            self.gens.append(g)
+        self.k: list[int] = []  # per-sequence draft length (chain steps)
+        self.prop: Proposer | None = None  # this call's proposer
+        self.logits: list[list[torch.Tensor]] | None = None  # per row, when some row asked
+        self.want: list[bool] = [False] * n
+
+    def keep_logits(self, want: list[bool]) -> None:
+        """Keep the logits of emitted tokens for the rows that want them (opt-in)."""
+        self.want = want
+        self.logits = [[] for _ in want] if any(want) else None
+
+    def capture(self, b: int, logits: torch.Tensor) -> None:
+        """logits [n, V] of the n tokens row b just emitted (a copy: the batch tensor goes)."""
+        if self.logits is not None and self.want[b] and logits.shape[0]:
+            self.logits[b].append(logits.float().clone())
+
+    def result_logits(self, b: int, vocab: int) -> torch.Tensor | None:
+        if self.logits is None or not self.want[b]:
+            return None
+        rows = self.logits[b]
+        return torch.cat(rows) if rows else torch.zeros(0, vocab)
+
+    def active(self) -> list[int]:
+        return [b for b, d in enumerate(self.done) if not d]
+
+    def emit(self, b: int, tokens: list[int]) -> list[int]:
+        """Append tokens to sequence b up to a stop condition; the tokens actually emitted."""
+        p, out, new = self.params[b], self.out[b], []
+        for t in tokens:
+            if t in self.stop[b] and len(out) >= p.min_tokens:
+                self.done[b], self.finish[b] = True, "stop"
+                break
+            out.append(t)
+            new.append(t)
+            if len(out) >= p.max_tokens:
+                self.done[b], self.finish[b] = True, "length"
+                break
+            if p.stop_sequences and len(out) >= p.min_tokens and any(
+                    out[-len(w):] == list(w) for w in p.stop_sequences):
+                self.done[b], self.finish[b] = True, "stop"
+                break
+        self.seqs[b].extend(new)
+        if new or self.done[b]:  # a request stopped before any token still gets its times
+            now = time.time_ns()
+            self.first[b] = self.first[b] or now
+            self.last[b] = now
+        return new

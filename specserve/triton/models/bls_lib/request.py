@@ -1,0 +1,63 @@
+"""Pure pieces of the ``tensorrt_llm_bls`` model (stdlib only; copied into the repository's
+``tensorrt_llm_bls/1/lib/``): which BLS input goes to which model input, the outputs forwarded,
+parameter reading, and TensorRT-LLM's word-list layout (tensorrt_llm_bls config of the pinned
+release, ``../shared/reference/trtllm-pinned.md`` §3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# BLS input -> (model, input name)
+PRE = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
+        "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
+LLM = {"exclude_input_in_output": "exclude_input_in_output", "top_k": "runtime_top_k",
+        "top_p": "runtime_top_p", "temperature": "temperature", "length_penalty": "len_penalty",
+        "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens",
+        "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+        "seed": "seed", "return_perf_metrics": "return_perf_metrics",
+        "return_num_input_tokens": "return_num_input_tokens",
+        "return_num_output_tokens": "return_num_output_tokens", "beam_width": "beam_width",
+        "num_return_sequences": "num_return_sequences", "stream": "streaming"}
+PRE_OUT = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
+            "REQUEST_OUTPUT_LEN": "request_output_len", "BAD_WORDS_IDS": "bad_words_list",
+            "STOP_WORDS_IDS": "stop_words_list", "OUT_END_ID": "end_id", "OUT_PAD_ID": "pad_id"}
+FORWARD = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+            "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens",
+            "total_draft_tokens", "num_input_tokens", "num_output_tokens", "spec_stats_json")
+# forwarded unchanged to the draft and the target of the loop (the models judge them)
+SPEC_PASS = ("length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
+MISSING = ("not found", "unknown model", "not ready", "unavailable")
+
+
+
+def param(params: dict[str, str], key: str, default: str) -> str:
+    value = params.get(key, "")
+    return default if not value or value.startswith("${") else value
+
+
+def flag(params: dict[str, str], key: str) -> bool:
+    return param(params, key, "false").lower() in ("true", "1", "yes")
+
+
+def as_batch(a: Any) -> Any:
+    """BLS inputs reshaped to scalars arrive as [1]; models want [1, 1]."""
+    return a.reshape(1, -1) if a.ndim == 1 else a
+
+
+def scalar(inputs: dict[str, Any], name: str, default: Any) -> Any:
+    a = inputs.get(name)
+    return default if a is None or a.size == 0 else a.reshape(-1)[0].item()
+
+
+def word_lists(arr: Any) -> tuple[tuple[int, ...], ...]:
+    """TensorRT-LLM's ``[1, 2, L]`` word list (flat ids; end offsets, -1 padded) as words."""
+    if arr is None or arr.size == 0 or arr.size % 2:
+        return ()
+    ids, ends = arr.reshape(2, -1)
+    words, start = [], 0
+    for end in ends:
+        if end < 0:
+            break
+        words.append(tuple(int(t) for t in ids[start:int(end)]))
+        start = int(end)
+    return tuple(w for w in words if w)
