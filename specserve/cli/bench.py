@@ -1,4 +1,5 @@
-"""``specserve bench``: stream requests to a Triton server and report latency and acceptance."""
+"""``specserve bench``: stream requests to a Triton or OpenAI-compatible server and report
+latency and acceptance."""
 
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ cannot be reached.
 
 
 def _text(s: dict[str, Any]) -> str:
-    from specserve.client.report import speedup_table, text_table
+    from specserve.client.report import flag_lines, speedup_table, text_table
 
-    lines = [text_table(s)]
+    lines = [text_table(s), *flag_lines(s)]
     if s["speedup"]:
         lines += ["", speedup_table(s["speedup"])]
     if s.get("aborted"):
@@ -46,9 +47,14 @@ def _text(s: dict[str, Any]) -> str:
 
 @click.command("bench", epilog=EXAMPLES,
                short_help="Benchmark a served model: latency, acceptance, speedup.")
-@click.option("--url", required=True, help="Server HOST:PORT (gRPC port, or HTTP port).")
-@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc",
-              show_default=True)
+@click.option("--url", required=True,
+              help="Server HOST:PORT (Triton gRPC or HTTP port; OpenAI: http://HOST:PORT too).")
+@click.option("--protocol", type=click.Choice(["grpc", "http", "openai"]), default="grpc",
+              show_default=True,
+              help="Triton gRPC streaming, Triton HTTP generate, or OpenAI-compatible HTTP "
+                   "(trtllm-serve, vLLM, SGLang, Dynamo).")
+@click.option("--endpoint", type=click.Choice(["completions", "chat"]), default="completions",
+              show_default=True, help="OpenAI: /v1/completions or /v1/chat/completions.")
 @click.option("--model", default="ensemble", show_default=True, help="Model to benchmark.")
 @click.option("--baseline-model", default=None, help="No-speculation model for the speedup.")
 @click.option("--baseline-url", default=None, help="Server of the baseline (default --url).")
@@ -71,6 +77,12 @@ def _text(s: dict[str, Any]) -> str:
               help="Send num_draft_tokens (tensorrt_llm_bls: the draft-target / n-gram loop's "
                    "K) to every model that declares it; the ensembles do not.")
 @click.option("--stream/--no-stream", default=True, show_default=True)
+@click.option("--ignore-eos", is_flag=True, default=False,
+              help="OpenAI: send ignore_eos, so every answer has exactly --max-tokens tokens.")
+@click.option("--server-metrics/--no-server-metrics", "scrape_metrics", default=True,
+              show_default=True,
+              help="OpenAI: read the server's Prometheus counters before and after the run "
+                   "(acceptance from vllm:spec_decode_*, trtllm_spec_decode_*, sglang:*).")
 @click.option("--perf-outputs/--no-perf-outputs", default=True, show_default=True,
               help="Ask the server for perf metrics and per-response token counts (off: send "
                    "only what a plain client sends; acceptance is then not recorded).")
@@ -82,15 +94,18 @@ def _text(s: dict[str, Any]) -> str:
 @click.option("--out", default="reports/bench", show_default=True, help="Report directory.")
 @FORMAT_OPTION
 def command(fmt: str, n_requests: int, **kw: Any) -> None:
-    """Stream requests to Triton, record every request, summarize and plot.
+    """Stream requests to Triton or an OpenAI server, record every request, summarize, plot.
 
     Records TTFT, ITL per token (a chunk's gap divided over its tokens), TPOT, E2E, tokens per
     step and the server's acceptance figures; with a baseline, spec and baseline requests are
     interleaved and the report gives each metric's speedup with a 95% bootstrap interval.
     """
-    from specserve.client.config import BenchmarkConfig
+    from specserve.client.config import BenchmarkConfig, host_port
     from specserve.client.run import run_benchmark
 
+    kw["url"] = host_port(kw["url"])
+    if kw["baseline_url"]:
+        kw["baseline_url"] = host_port(kw["baseline_url"])
     cfg = BenchmarkConfig(requests=n_requests, **kw)
     cfg.validate()
     outcome = run_benchmark(cfg)

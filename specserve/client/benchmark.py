@@ -20,16 +20,22 @@ import json
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from specserve.client.acceptance import (
+    EngineAcceptance,
+    Samples,
+    counter_acceptance,
+    from_perf_metrics,
+)
 from specserve.client.config import BenchmarkConfig
 from specserve.client.datasets import Prompt, load_prompts
 from specserve.client.metrics import RequestRecord, make_record
-from specserve.client.tokens import resolve_chunk_tokens
+from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
 from specserve.client.transport import GenParams, RawResult, Transport, make_transport
 from specserve.errors import SpecserveError
 
@@ -59,6 +65,7 @@ class RunResult:
     aborted: str | None
     interrupted: bool
     inputs_declared: dict[str, list[str]]
+    counters: dict[str, EngineAcceptance] = field(default_factory=dict)  # variant -> delta
 
 
 def plan_jobs(prompts: list[Prompt], warmup: int, requests: int, baseline: bool) -> list[Job]:
@@ -72,6 +79,17 @@ def plan_jobs(prompts: list[Prompt], warmup: int, requests: int, baseline: bool)
             for variant in order:
                 jobs.append(Job(len(jobs), variant, phase, pi, prompts[pi]))
     return jobs
+
+
+def acceptance_source(raw: RawResult) -> str | None:
+    """Which server field the request's acceptance came from (``None``: none was sent)."""
+    if raw.acceptance is not None:
+        return raw.acceptance.source
+    if raw.spec_stats:
+        return "specserve: spec_stats_json"
+    if "total_draft_tokens" in raw.server:
+        return "triton: perf outputs"
+    return None
 
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
@@ -105,7 +123,7 @@ class Runner:
         return GenParams(max_tokens=job.prompt.max_tokens or c.max_tokens, stream=c.stream,
                          temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed,
                          end_id=c.end_id, perf_outputs=c.perf_outputs,
-                         num_draft_tokens=c.num_draft_tokens)
+                         num_draft_tokens=c.num_draft_tokens, ignore_eos=c.ignore_eos)
 
     async def run_job(self, job: Job) -> None:
         t = self.targets[job.variant]
@@ -122,13 +140,22 @@ class Runner:
     def _record(self, job: Job, raw: RawResult) -> None:
         counts, source = resolve_chunk_tokens(raw.chunk_num_tokens, raw.chunk_texts,
                                               self.cfg.num_output_tokens_mode, self.count_text)
+        if raw.usage_tokens is not None and sum(counts) != raw.usage_tokens:
+            counts, source = fit_to_total(counts, raw.usage_tokens), f"usage+{source}"
+        elif raw.usage_tokens is not None:
+            source = "usage" if source == "server" else f"usage+{source}"
+        server, spec_stats, acc_source = raw.server, raw.spec_stats, acceptance_source(raw)
+        if raw.acceptance is not None:
+            server = {**server, **raw.acceptance.server_fields()}
+            spec_stats = raw.acceptance.spec_stats() or spec_stats
         t = self.targets[job.variant]
         rec = make_record(
             index=job.index, variant=job.variant, phase=job.phase, model=t.model,
             url=t.transport.url, prompt_index=job.prompt_index, send_time_unix_s=raw.send_wall_s,
             streaming=self.cfg.stream, chunk_times_s=raw.chunk_times_s, chunk_tokens=counts,
             end_s=raw.end_s if not (raw.error or raw.cancelled) else None,
-            token_count_source=source, server=raw.server, spec_stats=raw.spec_stats,
+            token_count_source=source, server=server, spec_stats=spec_stats,
+            acceptance_source=acc_source,
             error=raw.error, cancelled=raw.cancelled, output_text="".join(raw.chunk_texts))
         self._errors_in_row = self._errors_in_row + 1 if rec.status == "error" else 0
         if self._errors_in_row >= self.cfg.abort_after_errors and not self.aborted:
@@ -175,11 +202,11 @@ class Runner:
 
 
 def _transports(cfg: BenchmarkConfig) -> dict[str, tuple[Transport, str]]:
-    spec_tr = make_transport(cfg.protocol, cfg.url)
+    spec_tr = make_transport(cfg.protocol, cfg.url, cfg.endpoint)
     out = {"spec": (spec_tr, cfg.model)}
     if cfg.has_baseline:
         url = cfg.baseline_url or cfg.url
-        tr = spec_tr if url == cfg.url else make_transport(cfg.protocol, url)
+        tr = spec_tr if url == cfg.url else make_transport(cfg.protocol, url, cfg.endpoint)
         out["baseline"] = (tr, cfg.baseline_model or cfg.model)
     return out
 
@@ -213,10 +240,12 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
     except (ValueError, RuntimeError):  # not the main thread: Ctrl-C stays default
         pass
     duration = 0.0
+    counters: dict[str, EngineAcceptance] = {}
     try:
         warm = [j for j in jobs if j.phase == "warmup"]
         meas = [j for j in jobs if j.phase == "measure"]
         await runner.closed_loop(warm, cfg.closed_loop_concurrency)
+        before = await _scrape_all(cfg, targets)
         t0 = time.perf_counter()
         try:
             if cfg.request_rate is not None:
@@ -225,6 +254,7 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
                 await runner.closed_loop(meas, cfg.closed_loop_concurrency)
         finally:
             duration = time.perf_counter() - t0
+        counters = _deltas(before, await _scrape_all(cfg, targets))
     except asyncio.CancelledError:
         if not runner.interrupted:
             raise
@@ -234,7 +264,41 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
     finally:
         loop.remove_signal_handler(signal.SIGINT)
     return RunResult(tuple(runner.records), duration, runner.aborted, runner.interrupted,
-                     {v: sorted(t.declared) for v, t in targets.items()})
+                     {v: sorted(t.declared) for v, t in targets.items()}, counters)
+
+
+@dataclass(frozen=True)
+class _Scrape:
+    samples: Samples | None
+    perf: list[Any] | None     # trtllm-serve /perf_metrics entries
+
+
+async def _scrape_all(cfg: BenchmarkConfig, targets: dict[str, Target]) -> dict[str, _Scrape]:
+    """Variant -> what its server's metrics say now; each server once, and only for a variant
+    that has a server of its own (a shared server's counters mix both variants)."""
+    from specserve.client.scrape import TextGetter, perf_entries, scrape_settled
+
+    if cfg.protocol != "openai" or not cfg.scrape_metrics:
+        return {}
+    urls = [t.transport.url for t in targets.values()]
+    out: dict[str, _Scrape] = {}
+    for variant, t in targets.items():
+        if urls.count(t.transport.url) == 1 and isinstance(t.transport, TextGetter):
+            out[variant] = _Scrape(await scrape_settled(t.transport),
+                                   await perf_entries(t.transport))
+    return out
+
+
+def _deltas(before: dict[str, _Scrape], after: dict[str, _Scrape]) -> dict[str, EngineAcceptance]:
+    """Variant -> acceptance over the phase: counter deltas, else the /perf_metrics entries."""
+    out: dict[str, EngineAcceptance] = {}
+    for variant, a in after.items():
+        b = before.get(variant)
+        acc = counter_acceptance(b.samples or {} if b else {}, a.samples) if a.samples else None
+        acc = acc or (from_perf_metrics(a.perf) if a.perf else None)
+        if acc is not None:
+            out[variant] = acc
+    return out
 
 
 def tokenizer_counter(path: str | None) -> Callable[[str], int] | None:

@@ -10,6 +10,13 @@ from specserve.config import JsonConfig
 from specserve.errors import SpecserveError
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+PROTOCOLS = ("grpc", "http", "openai")
+
+
+def host_port(url: str) -> str:
+    """``http://host:port/v1/`` -> ``host:port`` (what users paste for OpenAI servers); other
+    text (``https://`` too: not supported) is left for :meth:`BenchmarkConfig.validate`."""
+    return url.strip().removeprefix("http://").rstrip("/").removesuffix("/v1")
 
 
 @dataclass(frozen=True)
@@ -18,7 +25,8 @@ class BenchmarkConfig(JsonConfig):
 
     url: str
     out: str
-    protocol: str = "grpc"
+    protocol: str = "grpc"                  # grpc | http (Triton) | openai
+    endpoint: str = "completions"           # openai: completions | chat
     model: str = "ensemble"
     baseline_model: str | None = None
     baseline_url: str | None = None
@@ -36,6 +44,8 @@ class BenchmarkConfig(JsonConfig):
     end_id: int | None = None
     num_draft_tokens: int | None = None     # tensorrt_llm_bls input (models that declare it)
     stream: bool = True
+    ignore_eos: bool = False                # openai: ask for exactly max_tokens tokens
+    scrape_metrics: bool = True             # openai: Prometheus counters before/after the run
     perf_outputs: bool = True               # request return_perf_metrics / num_output_tokens
     slo: str | None = None                  # "ttft=200,tpot=50" (milliseconds)
     tokenizer: str | None = None            # fallback token counting only
@@ -57,8 +67,10 @@ class BenchmarkConfig(JsonConfig):
             v = getattr(self, name)
             if v is not None and not _HOSTPORT.match(v):
                 raise SpecserveError(f"--{name.replace('_', '-')}: '{v}' is not HOST:PORT")
-        if self.protocol not in ("grpc", "http"):
-            raise SpecserveError(f"--protocol: '{self.protocol}' is not grpc or http")
+        if self.protocol not in PROTOCOLS:
+            raise SpecserveError(f"--protocol: '{self.protocol}' is not grpc, http or openai")
+        if self.endpoint not in ("completions", "chat"):
+            raise SpecserveError(f"--endpoint: '{self.endpoint}' is not completions or chat")
         if self.concurrency is not None and self.request_rate is not None:
             raise SpecserveError("give --concurrency or --request-rate, not both")
         if self.concurrency is not None and self.concurrency < 1:

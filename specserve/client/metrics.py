@@ -96,15 +96,17 @@ class RequestRecord:
     e2e_s: float | None
     tpot_s: float | None
     output_tokens: int
-    token_count_source: str         # "server" (num_output_tokens), "tokenizer", or "chunks"
+    token_count_source: str         # "server" (num_output_tokens), "usage" (OpenAI usage),
+                                    # "tokenizer", "chunks"; "usage+X": X's split, usage's total
     chunk_times_s: tuple[float, ...]
     chunk_tokens: tuple[int, ...]
     itl_token_s: tuple[float, ...]
     itl_chunk_s: tuple[float, ...]
     server: dict[str, float | int] = field(default_factory=dict)  # perf outputs, last seen
-    spec_stats: dict[str, Any] | None = None   # spec_stats_json (reference backend only)
+    spec_stats: dict[str, Any] | None = None   # step counts (spec_stats_json, or an engine's)
     error: str | None = None
     output_text: str = ""
+    acceptance_source: str | None = None       # the server field acceptance came from
 
     @property
     def tokens_per_step(self) -> tuple[int, ...]:
@@ -143,6 +145,7 @@ def make_record(
     error: str | None = None,
     cancelled: bool = False,
     output_text: str = "",
+    acceptance_source: str | None = None,
 ) -> RequestRecord:
     """Build a record from a raw timeline; the status follows from ``error``/``cancelled``."""
     timing = derive_timing(chunk_times_s, chunk_tokens, end_s)
@@ -158,6 +161,7 @@ def make_record(
         chunk_tokens=tuple(int(k) for k in chunk_tokens),
         itl_token_s=timing.itl_token_s, itl_chunk_s=timing.itl_chunk_s,
         server=dict(server or {}), spec_stats=spec_stats, error=error, output_text=output_text,
+        acceptance_source=acceptance_source,
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from specserve.client.acceptance import EngineAcceptance
 from specserve.client.metrics import RequestRecord
 from specserve.client.summary import Slo, Speedup, summarize
 from specserve.config import write_json_atomic, write_text_atomic
@@ -26,11 +27,13 @@ SCALARS = (("request_throughput_rps", "req/s"), ("output_token_throughput_tok_s"
 
 
 def build_summary(records: Sequence[RequestRecord], duration_s: float, slo: Slo | None,
-                  sp: dict[str, Speedup], extra: dict[str, Any]) -> dict[str, Any]:
-    """Everything in ``summary.json`` (``sp`` from :func:`summary.speedups`)."""
+                  sp: dict[str, Speedup], extra: dict[str, Any],
+                  counters: dict[str, EngineAcceptance] | None = None) -> dict[str, Any]:
+    """Everything in ``summary.json`` (``sp`` from :func:`summary.speedups`; ``counters``:
+    variant -> acceptance from its server's Prometheus counters)."""
     variants = sorted({r.variant for r in records}, key=lambda v: v != "spec")
     meas = [r for r in records if r.phase == "measure"]
-    return {
+    summary = {
         **extra,
         "measure_duration_s": duration_s,
         "slo": asdict(slo) if slo else None,
@@ -40,9 +43,12 @@ def build_summary(records: Sequence[RequestRecord], duration_s: float, slo: Slo 
         },
         "token_count_sources": dict(Counter(r.token_count_source for r in meas
                                             if r.status == "completed")),
-        "variants": {v: summarize(records, v, duration_s, slo).to_dict() for v in variants},
+        "variants": {v: summarize(records, v, duration_s, slo, (counters or {}).get(v)).to_dict()
+                     for v in variants},
         "speedup": {m: asdict(s) for m, s in sp.items()},
     }
+    summary["flags"] = [f for v in summary["variants"].values() for f in v["flags"]]
+    return summary
 
 
 def csv_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,7 +98,20 @@ def text_table(summary: dict[str, Any]) -> str:
     for name in ("acceptance_rate", "tau_stream", "tau_server"):
         lines.append(f"| {name} | " + " | ".join(
             _fmt(vs[v]["acceptance"][name], 3) for v in names) + " |")
+    lines.append("| acceptance from | " + " | ".join(
+        "; ".join(vs[v]["acceptance"].get("sources") or []) or "–" for v in names) + " |")
+    if any(vs[v].get("engine_counters") for v in names):
+        for key in ("tau", "acceptance_rate"):
+            lines.append(f"| {key} (server counters) | " + " | ".join(
+                _fmt((vs[v].get("engine_counters") or {}).get(key), 3) for v in names) + " |")
+        lines.append("| counters from | " + " | ".join(
+            (vs[v].get("engine_counters") or {}).get("source", "–") for v in names) + " |")
     return "\n".join(lines)
+
+
+def flag_lines(summary: dict[str, Any]) -> list[str]:
+    """The report's warnings, one line each (empty when there are none)."""
+    return [f"WARNING: {f}" for f in summary.get("flags") or []]
 
 
 def speedup_table(sp: dict[str, Any]) -> str:
@@ -126,6 +145,7 @@ def readme(summary: dict[str, Any], plots: list[str]) -> str:
     ]
     if summary.get("aborted"):
         parts += ["", f"**Run aborted:** {summary['aborted']}"]
+    parts += [f"\n**{line}**" for line in flag_lines(summary)]
     parts += ["", "## Summary", "", text_table(summary)]
     if summary["speedup"]:
         parts += ["", "## Speedup vs baseline (ratio of means, >1 = speculation better)", "",

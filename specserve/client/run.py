@@ -73,7 +73,7 @@ def run_benchmark(cfg: BenchmarkConfig, progress: bool | None = None,
     summary = build_summary(records, result.measure_duration_s, slo, sp, {
         "config": cfg.to_dict(), "started_unix_s": started, "aborted": result.aborted,
         "interrupted": result.interrupted, "inputs_declared": result.inputs_declared,
-    })
+    }, result.counters)
     partial = bool(result.aborted or result.interrupted
                    or any(rec.status != "completed" for rec in records))
     summary["status"] = "partial" if partial else "ok"

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from specserve.client.acceptance import EngineAcceptance, acceptance_flags
 from specserve.client.metrics import Distribution, RequestRecord
 from specserve.errors import SpecserveError
 
@@ -86,6 +87,7 @@ class Acceptance:
     per_position_acceptance_given_drafted: tuple[float, ...]  # P(accepted | drafted) at k
     tokens_per_step_histogram: dict[int, int]
     accepted_nodes: dict[str, int]         # Medusa "head,rank" -> count, for tune-tree
+    sources: tuple[str, ...] = ()          # the server fields the per-request figures came from
 
 
 def _merge_spec_stats(stats: Iterable[dict[str, Any]]) -> tuple[int, int, list[int], list[int],
@@ -131,6 +133,7 @@ def acceptance_of(records: Sequence[RequestRecord]) -> Acceptance:
         per_position_acceptance_given_drafted=given,
         tokens_per_step_histogram=dict(sorted(Counter(sizes).items())),
         accepted_nodes=nodes,
+        sources=tuple(sorted({r.acceptance_source for r in done if r.acceptance_source})),
     )
 
 
@@ -157,17 +160,23 @@ class VariantSummary:
     goodput_rps: float | None
     goodput_fraction: float | None
     acceptance: Acceptance
+    engine_counters: dict[str, Any] | None = None   # Prometheus delta over the run (openai)
+    flags: tuple[str, ...] = ()                     # e.g. "every draft rejected"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["acceptance"]["tokens_per_step_histogram"] = {
             str(k): v for k, v in self.acceptance.tokens_per_step_histogram.items()}
+        d["acceptance"]["sources"] = list(self.acceptance.sources)
+        d["flags"] = list(self.flags)  # as summary.json reads back
         return d
 
 
 def summarize(records: Sequence[RequestRecord], variant: str, duration_s: float,
-              slo: Slo | None = None) -> VariantSummary:
-    """Summarize the measured (non-warmup) records of ``variant`` over a run of ``duration_s``."""
+              slo: Slo | None = None,
+              counters: EngineAcceptance | None = None) -> VariantSummary:
+    """Summarize the measured (non-warmup) records of ``variant`` over a run of ``duration_s``;
+    ``counters``: the acceptance its server's Prometheus counters gave over the run."""
     rs = [r for r in records if r.variant == variant and r.phase == "measure"]
     done = [r for r in rs if r.status == "completed"]
     tokens = sum(r.output_tokens for r in done)
@@ -192,8 +201,18 @@ def summarize(records: Sequence[RequestRecord], variant: str, duration_s: float,
         per_user_tok_s=Distribution.of(per_request_values(done, "per_user_tok_s")),
         goodput_rps=len(good) / dur if slo else None,
         goodput_fraction=(len(good) / len(rs) if rs else None) if slo else None,
-        acceptance=acceptance_of(done),
+        acceptance=(acc := acceptance_of(done)),
+        engine_counters=counters.to_dict() if counters else None,
+        flags=tuple(acceptance_flags(counters or _as_engine(acc), variant)),
     )
+
+
+def _as_engine(acc: Acceptance) -> EngineAcceptance | None:
+    """The per-request figures pooled, for :func:`acceptance_flags` (``None``: none sent)."""
+    if not acc.sources:
+        return None
+    return EngineAcceptance(" + ".join(acc.sources), acc.steps or None, acc.draft_tokens,
+                            acc.accepted_draft_tokens)
 
 
 # metric -> True when higher is better

@@ -46,3 +46,27 @@ def resolve_chunk_tokens(
             prev_total = max(prev_total, total)
         return out, "tokenizer"
     return [1 if piece else 0 for piece in texts], "chunks"
+
+
+def fit_to_total(counts: Sequence[int], total: int) -> list[int]:
+    """Per-chunk counts rescaled to sum to ``total`` (the server's ``usage``), in proportion
+    (largest remainders), each non-empty chunk keeping at least one token when ``total`` allows.
+
+    Used when the server gives only the request's total: the re-tokenized (or per-chunk) split
+    is kept, the total is the server's."""
+    nonempty = [i for i, k in enumerate(counts) if k > 0]
+    out = [0] * len(counts)
+    if not nonempty or total <= 0:
+        return out
+    if sum(counts) == total:
+        return list(counts)
+    floor = 1 if total >= len(nonempty) else 0
+    spare = total - floor * len(nonempty)
+    weight = sum(counts[i] for i in nonempty)
+    shares = {i: spare * counts[i] / weight for i in nonempty}
+    for i in nonempty:
+        out[i] = floor + int(shares[i])
+    left = total - sum(out)
+    for i in sorted(nonempty, key=lambda i: (-(shares[i] - int(shares[i])), i))[:left]:
+        out[i] += 1
+    return out

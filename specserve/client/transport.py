@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from specserve.client.acceptance import EngineAcceptance
 from specserve.client.metrics import PERF_OUTPUTS
 from specserve.errors import ServerError
 
@@ -52,6 +53,7 @@ class GenParams:
     end_id: int | None = None
     perf_outputs: bool = True   # ask for perf metrics and per-response token counts
     num_draft_tokens: int | None = None  # tensorrt_llm_bls only (left out where undeclared)
+    ignore_eos: bool = False             # OpenAI protocol: generate exactly max_tokens
 
 
 def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:
@@ -79,6 +81,8 @@ class RawResult:
     end_s: float | None = None
     server: dict[str, float | int] = field(default_factory=dict)
     spec_stats: dict[str, Any] | None = None
+    usage_tokens: int | None = None  # OpenAI ``usage.completion_tokens`` (the request's total)
+    acceptance: EngineAcceptance | None = None   # per request, as the engine reported it
     error: str | None = None
     cancelled: bool = False
     connection_error: bool = False   # the server could not be reached at all
@@ -362,12 +366,17 @@ class HttpTransport:
 
 
 def _error_text(body: str) -> str:
-    """The ``error`` field of a JSON or SSE error body, else the body itself (one line)."""
+    """The error message of a JSON or SSE error body (Triton's ``error``, OpenAI's
+    ``error.message``, vLLM's ``message``), else the body itself (one line)."""
     text = body.strip().removeprefix("data:").strip()
     try:
         data = json.loads(text)
-        if isinstance(data, dict) and "error" in data:
-            text = str(data["error"])
+        if isinstance(data, dict):
+            err = data.get("error", data if data.get("object") == "error" else None)
+            if isinstance(err, dict):
+                err = err.get("message", err)
+            if err is not None:
+                text = str(err)
     except ValueError:
         pass
     return " ".join(text.split())[:500]
@@ -388,10 +397,14 @@ def _http_event(payload: str, t: float, raw: RawResult) -> bool:
     return True
 
 
-def make_transport(protocol: str, url: str) -> Transport:
-    """``grpc`` or ``http`` transport to ``url`` (HOST:PORT)."""
+def make_transport(protocol: str, url: str, endpoint: str = "completions") -> Transport:
+    """``grpc``, ``http`` (Triton) or ``openai`` (``endpoint``: completions | chat) to ``url``."""
     if protocol == "grpc":
         return GrpcTransport(url)
     if protocol == "http":
         return HttpTransport(url)
+    if protocol == "openai":
+        from specserve.client.openai import OpenAITransport
+
+        return OpenAITransport(url, endpoint)
     raise ValueError(f"unknown protocol {protocol!r}")

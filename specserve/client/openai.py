@@ -1,0 +1,221 @@
+"""Transport to OpenAI-compatible servers (``trtllm-serve``, vLLM, SGLang, Dynamo); thin adapter.
+
+- ``POST /v1/completions`` (``prompt``) or ``/v1/chat/completions`` (``messages``), streamed as
+  server-sent events ending with ``data: [DONE]``, or one JSON body (OpenAI API reference,
+  "Completions" / "Chat Completions").
+- Streaming asks for ``stream_options: {include_usage: true, continuous_usage_stats: true}``:
+  the last chunk carries ``usage`` (OpenAI), and vLLM/SGLang also put the cumulative ``usage`` on
+  every chunk, which gives each chunk's token count exactly (one chunk carries a whole verify
+  step's tokens, so chunks are never counted as tokens). The request's total is always
+  ``usage.completion_tokens``.
+- Per-request acceptance, where the engine sends it (vLLM ``metrics.speculative_decoding``,
+  SGLang ``meta_info``), is read by :func:`specserve.client.acceptance.from_response`.
+- ``GET /v1/models`` checks that the server speaks the protocol and serves the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from specserve.client.acceptance import from_response
+from specserve.client.transport import GenParams, RawResult, _error_text
+from specserve.errors import ServerError
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def openai_body(model: str, prompt: str, p: GenParams, endpoint: str) -> dict[str, Any]:
+    """The JSON body of one request (fields left as ``None`` are not sent)."""
+    body: dict[str, Any] = {"model": model, "max_tokens": p.max_tokens, "stream": p.stream}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if p.stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    extra = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seed": p.seed,
+             "ignore_eos": True if p.ignore_eos else None}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return body
+
+
+@dataclass
+class _Stream:
+    """Parse state of one streamed response."""
+
+    raw: RawResult
+    cumulative: int = 0
+    pending: int = 0    # tokens counted before any text arrived (held-back detokenization)
+    done: bool = False
+
+    def event(self, payload: str, t: float) -> bool:
+        """Parse one ``data:`` payload; False when the stream is over (``[DONE]`` or error)."""
+        if payload == "[DONE]":
+            self.done = True
+            return False
+        data = json.loads(payload)
+        if not isinstance(data, dict):
+            raise ValueError(f"unexpected event: {payload[:200]}")
+        if "error" in data or data.get("object") == "error":
+            self.raw.error = f"server error in stream: {_error_text(payload)}"
+            return False
+        acc = from_response(data)
+        if acc is not None:
+            self.raw.acceptance = acc
+        text = _choice_text(data)
+        usage = _completion_tokens(data)
+        n: int | None = None
+        if usage is not None:
+            n, self.cumulative = usage - self.cumulative, max(usage, self.cumulative)
+            self.raw.usage_tokens = usage
+        if text:
+            self.raw.chunk_times_s.append(t)
+            self.raw.chunk_texts.append(text)
+            self.raw.chunk_num_tokens.append(None if n is None else n + self.pending)
+            self.pending = 0
+        elif n:
+            last = self.raw.chunk_num_tokens[-1] if self.raw.chunk_num_tokens else None
+            if last is not None:
+                self.raw.chunk_num_tokens[-1] = last + n  # counted now, text sent before
+            elif not self.raw.chunk_num_tokens:
+                self.pending += n
+        return True
+
+
+def _choice_text(data: dict[str, Any]) -> str:
+    choices = data.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    c = choices[0]
+    if "text" in c:
+        return str(c.get("text") or "")
+    msg = c.get("delta") or c.get("message") or {}
+    return str(msg.get("content") or "") if isinstance(msg, dict) else ""
+
+
+def _completion_tokens(data: dict[str, Any]) -> int | None:
+    usage = data.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        return int(usage["completion_tokens"])
+    return None
+
+
+class OpenAITransport:
+    """aiohttp client for ``/v1/completions`` or ``/v1/chat/completions`` at ``url``."""
+
+    def __init__(self, url: str, endpoint: str = "completions") -> None:
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {endpoint!r}")
+        self.url = url
+        self.endpoint = endpoint
+        self.base = f"http://{url}"
+        self._session: Any = None
+
+    async def _sess(self) -> Any:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
+        return self._session
+
+    async def get_text(self, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+        """``GET path`` -> (status, body); connection failures raise :class:`ServerError`."""
+        import aiohttp
+
+        s = await self._sess()
+        try:
+            async with s.get(self.base + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                return r.status, await r.text()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ServerError(f"{self.url}: cannot connect ({type(e).__name__}: {e})") from e
+
+    async def declared_inputs(self, model: str) -> frozenset[str]:
+        status, body = await self.get_text("/v1/models")
+        not_openai = f"{self.url} does not answer as an OpenAI-compatible server (GET /v1/models"
+        if status != 200:
+            raise ServerError(f"{not_openai}: HTTP {status} {_error_text(body)[:120]})")
+        try:
+            ids = [str(m["id"]) for m in json.loads(body)["data"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ServerError(f"{not_openai}: no model list in the answer)") from e
+        if model not in ids:
+            raise ServerError(f"{self.url}: model '{model}' is not served here "
+                              f"(it serves: {', '.join(ids) or 'nothing'}); give --model")
+        return frozenset({f"openai:{self.endpoint}"})
+
+    async def generate(self, model: str, prompt: str, params: GenParams,
+                       declared: frozenset[str] | None, timeout_s: float) -> RawResult:
+        import aiohttp
+
+        s = await self._sess()
+        raw = RawResult(send_wall_s=time.time())
+        body = openai_body(model, prompt, params, self.endpoint)
+        t0 = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._post(s, body, raw, t0), timeout_s)
+        except TimeoutError:
+            raw.error = f"timeout: no complete answer after {timeout_s:g} s"
+        except asyncio.CancelledError:
+            raw.cancelled = True
+            raise
+        except aiohttp.ClientConnectorError as e:
+            raw.error, raw.connection_error = f"cannot connect: {e}", True
+        except aiohttp.ClientPayloadError:  # the connection closed inside a chunked body
+            raw.error = _cut(raw)
+        except (aiohttp.ClientError, ValueError) as e:
+            raw.error = f"{type(e).__name__}: {e}"
+            raw.connection_error = isinstance(e, aiohttp.ServerDisconnectedError)
+        if raw.error:
+            raw.end_s = None
+        return raw
+
+    async def _post(self, s: Any, body: dict[str, Any], raw: RawResult, t0: float) -> None:
+        async with s.post(self.base + ENDPOINTS[self.endpoint], json=body) as r:
+            if r.status != 200:
+                raw.error = f"HTTP {r.status}: {_error_text(await r.text())}"
+                return
+            if not body["stream"]:
+                data = json.loads(await r.text())
+                t = time.perf_counter() - t0
+                _whole_body(data, t, raw)
+                return
+            st = _Stream(raw)
+            while line := await r.content.readline():
+                text = line.decode("utf-8", "replace").strip()
+                if text.startswith("data:") and not st.event(text[5:].strip(),
+                                                             time.perf_counter() - t0):
+                    break
+            if raw.error:
+                return
+            if not st.done:
+                raw.error = _cut(raw)
+                return
+            raw.end_s = time.perf_counter() - t0
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _cut(raw: RawResult) -> str:
+    return f"stream cut: the server closed it before [DONE] after {len(raw.chunk_times_s)} chunks"
+
+
+def _whole_body(data: Any, t: float, raw: RawResult) -> None:
+    """A non-streamed answer: one chunk at its arrival carrying ``usage.completion_tokens``."""
+    if not isinstance(data, dict) or "error" in data or data.get("object") == "error":
+        raw.error = f"server error: {_error_text(json.dumps(data))}"
+        return
+    n = _completion_tokens(data)
+    raw.usage_tokens = n
+    raw.acceptance = from_response(data)
+    raw.chunk_times_s.append(t)
+    raw.chunk_texts.append(_choice_text(data))
+    raw.chunk_num_tokens.append(n)
+    raw.end_s = t
