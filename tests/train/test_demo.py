@@ -72,6 +72,7 @@ def test_medusa_layout_is_exact(built: Path) -> None:
                                 "vocab_size", "base_model_name_or_path")} == {
         "medusa_num_heads": 3, "medusa_num_layers": 1, "hidden_size": target["hidden_size"],
         "vocab_size": target["vocab_size"], "base_model_name_or_path": "target"}
+    assert cfg["medusa_fc_bias"] is True   # else vLLM's `medusa` method drops the biases
     names = set(load_file(str(built / "medusa" / "medusa_lm_head.safetensors")))
     want = {f"{h}.0.linear.{p}" for h in range(3) for p in ("weight", "bias")}
     want |= {f"{h}.1.weight" for h in range(3)}

