@@ -3,34 +3,73 @@
 Starts vLLM (``make peer-vllm``) on the demo target with the demo draft (``draft_model``, K = 4,
 per-request acceptance on), writes one prompt file both tools read (``{"text", "output_length"}``
 lines: AIPerf's ``single_turn`` records, which ``--dataset`` also reads; the builtin code prompts
-``make demo`` uses), and runs the two clients in alternating rounds (AIPerf first in odd rounds,
-ours first in even ones) at concurrency 1, T = 0, ``ignore_eos``. Compared, per round and as the
-median over rounds:
+``make demo`` uses), and runs the clients in rounds, the order rotated each round (AIPerf, ours,
+and a bare aiohttp loop: the yardstick of what a client costs at the least) at concurrency 1,
+T = 0, ``ignore_eos``. Compared, per round and as the median over rounds:
 
-- acceptance length: AIPerf's (1 + accepted / steps from vLLM's per-request payload) and ours
-  (``tau_server`` from the same payload) - the same server answers, so these should agree;
+- AIPerf runs with ``--use-server-token-count`` (its default re-tokenizes the text:
+  ``--no-server-token-count``), so both count ``usage``; its ``--per-chunk-usage`` (what ours
+  sends: ``continuous_usage_stats``) is refused on the completions endpoint in 0.13.0;
+- acceptance length from vLLM's per-request payload, pooled (1 + accepted / steps over all
+  requests: ours ``tau_server``, AIPerf's totals) and as the mean of the per-request values
+  (AIPerf's ``spec_decode_acceptance_length``) - the same server answers, so these should agree;
+- CPU seconds of each client (its process tree) and of the vLLM server over each run;
 - TTFT p50; TPOT p50 (AIPerf calls the per-request ``(latency - TTFT) / (OSL - 1)``
   "inter_token_latency"); E2E p50; output tokens per request.
 
-    .venv/bin/python benchmarks/aiperf_crosscheck.py --work reports/aiperf-xcheck --rounds 4
+On 2 cores the clients compete with the server (vLLM's CPU worker spins on its cores):
+``--server-cores 0 --client-cores 1`` gives each side a core of its own, ``--aiperf-lean`` runs
+AIPerf with one worker and record processor and no ``/metrics`` polling.
+
+    .venv/bin/python benchmarks/aiperf_crosscheck.py --work reports/aiperf-xcheck --rounds 6 \
+        --aiperf-lean --server-cores 0 --client-cores 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ("aiperf", "specserve")
-KEYS = ("tau", "ttft", "tpot", "e2e", "osl")
+TOOLS = ("aiperf", "specserve", "bare aiohttp")
+KEYS = ("tau", "tau_req", "ttft", "tpot", "e2e", "osl", "client_cpu_s", "server_cpu_s")
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of the live processes in process group ``pgid``."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _pin(cores: str | None) -> Any:
+    """A preexec_fn pinning the client (and its children) to ``cores`` ("1" or "0,1")."""
+    if cores is None:
+        return None
+    cpus = {int(c) for c in cores.split(",")}
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def write_prompts(path: Path, n: int, max_tokens: int, seed: int) -> None:
@@ -56,14 +95,20 @@ def run_aiperf(args: argparse.Namespace, url: str, prompts: Path, art: Path) -> 
            "--warmup-request-count", "1", "--concurrency", "1",
            "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
            "--artifact-dir", str(art)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if args.server_token_count:  # count `usage`, as ours does (--per-chunk-usage: chat only)
+        cmd += ["--use-server-token-count"]
+    if args.aiperf_lean:  # one worker, one record processor, no /metrics polling, no UI
+        cmd += ["--workers-max", "1", "--record-processors", "1", "--no-server-metrics",
+                "--ui-type", "none"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          preexec_fn=_pin(args.client_cores))
     if proc.returncode:
         sys.exit(f"aiperf failed ({proc.returncode}): {proc.stderr[-2000:]}")
     exp = json.loads(next(art.rglob("profile_export_aiperf.json")).read_text())
-    found = {k: v for k, v in exp.items() if "accept" in k.lower()}
-    tau = next((v.get("avg") for k, v in found.items() if isinstance(v, dict)
-                and "length" in k and "weighted" not in k), None)
-    return {"tau": float(tau) if tau is not None else float("nan"),
+    # pooled: 1 + accepted / steps over all requests; per request: the mean of each one's
+    steps = _metric(exp, "total_spec_decode_steps")["avg"]
+    return {"tau": 1 + _metric(exp, "total_accepted_draft_tokens")["avg"] / steps,
+            "tau_req": _metric(exp, "spec_decode_acceptance_length")["avg"],
             "ttft": _metric(exp, "time_to_first_token")["p50"],
             "tpot": _metric(exp, "inter_token_latency")["p50"],
             "e2e": _metric(exp, "request_latency")["p50"],
@@ -75,13 +120,67 @@ def run_ours(args: argparse.Namespace, url: str, prompts: Path, out: Path) -> di
            "--url", url, "--model", "demo", "--dataset", str(prompts), "--concurrency", "1",
            "--requests", str(args.requests), "--warmup", "1", "--temperature", "0",
            "--ignore-eos", "--out", str(out), "--format", "json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          preexec_fn=_pin(args.client_cores))
     if proc.returncode:
         sys.exit(f"specserve bench failed ({proc.returncode}): {proc.stderr[-2000:]}")
     s = json.loads(proc.stdout)["variants"]["spec"]
-    return {"tau": s["acceptance"]["tau_server"], "ttft": s["ttft_ms"]["p50"],
+    recs = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    taus = [1 + r["server"]["total_accepted_draft_tokens"] / r["spec_stats"]["steps"]
+            for r in recs if r["phase"] == "measure" and r.get("spec_stats")]
+    return {"tau": s["acceptance"]["tau_server"], "tau_req": statistics.fmean(taus),
+            "ttft": s["ttft_ms"]["p50"],
             "tpot": s["tpot_ms"]["p50"], "e2e": s["e2e_ms"]["p50"],
             "osl": s["output_tokens"] / s["completed"]}
+
+
+def yardstick(url: str, prompts: Path, n: int) -> None:
+    """The lightest client: one aiohttp stream at a time, the loop only stamps the first text
+    chunk and the end; tokens from the final ``usage``. Prints TTFT/TPOT/E2E p50 as JSON."""
+    import asyncio
+
+    import aiohttp
+
+    texts = [json.loads(x) for x in prompts.read_text().splitlines()][:n + 1]
+
+    async def run() -> list[tuple[float, float, int]]:
+        out = []
+        async with aiohttp.ClientSession() as s:
+            for i, p in enumerate(texts):
+                body = {"model": "demo", "prompt": p["text"], "max_tokens": p["output_length"],
+                        "temperature": 0, "ignore_eos": True, "stream": True,
+                        "stream_options": {"include_usage": True}}
+                t0 = time.perf_counter()
+                first, n_tok = None, 0
+                async with s.post(f"http://{url}/v1/completions", json=body) as r:
+                    async for line in r.content:
+                        if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                            continue
+                        ev = json.loads(line[5:])
+                        if first is None and ev.get("choices") and ev["choices"][0].get("text"):
+                            first = time.perf_counter() - t0
+                        n_tok = (ev.get("usage") or {}).get("completion_tokens", n_tok)
+                if i:  # the first request warms up, as the other tools' warmup does
+                    out.append((first or 0.0, time.perf_counter() - t0, n_tok))
+        return out
+
+    res = asyncio.run(run())
+    print(json.dumps({
+        "tau": float("nan"), "tau_req": float("nan"), "osl": statistics.fmean(x[2] for x in res),
+        "ttft": 1e3 * statistics.median(x[0] for x in res),
+        "tpot": 1e3 * statistics.median((x[1] - x[0]) / (x[2] - 1) for x in res),
+        "e2e": 1e3 * statistics.median(x[1] for x in res)}))
+
+
+def run_bare(args: argparse.Namespace, url: str, prompts: Path) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--yardstick", url, "--prompts", str(prompts),
+           "--requests", str(args.requests)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          preexec_fn=_pin(args.client_cores))
+    if proc.returncode:
+        sys.exit(f"yardstick failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    res: dict[str, float] = json.loads(proc.stdout)
+    return res
 
 
 def main() -> None:
@@ -94,9 +193,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--port", type=int, default=8100)
+    ap.add_argument("--server-token-count", action=argparse.BooleanOptionalAction, default=True,
+                    help="AIPerf --use-server-token-count (off: it re-tokenizes the output "
+                         "text, its default)")
+    ap.add_argument("--aiperf-lean", action="store_true",
+                    help="AIPerf with one worker and record processor, no server-metrics "
+                         "polling: less of its CPU use competing with the server")
+    ap.add_argument("--server-cores", default="0-1",
+                    help="VLLM_CPU_OMP_THREADS_BIND (e.g. 0: the server on core 0 only)")
+    ap.add_argument("--client-cores", default=None, help="pin the clients, e.g. 1")
     ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
     ap.add_argument("--aiperf-venv", type=Path, default=ROOT / ".peers" / "aiperf")
+    ap.add_argument("--yardstick", metavar="URL", help=argparse.SUPPRESS)
+    ap.add_argument("--prompts", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.yardstick:
+        yardstick(args.yardstick, args.prompts, args.requests)
+        return
     if not (args.aiperf_venv / "bin" / "aiperf").exists():
         sys.exit(f"{args.aiperf_venv}: no AIPerf; run `make peer-aiperf`")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop vLLM on `timeout`
@@ -107,15 +220,21 @@ def main() -> None:
     write_prompts(prompts, args.requests + 1, args.max_tokens, seed=0)
     cfg = VllmConfig(venv=args.vllm_venv, model=args.model, served_model_name="demo",
                      port=args.port, speculative_config=draft_model_spec(args.draft, args.k),
-                     per_request_spec_metrics="summary")
+                     per_request_spec_metrics="summary", omp_threads_bind=args.server_cores)
     rows: dict[str, list[dict[str, float]]] = {t: [] for t in TOOLS}
     with VllmServer(cfg, args.work / "vllm.log") as srv:
         print(f"vLLM ready in {srv.wait_ready(timeout_s=600):.0f} s", flush=True)
         for r in range(args.rounds):
-            for tool in (TOOLS if r % 2 == 0 else TOOLS[::-1]):
-                res = (run_aiperf(args, srv.base_url, prompts, args.work / "aiperf")
-                       if tool == "aiperf" else
-                       run_ours(args, srv.base_url, prompts, args.work / "specserve"))
+            for tool in TOOLS[r % len(TOOLS):] + TOOLS[:r % len(TOOLS)]:
+                cpu0, srv0 = children_cpu_s(), group_cpu_s(srv.pid or 0)
+                if tool == "aiperf":
+                    res = run_aiperf(args, srv.base_url, prompts, args.work / "aiperf")
+                elif tool == "specserve":
+                    res = run_ours(args, srv.base_url, prompts, args.work / "specserve")
+                else:
+                    res = run_bare(args, srv.base_url, prompts)
+                res["client_cpu_s"] = children_cpu_s() - cpu0
+                res["server_cpu_s"] = group_cpu_s(srv.pid or 0) - srv0
                 rows[tool].append(res)
                 print(f"round {r + 1} {tool:9s} " + "  ".join(f"{k} {res[k]:.3f}" for k in KEYS)
                       + f"  (load {os.getloadavg()[0]:.2f})", flush=True)
@@ -123,12 +242,16 @@ def main() -> None:
           "per-round ratios' median [min, max]:")
     med = {t: {k: statistics.median(x[k] for x in rows[t]) for k in KEYS} for t in TOOLS}
     for k in KEYS:
-        ratios = [o[k] / a[k] for o, a in zip(rows["specserve"], rows["aiperf"], strict=True)]
-        print(f"  {k:5s} aiperf {med['aiperf'][k]:9.3f}  specserve {med['specserve'][k]:9.3f}"
-              f"  ratio {med['specserve'][k] / med['aiperf'][k]:.3f}  per round "
-              f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")
-    (args.work / "crosscheck.json").write_text(json.dumps({"rows": rows, "median": med},
-                                                          indent=2))
+        print(f"  {k:12s} " + "  ".join(f"{t} {med[t][k]:9.3f}" for t in TOOLS))
+        for other in ("aiperf", "bare aiohttp"):
+            ratios = [o[k] / a[k] if a[k] else float("nan")
+                      for o, a in zip(rows["specserve"], rows[other], strict=True)]
+            if all(math.isfinite(x) for x in ratios):
+                print(f"  {'':12s} specserve / {other}: per round median "
+                      f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")
+    name = "crosscheck" + ("_lean" if args.aiperf_lean else "") + (
+        f"_client{args.client_cores}" if args.client_cores else "") + ".json"
+    (args.work / name).write_text(json.dumps({"rows": rows, "median": med}, indent=2))
 
 
 if __name__ == "__main__":

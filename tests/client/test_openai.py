@@ -139,6 +139,18 @@ def test_failed_requests_are_errors_in_a_partial_report(tmp_path: Path, kw: dict
     assert (Path(outcome.out) / "summary.json").exists()
 
 
+def test_server_overloaded_mid_run_keeps_what_completed(tmp_path: Path) -> None:
+    """503s after 4 answers: those 4 stay in the report, the run stops after 5 failures."""
+    with ScriptedOpenAI(Script(fail_status=503, fail_after=4)) as srv:
+        outcome = run_benchmark(_cfg(tmp_path, srv.url, requests=20, concurrency=1),
+                                progress=False, plots=True)
+    recs = _records(Path(outcome.out))
+    assert [r["status"] for r in recs] == ["completed"] * 4 + ["error"] * 5
+    assert outcome.exit_code == 1 and "5 failed requests in a row" in outcome.summary["aborted"]
+    assert outcome.summary["variants"]["spec"]["completed"] == 3   # + 1 warmup
+    assert (Path(outcome.out) / "README.md").exists()
+
+
 def test_unserved_model_and_non_openai_server_fail_before_any_request(tmp_path: Path) -> None:
     with ScriptedOpenAI(Script()) as srv:
         with pytest.raises(ServerError, match=r"model 'nope' is not served here \(it serves: "

@@ -70,3 +70,22 @@ def test_real_metrics_page_delta() -> None:
     assert acc.draft_tokens == 4 * acc.steps          # K = 4 on every step
     assert sum(acc.per_position_accepted) == acc.accepted_draft_tokens
     assert len(acc.per_position_accepted) == 4
+
+
+def test_the_four_requests_sum_to_the_counters_delta() -> None:
+    """README: the four requests ran between the two scrapes, one at a time."""
+    from specserve.client.acceptance import from_response, pool
+
+    accs = [_parse(n)[1].acceptance for n in ("vllm_completions_stream.sse",
+                                              "vllm_completions_stream_usage_only.sse",
+                                              "vllm_chat_stream.sse")]
+    accs.append(from_response(json.loads((DATA / "vllm_completions.json").read_text())))
+    total = pool([a for a in accs if a is not None])
+    assert total is not None and len(accs) == 4 and None not in accs
+    delta = counter_acceptance(parse_prometheus((DATA / "vllm_metrics_before.txt").read_text()),
+                               parse_prometheus((DATA / "vllm_metrics_after.txt").read_text()))
+    assert delta is not None
+    assert (total.steps, total.draft_tokens, total.accepted_draft_tokens,
+            total.per_position_accepted) == (delta.steps, delta.draft_tokens,
+                                             delta.accepted_draft_tokens,
+                                             delta.per_position_accepted)

@@ -30,6 +30,7 @@ class Script:
     continuous_usage: bool = True            # honour stream_options.continuous_usage_stats
     per_request_metrics: bool = True
     fail_status: int | None = None
+    fail_after: int = 0                      # with fail_status: the first N requests succeed
     cut_after: int | None = None
     not_openai: bool = False
     drafts_counted: bool = True              # False: counters stay at zero (spec off)
@@ -145,7 +146,7 @@ class ScriptedOpenAI:
         self.s.requests.append(body)
         if self.s.not_openai:
             return web.Response(status=404, text='{"error":"Not Found"}')
-        if self.s.fail_status:
+        if self.s.fail_status and len(self.s.requests) > self.s.fail_after:
             return web.json_response({"object": "error", "message": "Server busy, retry later",
                                       "type": "ServiceUnavailable", "code": self.s.fail_status},
                                      status=self.s.fail_status)
