@@ -64,7 +64,8 @@ def test_layout_names_config_and_runtime_loader(tmp_path: Path) -> None:
                      "1.0.linear.weight", "1.0.linear.bias", "1.1.weight"}
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert cfg == {"medusa_num_heads": 2, "medusa_num_layers": 1,
-                   "base_model_name_or_path": "target", "hidden_size": 8, "vocab_size": 11}
+                   "base_model_name_or_path": "target", "hidden_size": 8, "vocab_size": 11,
+                   "medusa_fc_bias": True}   # vLLM's `medusa` method loads the biases only so
     again = load_medusa(tmp_path / "m")
     h = torch.randn(4, 8)
     torch.testing.assert_close(again(h), heads(h))
