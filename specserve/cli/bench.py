@@ -45,6 +45,22 @@ def _text(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _sweep(cfg: Any, levels_text: str, fmt: str) -> None:
+    from specserve.client.run import run_benchmark
+    from specserve.client.sweep import crossover_line, parse_levels, run_sweep, sweep_table
+    from specserve.errors import SpecserveError
+
+    levels = parse_levels(levels_text)
+    if cfg.concurrency is not None or cfg.request_rate is not None:
+        raise SpecserveError("--sweep sets the concurrency of each phase: drop --concurrency "
+                             "and --request-rate")
+    summary = run_sweep(cfg, levels, lambda c: run_benchmark(c).summary)
+    emit(summary, fmt, lambda s: "\n".join(
+        [sweep_table(s), "", crossover_line(s), f"report in {s['config']['out']} ({s['status']})"]))
+    if summary["exit_code"]:
+        sys.exit(summary["exit_code"])
+
+
 @click.command("bench", epilog=EXAMPLES,
                short_help="Benchmark a served model: latency, acceptance, speedup.")
 @click.option("--url", required=True,
@@ -59,6 +75,9 @@ def _text(s: dict[str, Any]) -> str:
 @click.option("--baseline-model", default=None, help="No-speculation model for the speedup.")
 @click.option("--baseline-url", default=None, help="Server of the baseline (default --url).")
 @click.option("--concurrency", type=int, default=None, help="Closed loop: streams in flight.")
+@click.option("--sweep", default=None, metavar="C1,C2,...",
+              help="Spec and baseline at each concurrency, each in its own phase; reports the "
+                   "speedup per level and where speculation stops paying (needs a baseline).")
 @click.option("--request-rate", type=float, default=None, help="Open loop: Poisson req/s.")
 @click.option("--requests", "n_requests", type=int, default=32, show_default=True,
               help="Measured requests per variant.")
@@ -93,7 +112,7 @@ def _text(s: dict[str, Any]) -> str:
               help="Per-request timeout (s).")
 @click.option("--out", default="reports/bench", show_default=True, help="Report directory.")
 @FORMAT_OPTION
-def command(fmt: str, n_requests: int, **kw: Any) -> None:
+def command(fmt: str, n_requests: int, sweep: str | None, **kw: Any) -> None:
     """Stream requests to Triton or an OpenAI server, record every request, summarize, plot.
 
     Records TTFT, ITL per token (a chunk's gap divided over its tokens), TPOT, E2E, tokens per
@@ -108,6 +127,9 @@ def command(fmt: str, n_requests: int, **kw: Any) -> None:
         kw["baseline_url"] = host_port(kw["baseline_url"])
     cfg = BenchmarkConfig(requests=n_requests, **kw)
     cfg.validate()
+    if sweep is not None:
+        _sweep(cfg, sweep, fmt)
+        return
     outcome = run_benchmark(cfg)
     emit(outcome.summary, fmt, _text)
     if outcome.exit_code:

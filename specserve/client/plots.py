@@ -148,3 +148,47 @@ def write_plots(records: Sequence[RequestRecord], speedups: dict[str, Speedup],
         names.append("speedup.png")
         speedup_bars(speedups, out / names[3])
     return names
+
+
+def sweep_plots(summary: dict[str, Any], out: Path) -> list[str]:
+    """``sweep_throughput.png`` (output tok/s against per-user tok/s, one curve per variant,
+    points labelled by concurrency) and ``sweep_speedup.png`` (speedups against concurrency,
+    the crossover marked); the file names."""
+    plt = _plt()
+    levels = summary["levels"]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for v in ("spec", "baseline"):
+        xs = [lv[v]["per_user_tok_s_mean"] or 0.0 for lv in levels]
+        ys = [lv[v]["output_token_throughput_tok_s"] or 0.0 for lv in levels]
+        ax.plot(xs, ys, "o-", color=COLORS[v], label=v)
+        for lv, x, y in zip(levels, xs, ys, strict=True):
+            ax.annotate(f"c={lv['concurrency']}", (x, y), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("per-user tok/s (mean)")
+    ax.set_ylabel("output tok/s")
+    ax.set_title("throughput against per-user speed")
+    ax.legend()
+    _save(plt, fig, out / "sweep_throughput.png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    cs = [lv["concurrency"] for lv in levels]
+    sp = [lv["per_user_speedup"]["speedup"] if lv["per_user_speedup"] else float("nan")
+          for lv in levels]
+    lo = [s - lv["per_user_speedup"]["ci_low"] if lv["per_user_speedup"] else 0.0
+          for s, lv in zip(sp, levels, strict=True)]
+    hi = [lv["per_user_speedup"]["ci_high"] - s if lv["per_user_speedup"] else 0.0
+          for s, lv in zip(sp, levels, strict=True)]
+    ax.errorbar(cs, sp, yerr=[lo, hi], fmt="o-", capsize=3, label="per-user tok/s speedup")
+    ax.plot(cs, [lv["output_throughput_ratio"] or float("nan") for lv in levels], "s--",
+            label="output tok/s ratio")
+    ax.axhline(1.0, color="grey", lw=1)
+    for key, style in (("crossover_per_user", "r:"), ("crossover_output_throughput", "m:")):
+        if summary.get(key) is not None:
+            ax.axvline(summary[key], color=style[0], ls=":", label=f"{key.split('_', 1)[1]}"
+                       f" crossover (c={summary[key]})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cs, [str(c) for c in cs])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("spec / baseline")
+    ax.legend(fontsize=8)
+    _save(plt, fig, out / "sweep_speedup.png")
+    return ["sweep_throughput.png", "sweep_speedup.png"]

@@ -43,12 +43,23 @@ def build_summary(records: Sequence[RequestRecord], duration_s: float, slo: Slo 
         },
         "token_count_sources": dict(Counter(r.token_count_source for r in meas
                                             if r.status == "completed")),
-        "variants": {v: summarize(records, v, duration_s, slo, (counters or {}).get(v)).to_dict()
-                     for v in variants},
+        "variants": {v: summarize(records, v, duration_s, slo, (counters or {}).get(v),
+                                  interleaved=len(variants) > 1).to_dict() for v in variants},
+        "combined": _combined(meas, duration_s) if len(variants) > 1 else None,
         "speedup": {m: asdict(s) for m, s in sp.items()},
     }
     summary["flags"] = [f for v in summary["variants"].values() for f in v["flags"]]
     return summary
+
+
+def _combined(meas: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
+    """Throughput of an interleaved run, both variants together (the only honest figure)."""
+    done = [r for r in meas if r.status == "completed"]
+    dur = max(duration_s, 1e-9)
+    return {"request_throughput_rps": len(done) / dur,
+            "output_token_throughput_tok_s": sum(r.output_tokens for r in done) / dur,
+            "note": "spec and baseline interleaved on one machine: per-variant throughput is "
+                    "not measured; run `specserve bench --sweep` for each in its own phase"}
 
 
 def csv_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -147,6 +158,11 @@ def readme(summary: dict[str, Any], plots: list[str]) -> str:
         parts += ["", f"**Run aborted:** {summary['aborted']}"]
     parts += [f"\n**{line}**" for line in flag_lines(summary)]
     parts += ["", "## Summary", "", text_table(summary)]
+    if summary.get("combined"):
+        c = summary["combined"]
+        parts += ["", f"Throughput, both variants together: "
+                  f"{c['output_token_throughput_tok_s']:.1f} output tok/s, "
+                  f"{c['request_throughput_rps']:.2f} req/s ({c['note']})."]
     if summary["speedup"]:
         parts += ["", "## Speedup vs baseline (ratio of means, >1 = speculation better)", "",
                   speedup_table(summary["speedup"])]

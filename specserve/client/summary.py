@@ -148,8 +148,8 @@ class VariantSummary:
     errors: int
     cancelled: int
     duration_s: float
-    request_throughput_rps: float
-    output_token_throughput_tok_s: float
+    request_throughput_rps: float | None       # None in an interleaved run (see summarize)
+    output_token_throughput_tok_s: float | None
     output_tokens: int
     ttft_ms: Distribution
     tpot_ms: Distribution
@@ -174,9 +174,13 @@ class VariantSummary:
 
 def summarize(records: Sequence[RequestRecord], variant: str, duration_s: float,
               slo: Slo | None = None,
-              counters: EngineAcceptance | None = None) -> VariantSummary:
+              counters: EngineAcceptance | None = None,
+              interleaved: bool = False) -> VariantSummary:
     """Summarize the measured (non-warmup) records of ``variant`` over a run of ``duration_s``;
-    ``counters``: the acceptance its server's Prometheus counters gave over the run."""
+    ``counters``: the acceptance its server's Prometheus counters gave over the run.
+    ``interleaved``: the run mixed two variants on the same cores, so no per-variant throughput
+    (request/s, tok/s, goodput/s) is given: either variant's share of a mixed run is not what it
+    would serve alone (``bench --sweep`` runs each in its own phase)."""
     rs = [r for r in records if r.variant == variant and r.phase == "measure"]
     done = [r for r in rs if r.status == "completed"]
     tokens = sum(r.output_tokens for r in done)
@@ -190,8 +194,8 @@ def summarize(records: Sequence[RequestRecord], variant: str, duration_s: float,
         errors=sum(r.status == "error" for r in rs),
         cancelled=sum(r.status == "cancelled" for r in rs),
         duration_s=duration_s,
-        request_throughput_rps=len(done) / dur,
-        output_token_throughput_tok_s=tokens / dur,
+        request_throughput_rps=None if interleaved else len(done) / dur,
+        output_token_throughput_tok_s=None if interleaved else tokens / dur,
         output_tokens=tokens,
         ttft_ms=Distribution.of([r.ttft_s for r in done if r.ttft_s is not None]).scaled(1e3),
         tpot_ms=Distribution.of([r.tpot_s for r in done if r.tpot_s is not None]).scaled(1e3),
@@ -199,7 +203,7 @@ def summarize(records: Sequence[RequestRecord], variant: str, duration_s: float,
         itl_chunk_ms=Distribution.of([x for r in done for x in r.itl_chunk_s]).scaled(1e3),
         e2e_ms=Distribution.of([r.e2e_s for r in done if r.e2e_s is not None]).scaled(1e3),
         per_user_tok_s=Distribution.of(per_request_values(done, "per_user_tok_s")),
-        goodput_rps=len(good) / dur if slo else None,
+        goodput_rps=len(good) / dur if slo and not interleaved else None,
         goodput_fraction=(len(good) / len(rs) if rs else None) if slo else None,
         acceptance=(acc := acceptance_of(done)),
         engine_counters=counters.to_dict() if counters else None,

@@ -27,6 +27,7 @@ class Script:
     k: int = 4
     model: str = "demo"
     gap_s: float = 0.004
+    load_gap_s: float = 0.0                  # extra gap per request in flight (a loaded server)
     continuous_usage: bool = True            # honour stream_options.continuous_usage_stats
     per_request_metrics: bool = True
     fail_status: int | None = None
@@ -37,6 +38,7 @@ class Script:
     trtllm_perf: bool = False                # trtllm-serve style: /perf_metrics, no /metrics
     perf: list[dict[str, Any]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    inflight: int = 0
     totals: dict[str, int] = field(default_factory=lambda: {"drafts": 0, "draft": 0, "acc": 0})
     per_pos: list[int] = field(default_factory=list)
 
@@ -171,6 +173,14 @@ class ScriptedOpenAI:
 
     async def _stream(self, request: web.Request, body: dict[str, Any], chunks: list[int],
                       spec: dict[str, Any], chat: bool) -> web.StreamResponse:
+        self.s.inflight += 1
+        try:
+            return await self._stream_body(request, body, chunks, spec, chat)
+        finally:
+            self.s.inflight -= 1
+
+    async def _stream_body(self, request: web.Request, body: dict[str, Any], chunks: list[int],
+                           spec: dict[str, Any], chat: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         opts = body.get("stream_options") or {}
@@ -184,7 +194,7 @@ class ScriptedOpenAI:
                 if request.transport is not None:
                     request.transport.close()
                 return resp
-            await asyncio.sleep(self.s.gap_s)
+            await asyncio.sleep(self.s.gap_s + self.s.load_gap_s * self.s.inflight)
             text = "".join(f"t{j} " for j in range(done, done + c))
             done += c
             choice = {"delta": {"content": text}} if chat else {"text": text}

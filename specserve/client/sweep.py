@@ -1,0 +1,183 @@
+"""``specserve bench --sweep 1,2,4,...``: speculation and its baseline at each concurrency, each
+in its own phase, and where speculation stops paying.
+
+Per level ``c`` two closed-loop phases at concurrency ``c`` (spec then baseline, the order
+swapped at every other level so drift hits both alike), each a complete run with its own warmup
+and report under ``OUT/c{c}-{variant}/``: throughput is only meaningful for a configuration that
+had the machine to itself (an interleaved run mixes both). The sweep's ``summary.json`` has, per
+level, both variants' figures, the per-user tok/s speedup (ratio of means with the seeded
+bootstrap CI of :func:`specserve.client.summary.bootstrap_speedup`) and the output tok/s ratio;
+the crossover is the lowest level where speculation stops paying (speedup < 1). Plots: output
+tok/s against per-user tok/s (one curve per variant, points labelled by concurrency) and the
+speedups against concurrency with the crossover marked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specserve.client.config import BenchmarkConfig
+from specserve.client.metrics import RequestRecord
+from specserve.client.summary import bootstrap_speedup, per_request_values
+from specserve.config import write_json_atomic, write_text_atomic
+from specserve.errors import SpecserveError
+
+VARIANTS = ("spec", "baseline")
+LEVEL_KEYS = ("output_token_throughput_tok_s", "request_throughput_rps")
+
+
+def parse_levels(text: str) -> list[int]:
+    """``1,2,4,8`` -> [1, 2, 4, 8] (positive, increasing, no repeats)."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise SpecserveError(f"--sweep: '{text}' is not a list of concurrencies like 1,2,4,8")\
+            from e
+    if not levels or min(levels) < 1 or levels != sorted(set(levels)):
+        raise SpecserveError(f"--sweep: '{text}': give increasing concurrencies >= 1, e.g. 1,4,8")
+    return levels
+
+
+def phase_config(cfg: BenchmarkConfig, level: int, variant: str, out: Path) -> BenchmarkConfig:
+    """The single-variant run of one phase: ``variant``'s server and model at ``level``."""
+    model = cfg.model if variant == "spec" else (cfg.baseline_model or cfg.model)
+    url = cfg.url if variant == "spec" else (cfg.baseline_url or cfg.url)
+    return dataclasses.replace(cfg, url=url, model=model, baseline_model=None,
+                               baseline_url=None, concurrency=level, request_rate=None,
+                               out=str(out / f"c{level}-{variant}"))
+
+
+@dataclass(frozen=True)
+class Phase:
+    level: int
+    variant: str
+    summary: dict[str, Any]        # that run's summary.json
+    records: tuple[RequestRecord, ...]
+
+
+def level_summary(spec: Phase, base: Phase, seed: int, n_boot: int) -> dict[str, Any]:
+    """One level: both variants' main figures, the per-user speedup with its CI, the output
+    throughput ratio (pure)."""
+    def figures(p: Phase) -> dict[str, Any]:
+        v = p.summary["variants"]["spec"]  # each phase runs its model as the only variant
+        acc = v["acceptance"]
+        return {"model": v["model"], "completed": v["completed"], "errors": v["errors"],
+                **{k: v[k] for k in LEVEL_KEYS},
+                "per_user_tok_s_mean": v["per_user_tok_s"]["mean"],
+                "ttft_ms_p50": v["ttft_ms"]["p50"], "ttft_ms_p99": v["ttft_ms"]["p99"],
+                "tpot_ms_p50": v["tpot_ms"]["p50"],
+                "tau": (v.get("engine_counters") or {}).get("tau") or acc["tau_server"]
+                or acc["tau_stream"], "report": p.summary["config"]["out"]}
+
+    sp = bootstrap_speedup(per_request_values(spec.records, "per_user_tok_s"),
+                           per_request_values(base.records, "per_user_tok_s"), True,
+                           "per_user_tok_s", n_boot=n_boot, seed=seed + spec.level)
+    fs, fb = figures(spec), figures(base)
+    ratio = (fs["output_token_throughput_tok_s"] / fb["output_token_throughput_tok_s"]
+             if fb["output_token_throughput_tok_s"] else None)
+    return {"concurrency": spec.level, "spec": fs, "baseline": fb,
+            "per_user_speedup": dataclasses.asdict(sp) if sp else None,
+            "output_throughput_ratio": ratio}
+
+
+def crossover(levels: Sequence[dict[str, Any]], key: str) -> int | None:
+    """The lowest concurrency at which ``key`` (a speedup) falls below 1, else None."""
+    for lv in levels:
+        v = lv[key]["speedup"] if key == "per_user_speedup" and lv[key] else lv.get(key)
+        if isinstance(v, (int, float)) and v < 1.0:
+            return int(lv["concurrency"])
+    return None
+
+
+def _records(out: Path) -> tuple[RequestRecord, ...]:
+    path = out / "requests.jsonl"
+    if not path.exists():
+        return ()
+    return tuple(RequestRecord.from_dict(json.loads(x)) for x in path.read_text().splitlines())
+
+
+RunPhase = Callable[[BenchmarkConfig], dict[str, Any]]
+
+
+def run_sweep(cfg: BenchmarkConfig, levels: list[int], run_phase: RunPhase,
+              plots: bool = True) -> dict[str, Any]:
+    """Run every phase with ``run_phase(cfg) -> summary`` and write the sweep's report into
+    ``cfg.out``; the sweep summary (``exit_code`` 1 when some phase was partial)."""
+    if not cfg.has_baseline:
+        raise SpecserveError("--sweep compares speculation with a baseline: give "
+                             "--baseline-model or --baseline-url")
+    out = Path(cfg.out)
+    rows, partial = [], False
+    for i, level in enumerate(levels):
+        done: dict[str, Phase] = {}
+        for variant in (VARIANTS if i % 2 == 0 else VARIANTS[::-1]):
+            pcfg = phase_config(cfg, level, variant, out)
+            s = run_phase(pcfg)
+            partial = partial or s.get("status") != "ok"
+            done[variant] = Phase(level, variant, s, _records(Path(pcfg.out)))
+            if s.get("aborted"):
+                break
+        if len(done) < 2:
+            break
+        rows.append(level_summary(done["spec"], done["baseline"], cfg.seed, cfg.bootstrap))
+    summary = {"config": cfg.to_dict(), "sweep": levels, "levels": rows,
+               "crossover_per_user": crossover(rows, "per_user_speedup"),
+               "crossover_output_throughput": crossover(rows, "output_throughput_ratio"),
+               "status": "partial" if partial or len(rows) < len(levels) else "ok"}
+    summary["exit_code"] = 0 if summary["status"] == "ok" else 1
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "summary.json", summary)
+    names: list[str] = []
+    if plots and rows:
+        from specserve.client.plots import sweep_plots
+
+        names = sweep_plots(summary, out)
+    write_text_atomic(out / "README.md", sweep_readme(summary, names))
+    return summary
+
+
+def sweep_table(summary: dict[str, Any]) -> str:
+    head = ("| concurrency | per-user tok/s spec / baseline | speedup [95% CI] | output tok/s "
+            "spec / baseline | ratio | TTFT p50 ms spec / baseline | tau |\n"
+            "|---|---|---|---|---|---|---|")
+    lines = [head]
+    for lv in summary["levels"]:
+        s, b, sp = lv["spec"], lv["baseline"], lv["per_user_speedup"]
+        ci = f"{sp['speedup']:.2f} [{sp['ci_low']:.2f}, {sp['ci_high']:.2f}]" if sp else "–"
+        ratio = lv["output_throughput_ratio"]
+        lines.append(
+            f"| {lv['concurrency']} | {_f(s['per_user_tok_s_mean'])} / "
+            f"{_f(b['per_user_tok_s_mean'])} | {ci} | {_f(s['output_token_throughput_tok_s'])} / "
+            f"{_f(b['output_token_throughput_tok_s'])} | {_f(ratio, 2)} | "
+            f"{_f(s['ttft_ms_p50'])} / {_f(b['ttft_ms_p50'])} | {_f(s['tau'], 2)} |")
+    return "\n".join(lines)
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def crossover_line(summary: dict[str, Any]) -> str:
+    cu, ct = summary["crossover_per_user"], summary["crossover_output_throughput"]
+    if cu is None and ct is None:
+        return "Speculation pays at every swept concurrency."
+    parts = []
+    if cu is not None:
+        parts.append(f"per-user tok/s from concurrency {cu}")
+    if ct is not None:
+        parts.append(f"output tok/s from concurrency {ct}")
+    return "Speculation stops paying: " + "; ".join(parts) + "."
+
+
+def sweep_readme(summary: dict[str, Any], plots: list[str]) -> str:
+    parts = ["# specserve bench --sweep", "",
+             f"Concurrencies {summary['sweep']}; each variant in its own phase per level "
+             "(reports in the `c{N}-{variant}/` folders).", "", sweep_table(summary), "",
+             crossover_line(summary), ""]
+    parts += [f"![{p}]({p})" for p in plots]
+    return "\n".join(parts) + "\n"
