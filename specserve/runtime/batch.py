@@ -58,6 +58,32 @@ class Batch:
         self.logits: list[list[torch.Tensor]] | None = None  # per row, when some row asked
         self.want: list[bool] = [False] * n
 
+    @classmethod
+    def merge(cls, parts: list[Batch], prop: Proposer | None) -> Batch:
+        """One batch over single-row parts (in-flight batching): the mutable per-row objects
+        (sequence, output, stats, generator, logits list) are shared with the parts; the flags
+        go back with :meth:`write_back`."""
+        st = cls.__new__(cls)
+        st.params = [p.params[0] for p in parts]
+        st.seqs, st.out = [p.seqs[0] for p in parts], [p.out[0] for p in parts]
+        st.done, st.finish = [p.done[0] for p in parts], [p.finish[0] for p in parts]
+        st.stats, st.stop = [p.stats[0] for p in parts], [p.stop[0] for p in parts]
+        st.first, st.last = [p.first[0] for p in parts], [p.last[0] for p in parts]
+        st.gens, st.prop = [p.gens[0] for p in parts], prop
+        st.k = [p.k[0] for p in parts] if all(p.k for p in parts) else []
+        st.want = [p.want[0] for p in parts]
+        st.logits = [p.logits[0] if p.logits is not None else [] for p in parts] \
+            if any(st.want) else None
+        return st
+
+    def write_back(self, parts: list[Batch]) -> None:
+        """The flags of a :meth:`merge` batch back into its parts (row i -> parts[i])."""
+        for i, p in enumerate(parts):
+            p.done[0], p.finish[0] = self.done[i], self.finish[i]
+            p.first[0], p.last[0] = self.first[i], self.last[i]
+            if self.k:
+                p.k = [self.k[i]]
+
     def keep_logits(self, want: list[bool]) -> None:
         """Keep the logits of emitted tokens for the rows that want them (opt-in)."""
         self.want = want

@@ -110,6 +110,21 @@ class KVCache:
         self.batch, self.max_len = batch, max_len
         self.lengths: list[int] = [0] * batch
 
+    def view(self, start: int, stop: int) -> KVCache:
+        """Rows ``start..stop-1`` as a cache of their own that shares this one's storage
+        (tensor slices are views: a forward on it writes here). Lengths are the caller's."""
+        v = KVCache.__new__(KVCache)
+        v.k = [buf[start:stop] for buf in self.k]
+        v.v = [buf[start:stop] for buf in self.v]
+        v.batch, v.max_len = stop - start, self.max_len
+        v.lengths = [0] * (stop - start)
+        return v
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of row ``src`` into row ``dst`` (slot reuse)."""
+        for buf in (*self.k, *self.v):
+            buf[dst, :, :length] = buf[src, :, :length]
+
     def keep_nodes(self, row: int, nodes: list[int]) -> None:
         """Move the K/V of tree nodes ``nodes`` (written at length+node) to length+0..n-1."""
         if nodes == list(range(len(nodes))):

@@ -21,6 +21,7 @@ from specserve.runtime.proposers.base import (
     Proposal,
     ProposalRequest,
     Proposer,
+    SlotProposer,
     StepOutcome,
     TreeProposal,
     pad_drafts,
@@ -33,4 +34,5 @@ from specserve.runtime.proposers.oracle import OracleProposer
 
 __all__ = ["ChainProposal", "ChainProposer", "DraftModelProposer", "ExternalDraftProposer",
            "MedusaProposer", "NgramProposer", "OracleProposer", "Proposal", "ProposalRequest",
-           "Proposer", "StepOutcome", "TreeProposal", "ngram_lookup", "pad_drafts"]
+           "Proposer", "SlotProposer", "StepOutcome", "TreeProposal", "ngram_lookup",
+           "pad_drafts"]

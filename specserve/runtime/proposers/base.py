@@ -31,7 +31,7 @@ from specserve.runtime.params import SamplingParams
 from specserve.spec.tree import TreeBuffers
 
 __all__ = ["ChainProposal", "ChainProposer", "Proposal", "ProposalRequest", "Proposer",
-           "StepOutcome", "TreeProposal", "pad_drafts"]
+           "SlotProposer", "StepOutcome", "TreeProposal", "pad_drafts"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,23 @@ class Proposer(Protocol):
         """After every target forward: roll back to the kept tokens, keep hidden states, adapt."""
 
 
+class SlotProposer(Protocol):
+    """A proposer whose per-sequence state can join and leave a running batch (in-flight
+    batching, :mod:`specserve.runtime.scheduler`): its rows are the scheduler's rows, in order.
+    """
+
+    inflight: bool  # False: this proposer cannot (a row-indexed reference, external drafts)
+
+    def reserve(self, capacity: int, max_len: int) -> None:
+        """A pool for ``capacity`` sequences of up to ``max_len`` tokens; no sequence yet."""
+
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
+        """Sequences join as the last rows; ``outcome`` is the target prefill of just them."""
+
+    def evict(self, row: int) -> None:
+        """The sequence at ``row`` leaves; the last row moves into its place."""
+
+
 def pad_drafts(rows: list[list[int]], k: int, device: torch.device | str) -> torch.Tensor:
     """Token lists -> ``[B, k]`` int64, zero-padded."""
     return torch.tensor([r + [0] * (k - len(r)) for r in rows], dtype=torch.long,
@@ -138,11 +155,22 @@ class ChainProposer:
     def lookahead(self) -> int:
         return self.max_draft_len
 
+    inflight = True  # stateless per row (the sequences come with every request)
+
     def bind(self, target: Transformer) -> None:
         """Chain proposers keep their own device and dtype."""
 
     def start(self, prompts: list[list[int]], max_len: int) -> None:
         """Called once per ``generate`` with the prompts and the longest sequence possible."""
+
+    def reserve(self, capacity: int, max_len: int) -> None:
+        """In-flight batching: nothing per row to keep (see :class:`SlotProposer`)."""
+
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
+        """In-flight batching: nothing per row to keep."""
+
+    def evict(self, row: int) -> None:
+        """In-flight batching: nothing per row to keep."""
 
     def get_proposal(self, request: ProposalRequest) -> ChainProposal | None:
         if max(request.limits) == 0:

@@ -12,7 +12,7 @@ import torch
 
 from specserve.runtime.model import KVCache, Transformer
 from specserve.runtime.params import SamplingParams
-from specserve.runtime.proposers.base import ChainProposal, ChainProposer, pad_drafts
+from specserve.runtime.proposers.base import ChainProposal, ChainProposer, StepOutcome, pad_drafts
 from specserve.spec.sampling import logits_to_probs, sample
 
 
@@ -28,6 +28,7 @@ class DraftModelProposer(ChainProposer):
         super().__init__(max_draft_len)
         self.model = model.decode_layout()  # it runs one-token forwards: gemv-friendly weights
         self.cache: KVCache | None = None
+        self.pool: KVCache  # in-flight batching only (reserve)
 
     def start(self, prompts: list[list[int]], max_len: int) -> None:
         b = len(prompts)
@@ -37,6 +38,32 @@ class DraftModelProposer(ChainProposer):
         self.cache.lengths = [0] * b
         # The last prompt token is fed by the first propose (with the first generated token).
         self._feed([p[:-1] if len(p) > 1 else [] for p in prompts])
+
+    def reserve(self, capacity: int, max_len: int) -> None:
+        """In-flight batching: a draft KV pool of ``capacity`` rows; the active rows are a view
+        of its first rows (:meth:`KVCache.view`), moved together with the target's."""
+        self.pool = self.model.new_cache(capacity, max_len + self.max_draft_len + 2)
+        self.cache = self.pool.view(0, 0)
+
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
+        """Feed the newcomers' prompts (all but the last token) into the rows after the active
+        ones, then widen the active view over them."""
+        assert self.cache is not None
+        n, m, lens = self.cache.batch, len(prompts), list(self.cache.lengths)
+        self.cache = self.pool.view(n, n + m)
+        self._feed([p[:-1] if len(p) > 1 else [] for p in prompts])
+        lens += self.cache.lengths
+        self.cache = self.pool.view(0, n + m)
+        self.cache.lengths = lens
+
+    def evict(self, row: int) -> None:
+        assert self.cache is not None
+        lens, last = list(self.cache.lengths), self.cache.batch - 1
+        if row != last:
+            self.pool.move_row(last, row, lens[last])
+            lens[row] = lens[last]
+        self.cache = self.pool.view(0, last)
+        self.cache.lengths = lens[:last]
 
     def _feed(self, rows: list[list[int]]) -> torch.Tensor | None:
         """Feed per-row token lists; last hidden state per row [B, H] (None if all empty)."""

@@ -29,6 +29,8 @@ class ExternalDraftProposer(ChainProposer):
     of :meth:`~specserve.runtime.decoder.SpecDecoder.verify`); never again, so in a plain
     ``generate`` (where the prefill has sampled a token already) it proposes nothing."""
 
+    inflight = False  # drafts are given per row of one verify() call
+
     name = "external"
 
     def __init__(self, drafts: Sequence[Sequence[int]],

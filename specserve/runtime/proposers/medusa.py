@@ -74,6 +74,24 @@ class MedusaProposer:
         self._hidden = h[torch.arange(h.shape[0], device=dev), torch.tensor(outcome.last,
                                                                             device=dev)]
 
+    inflight = True
+
+    def reserve(self, capacity: int, max_len: int) -> None:
+        """In-flight batching: the per-row state is the last kept hidden state only."""
+        self._hidden = None
+
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
+        h, dev = outcome.hidden, outcome.hidden.device
+        new = h[torch.arange(h.shape[0], device=dev), torch.tensor(outcome.last, device=dev)]
+        self._hidden = new if self._hidden is None else torch.cat([self._hidden, new])
+
+    def evict(self, row: int) -> None:
+        assert self._hidden is not None
+        last = self._hidden.shape[0] - 1
+        if row != last:
+            self._hidden[row] = self._hidden[last]
+        self._hidden = self._hidden[:last]
+
     def tree_tokens(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """root [B] pending tokens, hidden [B, H] -> candidate tokens [B, N+1] (root first)."""
         logits = self.heads(hidden)  # [B, num_heads, V]

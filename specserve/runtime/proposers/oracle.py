@@ -16,6 +16,7 @@ class OracleProposer(ChainProposer):
     sequence still follows its reference; nothing after a divergence."""
 
     name = "oracle"
+    inflight = False  # references are indexed by the row of one generate() call
 
     def __init__(self, references: list[list[int]], max_draft_len: int = 4,
                  device: torch.device | str = "cpu") -> None:

@@ -1,0 +1,197 @@
+"""In-flight (iteration-level) batching for the reference decoder: sequences join and leave the
+running batch between verify steps (Orca, Yu et al., OSDI'22, "iteration-level scheduling";
+TensorRT-LLM's in-flight batcher, vLLM's continuous batching).
+
+A :class:`Scheduler` owns a KV cache pool with one slot per sequence; the running sequences are
+always its first rows (a finished or cancelled sequence leaves at once and the last row moves
+into its slot), so a step's forward runs on a view of those rows. Each :meth:`Scheduler.step`:
+
+1. admits waiting requests while slots are free: one prefill forward over just the newcomers
+   (their first token is sampled there), and their proposer state joins
+   (:class:`~specserve.runtime.proposers.SlotProposer`);
+2. runs one speculative step of :class:`~specserve.runtime.decoder.SpecDecoder` over every
+   running sequence (per-row draft lengths, per-row lengths in one verify forward);
+3. evicts what finished or was cancelled and hands back its result.
+
+Outputs are unchanged by batching: every row's verification depends only on its own tokens,
+drafts and generator (the decoder's invariant), so a request's tokens equal its tokens run alone,
+at any arrival pattern (tests/runtime/test_scheduler.py). No Triton here: the Triton model is a
+thin adapter that calls :meth:`submit` and runs :meth:`step` in its worker thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specserve.errors import SpecserveError
+from specserve.runtime.batch import Batch, GenerationResult
+from specserve.runtime.decoder import SpecDecoder
+from specserve.runtime.model import KVCache
+from specserve.runtime.params import SamplingParams
+from specserve.runtime.proposers import StepOutcome
+
+OnTokens = Callable[[list[int]], None]
+OnDone = Callable[[GenerationResult], None]
+
+
+@dataclass
+class Handle:
+    """One submitted request: its prompt and callbacks; ``cancelled`` is set by
+    :meth:`Scheduler.cancel`; ``result`` once it has finished."""
+
+    prompt: list[int]
+    params: SamplingParams
+    on_tokens: OnTokens | None = None
+    on_done: OnDone | None = None
+    return_logits: bool = False
+    cancelled: bool = False
+    result: GenerationResult | None = None
+    row: Batch | None = field(default=None, repr=False)
+
+
+class Scheduler:
+    """Iteration-level batching of up to ``capacity`` sequences over one :class:`SpecDecoder`.
+
+    ``max_len``: the longest prompt + max_tokens a request may have. Thread-safe :meth:`submit`
+    and :meth:`cancel`; :meth:`step` (or :meth:`run_until_idle`) from one thread."""
+
+    def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int) -> None:
+        prop = decoder.proposer
+        if prop is not None and not getattr(prop, "inflight", False):
+            raise SpecserveError(f"in-flight batching: the {prop.name} proposer keeps per-call "
+                                 "state and cannot join a running batch")
+        if capacity < 1:
+            raise SpecserveError(f"in-flight batching: capacity must be >= 1, got {capacity}")
+        self.decoder, self.capacity, self.max_len = decoder, capacity, max_len
+        self.look = SpecDecoder._lookahead(prop)
+        self.pool: KVCache = decoder.target.new_cache(capacity, max_len + self.look)
+        if prop is not None:
+            prop.reserve(capacity, max_len)  # type: ignore[attr-defined]
+        self.running: list[Handle] = []
+        self.lengths: list[int] = []
+        self._waiting: deque[Handle] = deque()
+        self._lock = threading.Lock()
+
+    def submit(self, prompt: list[int], params: SamplingParams, on_tokens: OnTokens | None = None,
+               on_done: OnDone | None = None, return_logits: bool = False) -> Handle:
+        """Queue one request (checked now: a bad one raises here, never inside a step)."""
+        self.decoder.check_prompt(prompt)
+        params.validate()
+        need = len(prompt) + params.max_tokens
+        if need > self.max_len:
+            raise SpecserveError(f"generate: prompt + max_tokens = {need} exceeds the engine's "
+                                 f"{self.max_len}")
+        h = Handle(list(prompt), params, on_tokens, on_done, return_logits)
+        with self._lock:
+            self._waiting.append(h)
+        return h
+
+    def cancel(self, h: Handle) -> None:
+        """Stop ``h`` at the next step boundary (its slot is freed there); a waiting request
+        never starts."""
+        h.cancelled = True
+
+    @property
+    def waiting(self) -> int:
+        """Requests submitted and not running yet (no free slot, or not admitted yet)."""
+        with self._lock:
+            return len(self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self.running and not self._waiting
+
+    def step(self) -> bool:
+        """Evict the cancelled, admit, one step, evict; False when there was nothing to do."""
+        with torch.inference_mode():
+            self._evict()  # cancelled since the last step: their slots go to newcomers now
+            self._admit()
+            if not self.running:
+                return False
+            self._step()
+            self._evict()
+        return True
+
+    def run_until_idle(self) -> None:
+        while self.step():
+            pass
+
+    def _take(self) -> list[Handle]:
+        with self._lock:
+            out: list[Handle] = []
+            while self._waiting and len(self.running) + len(out) < self.capacity:
+                h = self._waiting.popleft()
+                if h.cancelled:
+                    self._finish(h, Batch([h.prompt], [h.params], self.decoder.device),
+                                 "cancelled")
+                else:
+                    out.append(h)
+            return out
+
+    def _admit(self) -> None:
+        new = self._take()
+        if not new:
+            return
+        dev, prop = self.decoder.device, self.decoder.proposer
+        for h in new:
+            h.row = Batch([h.prompt], [h.params], dev)
+            h.row.keep_logits([h.return_logits])
+            h.row.k = [0 if prop is None else prop.max_draft_len]
+        parts = [h.row for h in new if h.row is not None]
+        st = Batch.merge(parts, prop)
+        n, m = len(self.running), len(new)
+        view = self.pool.view(n, n + m)
+        hidden = self.decoder._prefill(st, view, self._deliver(new))
+        st.write_back(parts)
+        if prop is not None:
+            prop.admit([h.prompt for h in new],  # type: ignore[attr-defined]
+                       StepOutcome(hidden, [max(x - 1, 0) for x in view.lengths], [0] * m,
+                                   st.seqs))
+        self.running += new
+        self.lengths += view.lengths
+        self._evict()  # done at the first token (max_tokens 1, a stop token)
+
+    def _step(self) -> None:
+        parts = [h.row for h in self.running if h.row is not None]
+        st = Batch.merge(parts, self.decoder.proposer)
+        cache = self.pool.view(0, len(parts))
+        cache.lengths = self.lengths  # advanced in place by the step
+        self.decoder._step(st, cache, self._deliver(self.running))
+        st.write_back(parts)
+
+    def _deliver(self, handles: list[Handle]) -> Callable[[int, list[int]], None]:
+        def on_step(b: int, new: list[int]) -> None:
+            cb = handles[b].on_tokens
+            if cb is not None and new:
+                cb(new)
+        return on_step
+
+    def _evict(self) -> None:
+        prop = self.decoder.proposer
+        for i in range(len(self.running) - 1, -1, -1):  # descending: swap-remove stays valid
+            h = self.running[i]
+            assert h.row is not None
+            if not (h.row.done[0] or h.cancelled):
+                continue
+            last = len(self.running) - 1
+            if i != last:
+                self.pool.move_row(last, i, self.lengths[last])
+                self.running[i], self.lengths[i] = self.running[last], self.lengths[last]
+            self.running.pop()
+            self.lengths.pop()
+            if prop is not None:
+                prop.evict(i)  # type: ignore[attr-defined]
+            self._finish(h, h.row, h.row.finish[0] if h.row.done[0] else "cancelled")
+
+    def _finish(self, h: Handle, row: Batch, reason: str) -> None:
+        vocab = self.decoder.target.cfg.vocab_size
+        h.result = GenerationResult(row.out[0], row.stats[0], reason, row.first[0],
+                                    row.last[0], row.result_logits(0, vocab))
+        if h.on_done is not None:
+            h.on_done(h.result)

@@ -1,0 +1,145 @@
+"""In-flight batching (specserve.runtime.scheduler): every request's tokens equal its tokens run
+alone, for every in-flight proposer, with staggered arrivals, mixed prompt and output lengths,
+a capacity smaller than the load (requests wait for a slot), greedy and seeded sampling; a
+cancelled request frees its slot at the next step; a newcomer starts at the next step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.errors import SpecserveError
+from specserve.runtime.checkpoint import load_medusa_heads
+from specserve.runtime.decoder import SamplingParams, SpecDecoder
+from specserve.runtime.proposers import (
+    DraftModelProposer,
+    MedusaProposer,
+    NgramProposer,
+    OracleProposer,
+    Proposer,
+)
+from specserve.runtime.scheduler import Scheduler
+from specserve.spec.tree import MedusaTree
+from tests.runtime.conftest import TinyModels
+
+torch.set_num_threads(1)
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41],
+           [7, 100, 7, 100], [3], [50, 51, 52, 50, 51, 52, 50], [9, 9, 9, 9, 9, 9, 9, 9, 9]]
+MAX_TOKENS = [24, 9, 17, 30, 5, 21, 12]
+ARRIVE = [0, 0, 0, 1, 1, 2, 6]      # the scheduler step at which request i is submitted
+TREE = MedusaTree.from_choices([[0], [1], [0, 0], [1, 0], [1, 1], [1, 0, 0], [0, 1]])
+KINDS = ["none", "draft_same", "draft_random", "ngram", "medusa"]
+
+
+def _proposer(kind: str, m: TinyModels) -> Proposer | None:
+    if kind == "none":
+        return None
+    if kind == "draft_same":
+        return DraftModelProposer(m.target_copy, max_draft_len=4)
+    if kind == "draft_random":
+        return DraftModelProposer(m.draft, max_draft_len=3)
+    if kind == "ngram":
+        return NgramProposer(max_draft_len=4)
+    heads = load_medusa_heads(m.ckpt.medusa, 64, m.target.cfg.vocab_size)
+    return MedusaProposer(heads, TREE)
+
+
+def _params(i: int, temperature: float) -> SamplingParams:
+    return SamplingParams(max_tokens=MAX_TOKENS[i], temperature=temperature, seed=100 + i)
+
+
+def _alone(m: TinyModels, kind: str, temperature: float) -> list[tuple[list[int], object]]:
+    """Tokens and acceptance stats of each request run alone (lossless decoding gives the same
+    tokens from any proposer state; the stats show the proposer's state was right too)."""
+    dec = SpecDecoder(m.target, _proposer(kind, m))
+    out = []
+    for i, p in enumerate(PROMPTS):
+        r = dec.generate([p], _params(i, temperature))[0]
+        out.append((r.token_ids, r.stats))
+    return out
+
+
+def _staggered(m: TinyModels, kind: str, temperature: float, capacity: int) -> tuple[
+        list[tuple[list[int], object]], list[list[list[int]]], int]:
+    sch = Scheduler(SpecDecoder(m.target, _proposer(kind, m)), capacity, max_len=64)
+    streamed: list[list[list[int]]] = [[] for _ in PROMPTS]
+    handles, step, peak = {}, 0, 0
+    while len(handles) < len(PROMPTS) or not sch.idle:
+        for i, t in enumerate(ARRIVE):
+            if t == step:
+                handles[i] = sch.submit(PROMPTS[i], _params(i, temperature),
+                                        on_tokens=streamed[i].append)
+        sch.step()
+        if sch.waiting:  # slots full: someone waits (a peak of the load)
+            peak = max(peak, len(sch.running))
+        step += 1
+    outs = []
+    for i in range(len(PROMPTS)):
+        res = handles[i].result
+        assert res is not None
+        outs.append((res.token_ids, res.stats))
+    return outs, streamed, peak
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_outputs_equal_each_request_alone(tiny_models: TinyModels, kind: str,
+                                          temperature: float) -> None:
+    want = _alone(tiny_models, kind, temperature)
+    got, streamed, peak = _staggered(tiny_models, kind, temperature, capacity=3)
+    assert [g[0] for g in got] == [w[0] for w in want]       # tokens
+    assert [g[1] for g in got] == [w[1] for w in want]       # acceptance, step by step
+    assert [[t for chunk in s for t in chunk] for s in streamed] == [w[0] for w in want]
+    assert peak == 3            # the load exceeded the slots: requests waited, then joined
+
+
+def test_a_newcomer_starts_at_the_next_step_and_cancel_frees_the_slot(
+        tiny_models: TinyModels) -> None:
+    sch = Scheduler(SpecDecoder(tiny_models.target, NgramProposer(4)), 2, max_len=64)
+    long_a = sch.submit(PROMPTS[0], SamplingParams(max_tokens=40))
+    long_b = sch.submit(PROMPTS[2], SamplingParams(max_tokens=40))
+    sch.step()
+    sch.step()
+    late = sch.submit(PROMPTS[1], SamplingParams(max_tokens=4))
+    sch.step()
+    assert late.result is None and late.row is None   # no slot: both are running
+    sch.cancel(long_a)
+    sch.step()                                        # long_a leaves, late gets its slot
+    assert long_a.result is not None and long_a.result.finish_reason == "cancelled"
+    assert late.row is not None and late.row.out[0]   # prefilled: its first token is out
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target, NgramProposer(4))
+    assert late.result is not None and late.result.token_ids == alone.generate(
+        [PROMPTS[1]], SamplingParams(max_tokens=4))[0].token_ids
+    assert long_b.result is not None and long_b.result.token_ids == alone.generate(
+        [PROMPTS[2]], SamplingParams(max_tokens=40))[0].token_ids
+
+
+def test_refusals(tiny_models: TinyModels) -> None:
+    with pytest.raises(SpecserveError, match="oracle proposer keeps per-call state"):
+        Scheduler(SpecDecoder(tiny_models.target, OracleProposer([[1, 2]])), 2, 64)
+    sch = Scheduler(SpecDecoder(tiny_models.target), 2, max_len=16)
+    with pytest.raises(SpecserveError, match="exceeds the engine's 16"):
+        sch.submit(PROMPTS[0], SamplingParams(max_tokens=10))
+    with pytest.raises(SpecserveError, match="outside the vocab"):
+        sch.submit([10 ** 6], SamplingParams(max_tokens=2))
+
+
+def test_medusa_rows_follow_their_sequences(tiny_models: TinyModels) -> None:
+    """Random heads accept next to nothing, so tokens and stats cannot show a wrong row: check
+    the state itself. Rows join in order; evicting row 0 moves the last row into it."""
+    heads = load_medusa_heads(tiny_models.ckpt.medusa, 64, tiny_models.target.cfg.vocab_size)
+    prop = MedusaProposer(heads, TREE)
+    prop.reserve(3, 64)
+    from specserve.runtime.proposers import StepOutcome
+
+    h = torch.randn(3, 5, 64)  # [B, T, H]
+    prop.admit([[1], [2]], StepOutcome(h[:2], [4, 2], [0, 0], [[1], [2]]))
+    prop.admit([[3]], StepOutcome(h[2:], [1], [0], [[3]]))
+    assert prop._hidden is not None
+    assert torch.equal(prop._hidden, torch.stack([h[0, 4], h[1, 2], h[2, 1]]))
+    prop.evict(0)
+    assert torch.equal(prop._hidden, torch.stack([h[2, 1], h[1, 2]]))
+    prop.evict(1)
+    assert torch.equal(prop._hidden, h[2, 1][None])
