@@ -22,6 +22,7 @@ thin adapter that calls :meth:`submit` and runs :meth:`step` in its worker threa
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class Handle:
     on_done: OnDone | None = None
     return_logits: bool = False
     cancelled: bool = False
+    admitted_ns: int = 0   # time.monotonic_ns() when it got a slot (its prefill ran)
     result: GenerationResult | None = None
     row: Batch | None = field(default=None, repr=False)
 
@@ -118,6 +120,19 @@ class Scheduler:
             self._evict()
         return True
 
+    def drain(self) -> list[Handle]:
+        """Take every running and waiting request out (after a failed step: the caller answers
+        them); the pool is then empty."""
+        with self._lock:
+            out = self.running + list(self._waiting)
+            self._waiting.clear()
+        prop = self.decoder.proposer
+        for i in range(len(self.running) - 1, -1, -1):
+            if prop is not None:
+                prop.evict(i)  # type: ignore[attr-defined]
+        self.running, self.lengths = [], []
+        return out
+
     def run_until_idle(self) -> None:
         while self.step():
             pass
@@ -139,7 +154,9 @@ class Scheduler:
         if not new:
             return
         dev, prop = self.decoder.device, self.decoder.proposer
+        now = time.monotonic_ns()
         for h in new:
+            h.admitted_ns = now
             h.row = Batch([h.prompt], [h.params], dev)
             h.row.keep_logits([h.return_logits])
             h.row.k = [0 if prop is None else prop.max_draft_len]

@@ -4,9 +4,12 @@
 Imported by the generated shim ``tensorrt_llm/1/model.py`` (backend ``python``). Concurrency
 follows ``../shared/reference/triton-on-cpu.md`` §2: ``execute()`` reads every input into numpy
 copies, hands them with the response sender to a queue and returns ``None``; one worker thread
-takes everything pending (up to ``max_batch_size``) and runs one batched
-``SpecDecoder.generate(prompts, params, on_step)``, streaming each sequence's accepted tokens from
-``on_step``. Requests that arrive meanwhile wait for the next batch. Response semantics:
+runs the in-flight batcher (:class:`~specserve.runtime.scheduler.Scheduler`, up to
+``max_batch_size`` sequences): queued requests join the running batch at the next verify step and
+leave it when they finish or their client goes away, each sequence's accepted tokens streamed as
+they come. Parameter ``specserve_batching`` "static" (or a proposer that cannot join a running
+batch) gives the old loop: one ``SpecDecoder.generate`` per batch, newcomers wait for it to end.
+Response semantics:
 :mod:`specserve.triton.llm_io`. Requests with ``draft_input_ids`` go (apart from the others of
 the batch) through one ``SpecDecoder.verify(contexts, params, ExternalDraftProposer(...))``.
 Parameter ``specserve_checkpoint`` ("target", default, or "draft"): the engine checkpoint served
@@ -56,6 +59,7 @@ class _Pending:
     last_token: int = 0
     done: bool = False  # final sent, or the client went away
     hold: TokenHoldBack | None = None  # streaming: tokens held back while they end mid-character
+    handle: Any = None  # in-flight batching: its scheduler Handle
 
 
 def _send(sender: Any, response: Any, final: bool) -> bool:
@@ -153,7 +157,15 @@ class TritonPythonModel:
         self.max_pending = max(1, int(params.get("specserve_max_pending", "")
                                       or DEFAULT_MAX_PENDING))
         self.queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=self.max_pending)
-        self.worker = threading.Thread(target=self._loop, name="specserve-llm", daemon=True)
+        batching = params.get("specserve_batching", "") or "inflight"
+        if batching not in ("inflight", "static"):
+            raise ValueError(f"parameter specserve_batching must be 'inflight' or 'static', got "
+                             f"{batching!r}")
+        prop = self.decoder.proposer
+        self.inflight = batching == "inflight" and (prop is None or getattr(prop, "inflight",
+                                                                           False))
+        loop = self._inflight_loop if self.inflight else self._loop
+        self.worker = threading.Thread(target=loop, name="specserve-llm", daemon=True)
         self.worker.start()
 
     def execute(self, requests: list[Any]) -> None:
@@ -208,6 +220,79 @@ class TritonPythonModel:
             if stop:
                 return
 
+    def _inflight_loop(self) -> None:
+        """In-flight batching (:class:`~specserve.runtime.scheduler.Scheduler`): queued requests
+        join the running batch at the next step; draft_input_ids requests run their own verify
+        call between steps."""
+        from specserve.runtime.scheduler import Scheduler
+
+        sch = Scheduler(self.decoder, self.max_batch, self.max_seq_len or
+                        self.decoder.target.cfg.max_position_embeddings)
+        live: dict[int, tuple[_Pending, Any]] = {}
+        stop = False
+        while not (stop and sch.idle):
+            for p in self._take(block=sch.idle and not stop):
+                if p is None:
+                    stop = True
+                elif p.req.draft_ids is not None:
+                    self._run([p])
+                else:
+                    h = p.handle = sch.submit(p.req.prompt, p.params, self._on_tokens(p),
+                                              self._on_done(p), p.req.return_generation_logits)
+                    live[id(h)] = (p, h)
+            try:
+                sch.step()
+            except Exception as e:  # fail what was in flight, go on with a fresh pool
+                for h in sch.drain():
+                    p = live[id(h)][0]
+                    if not p.done:
+                        _send(p.sender, _error(f"tensorrt_llm: generation failed: {e}"), True)
+                    p.done = True
+            for key, (p, h) in list(live.items()):
+                if p.done and h.result is None:
+                    sch.cancel(h)  # the client went away: its slot goes at the next step
+                if h.result is not None:
+                    del live[key]
+
+    def _take(self, block: bool) -> list[_Pending | None]:
+        """Everything queued now; waits for one first when ``block`` (nothing running)."""
+        out: list[_Pending | None] = []
+        try:
+            out.append(self.queue.get() if block else self.queue.get_nowait())
+            while True:
+                out.append(self.queue.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def _on_tokens(self, p: _Pending) -> Any:
+        def on_tokens(new_tokens: list[int]) -> None:
+            now = time.monotonic_ns()
+            p.first_token = p.first_token or now
+            p.last_token = now
+            self._stream(p, new_tokens)
+        return on_tokens
+
+    def _on_done(self, p: _Pending) -> Any:
+        def on_done(result: Any) -> None:
+            p.first_scheduled = getattr(p.handle, "admitted_ns", 0) or p.first_token
+            if not p.done and result.finish_reason != "cancelled":
+                _send(p.sender, _response(self._final_arrays(p, result)), final=True)
+            elif not p.done:
+                _send(p.sender, _error("tensorrt_llm: cancelled"), final=True)
+            p.done = True
+        return on_done
+
+    def _stream(self, p: _Pending, new_tokens: list[int]) -> None:
+        """Each chunk is decoded on its own by postprocessing: send it only once it ends on a
+        complete character (held tokens go with the next step or the final)."""
+        if p.req.streaming and new_tokens and not p.done:
+            p.hold = p.hold or TokenHoldBack(self._text)
+            ready = p.hold.push([int(t) for t in new_tokens])
+            if ready:
+                arrays = token_arrays(p.req, ready)
+                p.done = not _send(p.sender, _response(arrays), final=False)
+
     def _params(self, req: LlmRequest) -> Any:
         """Validated SamplingParams (raises with a one-line reason)."""
         from specserve.runtime.decoder import SamplingParams
@@ -248,14 +333,7 @@ class TritonPythonModel:
             now = time.monotonic_ns()
             p.first_token = p.first_token or now
             p.last_token = now
-            if p.req.streaming and new_tokens and not p.done:
-                # Each chunk is decoded on its own by postprocessing: send it only once it ends
-                # on a complete character (held tokens go with the next step or the final).
-                p.hold = p.hold or TokenHoldBack(self._text)
-                ready = p.hold.push([int(t) for t in new_tokens])
-                if ready:
-                    arrays = token_arrays(p.req, ready)
-                    p.done = not _send(p.sender, _response(arrays), final=False)
+            self._stream(p, new_tokens)
 
         try:
             results = self._decode(batch, on_step)
