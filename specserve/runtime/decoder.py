@@ -46,6 +46,7 @@ from specserve.runtime.proposers import (
     TreeProposal,
 )
 from specserve.spec.sampling import logits_to_probs, sample
+from specserve.spec.schedule import DraftSchedule
 from specserve.spec.tree import tree_greedy_verify
 from specserve.spec.verify import greedy_verify, rejection_sample, typical_acceptance
 
@@ -59,14 +60,17 @@ class SpecDecoder:
     (None = plain decoding, the baseline)."""
 
     def __init__(self, target: Transformer, proposer: Proposer | None = None,
-                 adaptive_draft_len: bool = False) -> None:
+                 adaptive_draft_len: bool = False, schedule: DraftSchedule | None = None) -> None:
         """``adaptive_draft_len``: per sequence, draft up to 2 more tokens after a step that
         accepted everything and 1 fewer (at least 1) after a rejection, within the proposer's
         ``max_draft_len`` (the schedule of HF's assisted generation; chain proposers only).
+        ``schedule``: load-aware speculation, the draft budget (chain K, or Medusa tree nodes;
+        0 = none) from the number of sequences in each step (:mod:`specserve.spec.schedule`).
         Lossless either way; off by default so that K is what was asked for."""
         self.target = target
         self.proposer = proposer
         self.adaptive_draft_len = adaptive_draft_len
+        self.schedule = schedule
         self.device = target.device
         self._cache: KVCache | None = None
         self._lock = threading.Lock()  # one generate() at a time: the KV cache is reused
@@ -243,10 +247,13 @@ class SpecDecoder:
         p, n = st.prop, len(st.seqs)
         if not st.k:
             st.k = [0 if p is None else p.max_draft_len] * n
-        limits = [0 if st.done[b] else min(st.k[b], st.params[b].max_tokens - len(st.out[b]) - 1)
-                  for b in range(n)]  # no drafts beyond max_tokens
+        budget = None if self.schedule is None else self.schedule.at(len(st.active()))
+        cap = budget if budget is not None else max(st.k, default=0)
+        limits = [0 if st.done[b] else min(st.k[b], cap,
+                                           st.params[b].max_tokens - len(st.out[b]) - 1)
+                  for b in range(n)]  # no drafts beyond max_tokens (nor the schedule's budget)
         prop = None if p is None else p.get_proposal(
-            ProposalRequest(st.seqs, limits, st.params, st.gens))
+            ProposalRequest(st.seqs, limits, st.params, st.gens, budget))
         if isinstance(prop, TreeProposal):
             self._tree_step(st, cache, prop, on_step)
         else:

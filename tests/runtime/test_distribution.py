@@ -100,3 +100,31 @@ def test_speculation_matches_target_sampling(models: tuple[Path, Path], kind: st
     # Power: the draft's own distribution of (t1, t2) is rejected by the same test.
     d_joint, _ = _exact(draft_dir)
     assert _chi2_p((d_joint * N).round(), joint) < 1e-3
+
+
+def test_a_draft_length_that_changes_between_steps_is_lossless(models: tuple[Path, Path]
+                                                               ) -> None:
+    """Load-aware schedule 1:2,N+1:1 over 2N rows, half of which stop after 2 tokens: the first
+    verify step runs 2N rows (K = 1), the second N rows (K = 2), so the measured rows' tokens
+    2-3 come from steps of different K. Same chi-square bound (p > 1e-3, seeds 0..2N-1) on the
+    N rows of 5 tokens."""
+    from specserve.spec.schedule import DraftSchedule
+
+    target_dir, draft_dir = models
+    sched = DraftSchedule(((1, 2), (N + 1, 1)))
+    dec = SpecDecoder(load_model(target_dir), _proposer("draft", draft_dir), schedule=sched)
+    params = [SamplingParams(max_tokens=5 if s % 2 else 2, temperature=1.0, seed=s)
+              for s in range(2 * N)]
+    res = dec.generate([PROMPT] * (2 * N), params)
+    long = [r for r, p in zip(res, params, strict=True) if p.max_tokens == 5]
+    first = [r.stats.per_position_drafted for r in res if len(r.token_ids) == 2]
+    assert all(d == [] for d in first)  # short rows: no drafts (1 token left after the prefill)
+    k2 = sum(len(r.stats.per_position_drafted) > 1 and r.stats.per_position_drafted[1] > 0
+             for r in long)
+    assert N // 10 < k2 < N  # K = 2 at step 2 for many rows, K = 1 at step 1 for all
+    toks = torch.tensor([r.token_ids[:3] for r in long])  # [N, 3]
+    joint, p3 = _exact(target_dir)
+    c12 = torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V).double()
+    c3 = torch.bincount(toks[:, 2], minlength=V).double()
+    assert _chi2_p(c12, joint) > 1e-3
+    assert _chi2_p(c3, p3) > 1e-3

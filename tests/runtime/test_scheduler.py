@@ -143,3 +143,39 @@ def test_medusa_rows_follow_their_sequences(tiny_models: TinyModels) -> None:
     assert torch.equal(prop._hidden, torch.stack([h[2, 1], h[1, 2]]))
     prop.evict(1)
     assert torch.equal(prop._hidden, h[2, 1][None])
+
+
+@pytest.mark.parametrize("kind", ["draft_same", "ngram", "medusa"])
+def test_load_aware_schedule_keeps_outputs(tiny_models: TinyModels, kind: str) -> None:
+    """The budget follows the running batch (3 slots: 4 / 2 / 0 drafts, Medusa 7 / 3 / 0
+    nodes), so it changes between steps as requests come and go; greedy tokens stay those of
+    each request alone, and the budget is used: less drafting than without the schedule."""
+    from specserve.spec.schedule import DraftSchedule
+
+    text = "1:7,2:3,3:0" if kind == "medusa" else "1:4,2:2,3:0"
+    want = _alone(tiny_models, kind, 0.0)
+    dec = SpecDecoder(tiny_models.target, _proposer(kind, tiny_models),
+                      schedule=DraftSchedule.parse(text))
+    sch = Scheduler(dec, 3, max_len=64)
+    handles, step = {}, 0
+    while len(handles) < len(PROMPTS) or not sch.idle:
+        for i, t in enumerate(ARRIVE):
+            if t == step:
+                handles[i] = sch.submit(PROMPTS[i], _params(i, 0.0))
+        sch.step()
+        step += 1
+    got = [handles[i].result for i in range(len(PROMPTS))]
+    assert [g.token_ids for g in got if g] == [w[0] for w in want]
+    drafted = sum(g.stats.draft_tokens for g in got if g)
+    assert 0 < drafted < sum(w[1].draft_tokens for w in want)  # type: ignore[attr-defined]
+
+
+def test_schedule_parse_and_lookup() -> None:
+    from specserve.spec.schedule import DraftSchedule
+
+    s = DraftSchedule.parse("8:2, 1:4, 16:0")
+    assert [s.at(b) for b in (1, 7, 8, 15, 16, 64)] == [4, 4, 2, 2, 0, 0]
+    assert s.text() == "1:4,8:2,16:0"
+    for bad in ("2:4", "1:4,1:2", "1:-1", "1:4,x", "1"):
+        with pytest.raises(SpecserveError, match="draft length schedule"):
+            DraftSchedule.parse(bad)

@@ -69,6 +69,7 @@ class ProposalRequest:
     limits: list[int]
     params: list[SamplingParams]
     generators: list[torch.Generator]
+    tree_budget: int | None = None   # a load-aware schedule's tree nodes (None: the whole tree)
 
 
 @dataclass(frozen=True)

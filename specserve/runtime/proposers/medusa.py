@@ -19,7 +19,7 @@ from specserve.runtime.proposers.base import (
     StepOutcome,
     TreeProposal,
 )
-from specserve.spec.tree import MedusaTree, build_tree_buffers, build_tree_tokens
+from specserve.spec.tree import MedusaTree, TreeBuffers, build_tree_buffers, build_tree_tokens
 
 
 class MedusaProposer:
@@ -40,6 +40,7 @@ class MedusaProposer:
         self._chain_acceptance: Literal["exact", "typical"] = \
             "typical" if acceptance == "typical" else "exact"
         self._hidden: torch.Tensor | None = None  # [B, H] at each row's last kept position
+        self._sub: dict[int, TreeBuffers] = {}  # tree prefixes for a load-aware schedule
 
     @property
     def lookahead(self) -> int:
@@ -62,9 +63,12 @@ class MedusaProposer:
         """A tree when every row is greedy, else the top-1 chain (None if no row may draft)."""
         hidden = self._hidden
         assert hidden is not None, "update() with the prefill outcome comes first"
+        if request.tree_budget == 0:
+            return None  # a load-aware schedule turned speculation off at this batch size
         if all(p.temperature == 0 for p in request.params):
             root = torch.tensor([s[-1] for s in request.seqs], device=hidden.device)  # [B]
-            return TreeProposal(self.tree_tokens(root, hidden), self.buffers)
+            buf = self._buffers(request.tree_budget)
+            return TreeProposal(self.tree_tokens(root, hidden, buf), buf)
         if max(request.limits) == 0:
             return None
         return self.chain(hidden, request.limits)
@@ -92,11 +96,25 @@ class MedusaProposer:
             self._hidden[row] = self._hidden[last]
         self._hidden = self._hidden[:last]
 
-    def tree_tokens(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def _buffers(self, budget: int | None) -> TreeBuffers:
+        """The tree's first ``budget`` nodes (a prefix of the (depth, path) order is a tree:
+        parents come first), cached per budget; None or more: the whole tree."""
+        if budget is None or budget >= self.tree.num_nodes:
+            return self.buffers
+        if budget not in self._sub:
+            sub = MedusaTree.from_choices(self.tree.choices[:budget], self.heads.num_heads)
+            b = build_tree_buffers(sub)
+            dev = self.buffers.position_ids.device
+            self._sub[budget] = type(b)(*(getattr(b, f).to(dev)
+                                          for f in b.__dataclass_fields__))
+        return self._sub[budget]
+
+    def tree_tokens(self, root: torch.Tensor, hidden: torch.Tensor,
+                    buffers: TreeBuffers | None = None) -> torch.Tensor:
         """root [B] pending tokens, hidden [B, H] -> candidate tokens [B, N+1] (root first)."""
         logits = self.heads(hidden)  # [B, num_heads, V]
         topk = logits.topk(self.topk, dim=-1).indices  # [B, num_heads, k]
-        return build_tree_tokens(root, topk, self.buffers)
+        return build_tree_tokens(root, topk, self.buffers if buffers is None else buffers)
 
     def chain(self, hidden: torch.Tensor, limits: list[int]) -> ChainProposal:
         """The heads' top-1 tokens as a chain of up to ``limits[b]`` drafts (one-hot q)."""
