@@ -45,6 +45,7 @@ class BuildConfig(JsonConfig):
     max_seq_len: int | None = None
     max_draft_len: int | None = None
     medusa_choices: tuple[tuple[int, ...], ...] | None = None
+    draft_len_schedule: str | None = None  # "1:4,8:2,16:0" (torch backend: load-aware budget)
 
     @property
     def world_size(self) -> int:
@@ -84,7 +85,24 @@ class BuildConfig(JsonConfig):
                                  f"--max-seq-len {self.max_seq_len}")
         if self.medusa_choices is not None and self.spec_mode != "medusa":
             raise SpecserveError("--medusa-choices: only with --medusa")
+        self._validate_schedule()
         self._validate_backend()
+
+    def _validate_schedule(self) -> None:
+        if self.draft_len_schedule is None:
+            return
+        from specserve.spec.schedule import DraftSchedule
+
+        sched = DraftSchedule.parse(self.draft_len_schedule)
+        if self.backend != "torch":
+            raise SpecserveError("--draft-len-schedule: the engine flow of the pinned "
+                                 "TensorRT-LLM has none (it is a PyTorch-route option); use "
+                                 "--backend torch")
+        top = max(v for _, v in sched.points)
+        if self.max_draft_len is not None and top > self.max_draft_len:
+            unit = "tree nodes" if self.spec_mode == "medusa" else "draft tokens"
+            raise SpecserveError(f"--draft-len-schedule {sched.text()}: {top} {unit} is more "
+                                 f"than --max-draft-len {self.max_draft_len}")
 
     def _validate_backend(self) -> None:
         if self.kv_cache_dtype == "fp8" and self.quantize != "fp8":

@@ -69,6 +69,10 @@ def cli_argv(cfg: BuildConfig) -> list[str]:
         from specserve.spec.tree import to_brace
 
         argv += ["--medusa-choices", to_brace(cfg.medusa_choices)]
+    if cfg.draft_len_schedule:
+        from specserve.spec.schedule import DraftSchedule
+
+        argv += ["--draft-len-schedule", DraftSchedule.parse(cfg.draft_len_schedule).text()]
     return argv + ["--out", cfg.out]
 
 
@@ -97,5 +101,9 @@ def make_record(cfg: BuildConfig, commands: list[list[str]],
         "command": cli_argv(cfg),
         "commands": commands,
     }
+    if cfg.draft_len_schedule:  # read by runtime/engine.py (absent: no schedule)
+        from specserve.spec.schedule import DraftSchedule
+
+        rec["draft_len_schedule"] = DraftSchedule.parse(cfg.draft_len_schedule).text()
     rec.update(extra or {})
     return rec

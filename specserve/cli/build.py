@@ -97,6 +97,10 @@ def _text(summary: dict[str, Any]) -> str:
               "size; 4 for --draft/--ngram; 63 for --eagle].")
 @click.option("--medusa-choices", help="Medusa tree, '{0}, {0, 0}, {1}' or a file holding it "
               "[default: mc_sim_7b_63 cut to the head count].")
+@click.option("--draft-len-schedule", metavar="B:K,...",
+              help="Load-aware speculation (torch backend): draft budget by running batch size, "
+                   "each key a lower bound from 1, e.g. 1:4,8:2,16:0 (chain K, or Medusa tree "
+                   "nodes; 0 = no speculation). See `specserve bench --sweep`.")
 @click.option("--out", required=True, type=click.Path(), help="Engine directory, engines/NAME.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; write nothing.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
@@ -105,7 +109,8 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
             backend: str, dtype: str, quantize: str | None, kv_cache_dtype: str | None,
             tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
             max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
-            out: str, dry_run: bool, force: bool, fmt: str) -> None:
+            draft_len_schedule: str | None, out: str, dry_run: bool, force: bool,
+            fmt: str) -> None:
     """Validate a checkpoint and its speculation inputs, then build engines into --out
     (written to a sibling temp dir and renamed on success; nothing is left on failure)."""
     from specserve.build.builder import build_engine, resolve_backend
@@ -116,5 +121,6 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
         draft=draft, eagle=eagle, backend=resolve_backend(backend), dtype=dtype,
         quantize=quantize, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, pp_size=pp_size,
         max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
-        max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices))
+        max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices),
+        draft_len_schedule=draft_len_schedule)
     emit(build_engine(cfg, dry_run=dry_run, force=force), fmt, _text)

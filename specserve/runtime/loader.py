@@ -26,6 +26,7 @@ from specserve.runtime.proposers import (
     NgramProposer,
     Proposer,
 )
+from specserve.spec.schedule import DraftSchedule
 from specserve.spec.tree import MC_SIM_7B_63, MedusaTree
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,6 +62,7 @@ def build_decoder(
     adaptive_draft_len: bool = False,
     draft_min_confidence: float = 0.0,
     draft_dtype: str | None = None,
+    draft_len_schedule: str | None = None,
 ) -> SpecDecoder:
     """A decoder over ``model_dir`` with at most one of Medusa heads, a draft model, n-gram.
 
@@ -68,7 +70,9 @@ def build_decoder(
     at a draft it gives probability below this (HF's ``assistant_confidence_threshold``), so a
     large ``max_draft_len`` costs little where the draft is unsure. ``draft_dtype`` (default:
     ``dtype``) runs the draft model in another dtype: its proposals only steer acceptance, so any
-    dtype is lossless (on CPU a float32 draft beside a bfloat16 target is ~1.5x faster here)."""
+    dtype is lossless (on CPU a float32 draft beside a bfloat16 target is ~1.5x faster here).
+    ``draft_len_schedule`` ("1:4,8:2,16:0"): load-aware draft budget by batch size
+    (:mod:`specserve.spec.schedule`)."""
     if not 0.0 <= draft_min_confidence <= 1.0:
         raise SpecserveError(f"draft_min_confidence must be in [0, 1], got {draft_min_confidence}")
     if sum([medusa_dir is not None, draft_dir is not None, ngram]) > 1:
@@ -92,7 +96,9 @@ def build_decoder(
         proposer = draft
     elif ngram:
         proposer = NgramProposer(max_draft_len, device=device)
-    return SpecDecoder(target, proposer, adaptive_draft_len=adaptive_draft_len)
+    schedule = DraftSchedule.parse(draft_len_schedule) if draft_len_schedule else None
+    return SpecDecoder(target, proposer, adaptive_draft_len=adaptive_draft_len,
+                       schedule=schedule)
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:

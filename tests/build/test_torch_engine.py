@@ -143,3 +143,33 @@ def test_load_engine_errors(tmp_path: Path) -> None:
          "pp_size": 1, "world_size": 1}))
     with pytest.raises(SpecserveError, match="engines run in TensorRT-LLM"):
         load_engine(tmp_path / "e")
+
+
+def test_draft_len_schedule_is_recorded_and_loaded(tiny_ckpt: TinyCheckpoint,
+                                                   tmp_path: Path) -> None:
+    out = tmp_path / "engine"
+    build(tiny_ckpt, out, "--draft", str(tiny_ckpt.draft), "--draft-len-schedule", "8:1,1:4")
+    rec = json.loads((out / "build_config.json").read_text())
+    assert rec["draft_len_schedule"] == "1:4,8:1"
+    assert rec["command"][-4:-2] == ["--draft-len-schedule", "1:4,8:1"]
+    sched = load_engine(out).decoder.schedule
+    assert sched is not None and [sched.at(b) for b in (1, 7, 8)] == [4, 4, 1]
+    plain = tmp_path / "plain"
+    build(tiny_ckpt, plain, "--draft", str(tiny_ckpt.draft))
+    assert "draft_len_schedule" not in json.loads((plain / "build_config.json").read_text())
+    assert load_engine(plain).decoder.schedule is None
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("1:9", "9 draft tokens is more than --max-draft-len 4"),
+    ("2:1", "keys are batch sizes from 1"),
+    ("1:x", "'1:x' is not BATCH:BUDGET"),
+])
+def test_bad_draft_len_schedule_is_one_line(tiny_ckpt: TinyCheckpoint, tmp_path: Path,
+                                            value: str, why: str) -> None:
+    result = CliRunner().invoke(cli, ["build", "--model", str(tiny_ckpt.target), "--draft",
+                                      str(tiny_ckpt.draft), "--backend", "torch",
+                                      "--draft-len-schedule", value, "--out",
+                                      str(tmp_path / "e")])
+    assert result.exit_code == 2 and why in result.output, result.output
+    assert not (tmp_path / "e").exists()
