@@ -184,21 +184,24 @@ class SpecDecoder:
         return c
 
     def _prefill(self, st: Batch, cache: KVCache, on_step: OnStep | None,
-                 sample: bool = True) -> torch.Tensor:
+                 sample: bool = True, fed: int = 0) -> torch.Tensor:
         """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
         hidden states [B, P, H]. ``sample`` False (:meth:`verify`): run all but each prompt's
         last token (which stays pending) and sample nothing; no forward when that is nothing
-        (hidden states [B, 1, H] of zeros then)."""
+        (hidden states [B, 1, H] of zeros then). ``fed``: the first tokens of every prompt are
+        in the cache already (a chunked prefill's earlier chunks): only the rest is run, and
+        hidden states are those of the rest."""
         dev, n = self.device, len(st.seqs)
-        rows = st.seqs if sample else [s[:-1] for s in st.seqs]
+        rows = [s[fed:] for s in st.seqs] if sample else [s[fed:-1] for s in st.seqs]
         lens = [len(s) for s in rows]
         if max(lens) == 0:
-            cache.lengths = lens
+            cache.lengths = [fed + x for x in lens]
             return torch.zeros(n, 1, self.target.cfg.hidden_size, dtype=self.target.dtype,
                                device=dev)
+        cache.lengths = [fed] * n
         tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in rows], device=dev)
         hidden: torch.Tensor = self.target(tokens, cache)  # [B, P, H]
-        cache.lengths = lens
+        cache.lengths = [fed + x for x in lens]
         if not sample:
             return hidden
         last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]

@@ -8,7 +8,10 @@ into its slot), so a step's forward runs on a view of those rows. Each :meth:`Sc
 
 1. admits waiting requests while slots are free: one prefill forward over just the newcomers
    (their first token is sampled there), and their proposer state joins
-   (:class:`~specserve.runtime.proposers.SlotProposer`);
+   (:class:`~specserve.runtime.proposers.SlotProposer`); a prompt longer than
+   ``prefill_chunk`` is fed one chunk per step (chunked prefill as in Sarathi, Agrawal et al.
+   2024) into a scratch row and moved into its slot for its last chunk, so no step waits for
+   more than one chunk of anyone's prefill (the draft model's own prefill is not chunked);
 2. runs one speculative step of :class:`~specserve.runtime.decoder.SpecDecoder` over every
    running sequence (per-row draft lengths, per-row lengths in one verify forward);
 3. evicts what finished or was cancelled and hands back its result.
@@ -62,7 +65,8 @@ class Scheduler:
     ``max_len``: the longest prompt + max_tokens a request may have. Thread-safe :meth:`submit`
     and :meth:`cancel`; :meth:`step` (or :meth:`run_until_idle`) from one thread."""
 
-    def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int) -> None:
+    def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int,
+                 prefill_chunk: int = 256) -> None:
         prop = decoder.proposer
         if prop is not None and not getattr(prop, "inflight", False):
             raise SpecserveError(f"in-flight batching: the {prop.name} proposer keeps per-call "
@@ -78,6 +82,12 @@ class Scheduler:
         self.lengths: list[int] = []
         self._waiting: deque[Handle] = deque()
         self._lock = threading.Lock()
+        # a prompt longer than prefill_chunk is fed chunk by chunk, one chunk per step, into a
+        # one-row scratch cache, then moved into its slot: it never stalls the batch longer
+        self.prefill_chunk = max(1, prefill_chunk)
+        self._scratch: KVCache | None = None
+        self._long: Handle | None = None
+        self._fed = 0
 
     def submit(self, prompt: list[int], params: SamplingParams, on_tokens: OnTokens | None = None,
                on_done: OnDone | None = None, return_logits: bool = False) -> Handle:
@@ -107,15 +117,16 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         with self._lock:
-            return not self.running and not self._waiting
+            return not self.running and not self._waiting and self._long is None
 
     def step(self) -> bool:
         """Evict the cancelled, admit, one step, evict; False when there was nothing to do."""
         with torch.inference_mode():
             self._evict()  # cancelled since the last step: their slots go to newcomers now
             self._admit()
+            chunked = self._chunk()
             if not self.running:
-                return False
+                return chunked
             self._step()
             self._evict()
         return True
@@ -124,8 +135,9 @@ class Scheduler:
         """Take every running and waiting request out (after a failed step: the caller answers
         them); the pool is then empty."""
         with self._lock:
-            out = self.running + list(self._waiting)
+            out = self.running + list(self._waiting) + ([self._long] if self._long else [])
             self._waiting.clear()
+            self._long = None
         prop = self.decoder.proposer
         for i in range(len(self.running) - 1, -1, -1):
             if prop is not None:
@@ -138,21 +150,38 @@ class Scheduler:
             pass
 
     def _take(self) -> list[Handle]:
+        """Waiting requests that get a slot now, in order; a long prompt starts its chunked
+        prefill when none is in progress (it holds a slot), later ones pass it meanwhile."""
         with self._lock:
             out: list[Handle] = []
-            while self._waiting and len(self.running) + len(out) < self.capacity:
+            keep: deque[Handle] = deque()
+            while self._waiting:
                 h = self._waiting.popleft()
+                free = self.capacity - len(self.running) - len(out) - (self._long is not None)
                 if h.cancelled:
                     self._finish(h, Batch([h.prompt], [h.params], self.decoder.device),
                                  "cancelled")
+                elif free <= 0:
+                    keep.append(h)
+                elif len(h.prompt) > self.prefill_chunk:
+                    if self._long is None:
+                        self._long, self._fed = h, 0
+                    else:
+                        keep.append(h)
                 else:
                     out.append(h)
+            self._waiting = keep
             return out
 
     def _admit(self) -> None:
         new = self._take()
-        if not new:
-            return
+        if new:
+            self._join(new, 0)
+
+    def _join(self, new: list[Handle], fed: int) -> None:
+        """Prefill ``new`` (after their first ``fed`` prompt tokens, already in their slots)
+        into the rows after the running ones and sample their first tokens; their proposer
+        state joins."""
         dev, prop = self.decoder.device, self.decoder.proposer
         now = time.monotonic_ns()
         for h in new:
@@ -164,15 +193,42 @@ class Scheduler:
         st = Batch.merge(parts, prop)
         n, m = len(self.running), len(new)
         view = self.pool.view(n, n + m)
-        hidden = self.decoder._prefill(st, view, self._deliver(new))
+        hidden = self.decoder._prefill(st, view, self._deliver(new), fed=fed)
         st.write_back(parts)
         if prop is not None:
             prop.admit([h.prompt for h in new],  # type: ignore[attr-defined]
-                       StepOutcome(hidden, [max(x - 1, 0) for x in view.lengths], [0] * m,
-                                   st.seqs))
+                       StepOutcome(hidden, [max(x - fed - 1, 0) for x in view.lengths],
+                                   [0] * m, st.seqs))
         self.running += new
         self.lengths += view.lengths
         self._evict()  # done at the first token (max_tokens 1, a stop token)
+
+    def _chunk(self) -> bool:
+        """One chunk of the long prompt in progress; its last chunk goes through the regular
+        prefill in its slot (the earlier ones are copied there first). False: none."""
+        h = self._long
+        if h is None:
+            return False
+        if h.cancelled:
+            self._long = None
+            self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
+            return True
+        if self._scratch is None:
+            self._scratch = self.decoder.target.new_cache(1, self.pool.max_len)
+        if len(h.prompt) - self._fed > self.prefill_chunk:
+            view = self._scratch.view(0, 1)
+            view.lengths = [self._fed]
+            piece = h.prompt[self._fed:self._fed + self.prefill_chunk]
+            self.decoder.target(torch.tensor([piece], device=self.decoder.device), view)
+            self._fed += len(piece)
+            return True
+        n, fed = len(self.running), self._fed
+        for dst, src in zip((*self.pool.k, *self.pool.v), (*self._scratch.k, *self._scratch.v),
+                            strict=True):
+            dst[n, :, :fed] = src[0, :, :fed]
+        self._long = None
+        self._join([h], fed)
+        return True
 
     def _step(self) -> None:
         parts = [h.row for h in self.running if h.row is not None]

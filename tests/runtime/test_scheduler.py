@@ -60,9 +60,11 @@ def _alone(m: TinyModels, kind: str, temperature: float) -> list[tuple[list[int]
     return out
 
 
-def _staggered(m: TinyModels, kind: str, temperature: float, capacity: int) -> tuple[
-        list[tuple[list[int], object]], list[list[list[int]]], int]:
-    sch = Scheduler(SpecDecoder(m.target, _proposer(kind, m)), capacity, max_len=64)
+def _staggered(m: TinyModels, kind: str, temperature: float, capacity: int,
+               chunk: int = 256) -> tuple[list[tuple[list[int], object]],
+                                          list[list[list[int]]], int]:
+    sch = Scheduler(SpecDecoder(m.target, _proposer(kind, m)), capacity, max_len=64,
+                    prefill_chunk=chunk)
     streamed: list[list[list[int]]] = [[] for _ in PROMPTS]
     handles, step, peak = {}, 0, 0
     while len(handles) < len(PROMPTS) or not sch.idle:
@@ -84,10 +86,11 @@ def _staggered(m: TinyModels, kind: str, temperature: float, capacity: int) -> t
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("chunk", [256, 4])   # 4: prompts of 7, 12 and 9 tokens are chunked
 def test_outputs_equal_each_request_alone(tiny_models: TinyModels, kind: str,
-                                          temperature: float) -> None:
+                                          temperature: float, chunk: int) -> None:
     want = _alone(tiny_models, kind, temperature)
-    got, streamed, peak = _staggered(tiny_models, kind, temperature, capacity=3)
+    got, streamed, peak = _staggered(tiny_models, kind, temperature, capacity=3, chunk=chunk)
     assert [g[0] for g in got] == [w[0] for w in want]       # tokens
     assert [g[1] for g in got] == [w[1] for w in want]       # acceptance, step by step
     assert [[t for chunk in s for t in chunk] for s in streamed] == [w[0] for w in want]
@@ -179,3 +182,22 @@ def test_schedule_parse_and_lookup() -> None:
     for bad in ("2:4", "1:4,1:2", "1:-1", "1:4,x", "1"):
         with pytest.raises(SpecserveError, match="draft length schedule"):
             DraftSchedule.parse(bad)
+
+
+def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_batch_runs(
+        tiny_models: TinyModels) -> None:
+    sch = Scheduler(SpecDecoder(tiny_models.target), 2, max_len=64, prefill_chunk=4)
+    run = sch.submit([20, 21], SamplingParams(max_tokens=30))
+    sch.step()
+    long = sch.submit(PROMPTS[2], SamplingParams(max_tokens=5))   # 12 tokens: 3 chunks
+    seen = []
+    for _ in range(3):
+        before = len(run.row.out[0]) if run.row else 0
+        sch.step()
+        assert run.row is not None and len(run.row.out[0]) == before + 1  # the batch ran
+        seen.append(long.row is not None)
+    assert seen == [False, False, True]  # two chunks of 4 fed alone, the last one joins
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert long.result is not None and long.result.token_ids == alone.generate(
+        [PROMPTS[2]], SamplingParams(max_tokens=5))[0].token_ids

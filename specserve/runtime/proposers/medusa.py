@@ -68,7 +68,9 @@ class MedusaProposer:
         if all(p.temperature == 0 for p in request.params):
             root = torch.tensor([s[-1] for s in request.seqs], device=hidden.device)  # [B]
             buf = self._buffers(request.tree_budget)
-            return TreeProposal(self.tree_tokens(root, hidden, buf), buf)
+            toks = self.tree_tokens(root, hidden) if buf is self.buffers else \
+                self.subtree_tokens(root, hidden, buf)
+            return TreeProposal(toks, buf)
         if max(request.limits) == 0:
             return None
         return self.chain(hidden, request.limits)
@@ -109,12 +111,16 @@ class MedusaProposer:
                                           for f in b.__dataclass_fields__))
         return self._sub[budget]
 
-    def tree_tokens(self, root: torch.Tensor, hidden: torch.Tensor,
-                    buffers: TreeBuffers | None = None) -> torch.Tensor:
+    def tree_tokens(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """root [B] pending tokens, hidden [B, H] -> candidate tokens [B, N+1] (root first)."""
+        return self.subtree_tokens(root, hidden, self.buffers)
+
+    def subtree_tokens(self, root: torch.Tensor, hidden: torch.Tensor,
+                       buffers: TreeBuffers) -> torch.Tensor:
+        """The same for the tree of ``buffers`` (a prefix of this tree) [B, N'+1]."""
         logits = self.heads(hidden)  # [B, num_heads, V]
         topk = logits.topk(self.topk, dim=-1).indices  # [B, num_heads, k]
-        return build_tree_tokens(root, topk, self.buffers if buffers is None else buffers)
+        return build_tree_tokens(root, topk, buffers)
 
     def chain(self, hidden: torch.Tensor, limits: list[int]) -> ChainProposal:
         """The heads' top-1 tokens as a chain of up to ``limits[b]`` drafts (one-hot q)."""
