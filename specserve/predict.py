@@ -55,6 +55,7 @@ class PredictConfig:
     reps: int = 10
     stat: str = "min"  # a key of STATS
     threads: int = 1  # torch threads for measure
+    schedule_batches: str | None = None  # "1,2,4,8,16": the best K at each batch -> a schedule
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("--dtype", self.dtype, P.DTYPE_BYTES),
@@ -235,7 +236,41 @@ def predict(cfg: PredictConfig) -> dict[str, Any]:
         cfg, acc, draft_len, proposer, prop_src, times, summary)
     if summary is not None:
         result["measured_speedup"] = P.measured_speedups(summary)
+    if cfg.schedule_batches:
+        result["schedule"] = predict_schedule(cfg)
     return result
+
+
+def predict_schedule(cfg: PredictConfig) -> dict[str, Any]:
+    """:func:`predict` at each batch of ``cfg.schedule_batches`` (measured or roofline T(n, b),
+    the same acceptance): the best draft length per batch, 0 where no K speeds up, as a
+    load-aware schedule (:class:`specserve.spec.schedule.DraftSchedule`, lower bounds)."""
+    from dataclasses import replace
+
+    from specserve.spec.schedule import DraftSchedule
+
+    try:
+        batches = sorted({int(b) for b in (cfg.schedule_batches or "").split(",") if b.strip()})
+    except ValueError as e:
+        raise SpecserveError(f"--schedule-batches {cfg.schedule_batches!r}: expected batch "
+                             "sizes like 1,2,4,8,16") from e
+    if not batches or batches[0] < 1:
+        raise SpecserveError(f"--schedule-batches {cfg.schedule_batches!r}: batch sizes >= 1")
+    levels = []
+    for b in batches:
+        r = predict(replace(cfg, batch=b, schedule_batches=None))
+        if r["speculation"] is None:
+            raise SpecserveError("--schedule-batches needs an acceptance (--alpha, --rates, "
+                                 "--tau with --draft-len, or --summary)")
+        best = r["speculation"]["best"]
+        k = int(best["k"]) if best["speedup"] > 1.0 else 0
+        levels.append({"batch": b, "k": k, "speedup": best["speedup"],
+                       "t1_ms": r["decode"]["t1_ms"]})
+    pts: list[tuple[int, int]] = []
+    for i, lv in enumerate(levels):
+        if not pts or pts[-1][1] != lv["k"]:
+            pts.append((1 if i == 0 else lv["batch"], lv["k"]))
+    return {"levels": levels, "schedule": DraftSchedule(tuple(pts)).text()}
 
 
 def _speculation(cfg: PredictConfig, acc: P.Acceptance, draft_len: int | None,

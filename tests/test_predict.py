@@ -173,3 +173,27 @@ def test_measured_on_tiny_checkpoint(tiny_ckpt: Any) -> None:
     assert sorted(r["step_ms"], key=int) == ["1", "21"] and r["step_ms"]["21"] > 0
     assert r["speculation"]["propose_cost"] == "measured"
     assert r["speculation"]["chosen"]["propose_ms"] > 0
+
+
+def test_schedule_batches_turn_speculation_down_then_off() -> None:
+    """Roofline, 8B target, 1B draft, alpha 0.8 on an H100: verify gets compute-bound as the
+    batch grows, so the best K falls and speculation stops paying (speedup < 1 -> K = 0)."""
+    r = predict(PredictConfig(params=8e9, gpu="h100-sxm", alpha=0.8, proposer="draft",
+                              draft_params=1e9, schedule_batches="512,1,128,8"))
+    lv = r["schedule"]["levels"]
+    assert [x["batch"] for x in lv] == [1, 8, 128, 512]
+    ks = [x["k"] for x in lv]
+    assert ks[0] >= ks[2] >= ks[3] and ks[0] > 1 and ks[3] == 0
+    assert all((x["k"] == 0) == (x["speedup"] <= 1.0) for x in lv)
+    sched = r["schedule"]["schedule"]
+    assert sched.startswith(f"1:{ks[0]}") and sched.endswith("512:0")
+    one = predict(PredictConfig(params=8e9, gpu="h100-sxm", alpha=0.8, proposer="draft",
+                                draft_params=1e9, batch=128))
+    assert lv[2]["speedup"] == pytest.approx(one["speculation"]["best"]["speedup"])
+
+
+def test_schedule_batches_bad_input() -> None:
+    with pytest.raises(SpecserveError, match="expected batch sizes"):
+        predict(PredictConfig(params=8e9, alpha=0.8, schedule_batches="1,x"))
+    with pytest.raises(SpecserveError, match="needs an acceptance"):
+        predict(PredictConfig(params=8e9, schedule_batches="1,8"))

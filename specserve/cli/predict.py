@@ -65,6 +65,11 @@ def _text(r: dict[str, Any]) -> str:
         lines.append(f"best K = {b['k']}: speedup {b['speedup']:.3f}, tau {b['tau']:.3f}")
     for metric, v in (r.get("measured_speedup") or {}).items():
         lines.append(f"measured speedup ({metric}): {v:.3f}")
+    if r.get("schedule"):
+        sch = r["schedule"]
+        lines.append("load-aware: " + ", ".join(
+            f"batch {lv['batch']}: K={lv['k']} ({lv['speedup']:.3f}x)" for lv in sch["levels"]))
+        lines.append(f"schedule: --draft-len-schedule {sch['schedule']}")
     return "\n".join(lines)
 
 
@@ -107,6 +112,9 @@ def _text(r: dict[str, Any]) -> str:
               help="Statistic over the timed calls (min: least disturbed by other load).")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="torch threads for --measure (the Triton reference model's default is 1).")
+@click.option("--schedule-batches", default=None, metavar="B1,B2,...",
+              help="Also predict at each batch size and give the best K per batch as a "
+                   "load-aware schedule (build --draft-len-schedule).")
 @FORMAT_OPTION
 def command(fmt: str, **opts: Any) -> None:
     """Predict decode time per step, tokens/s ceiling and speculative speedup."""

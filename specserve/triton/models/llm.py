@@ -7,7 +7,8 @@ copies, hands them with the response sender to a queue and returns ``None``; one
 runs the in-flight batcher (:class:`~specserve.runtime.scheduler.Scheduler`, up to
 ``max_batch_size`` sequences): queued requests join the running batch at the next verify step and
 leave it when they finish or their client goes away, each sequence's accepted tokens streamed as
-they come. Parameter ``specserve_batching`` "static" (or a proposer that cannot join a running
+they come (parameter ``specserve_prefill_chunk``, default 256: longer prompts are prefilled a
+chunk per step). Parameter ``specserve_batching`` "static" (or a proposer that cannot join a running
 batch) gives the old loop: one ``SpecDecoder.generate`` per batch, newcomers wait for it to end.
 Response semantics:
 :mod:`specserve.triton.llm_io`. Requests with ``draft_input_ids`` go (apart from the others of
@@ -161,6 +162,7 @@ class TritonPythonModel:
         if batching not in ("inflight", "static"):
             raise ValueError(f"parameter specserve_batching must be 'inflight' or 'static', got "
                              f"{batching!r}")
+        self.prefill_chunk = int(params.get("specserve_prefill_chunk", "") or 256)
         prop = self.decoder.proposer
         self.inflight = batching == "inflight" and (prop is None or getattr(prop, "inflight",
                                                                            False))
@@ -227,7 +229,8 @@ class TritonPythonModel:
         from specserve.runtime.scheduler import Scheduler
 
         sch = Scheduler(self.decoder, self.max_batch, self.max_seq_len or
-                        self.decoder.target.cfg.max_position_embeddings)
+                        self.decoder.target.cfg.max_position_embeddings,
+                        prefill_chunk=self.prefill_chunk)
         live: dict[int, tuple[_Pending, Any]] = {}
         stop = False
         while not (stop and sch.idle):
