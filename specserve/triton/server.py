@@ -21,7 +21,6 @@ plus ``--cuda-memory-pool-byte-size=<gpu>:0`` for each GPU.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import shutil
@@ -31,16 +30,15 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from specserve.errors import ServerError
+from specserve.processes import die_with_parent
 
 _ERROR_PREFIXES = ("E", "error:", "Error:")
 # Error-level lines tritonserver always prints on a CPU-only machine (triton-on-cpu.md §3).
@@ -87,28 +85,6 @@ def find_tritonserver() -> TritonInstall:
                          stub=stub, libs=root.parent.parent / "nvidia_pytriton.libs")
 
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGTERM when this process dies, even by
-    SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``), so a killed test run or CLI leaves no server
-    behind. None where it cannot work: not Linux, or not the main thread (the signal follows the
-    thread that forked, and a worker thread may end long before the server should)."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not \
-            threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the prctl took effect
-            os._exit(1)
-    return preexec
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
