@@ -150,18 +150,21 @@ class Scheduler:
             pass
 
     def _take(self) -> list[Handle]:
-        """Waiting requests that get a slot now, in order; a long prompt starts its chunked
-        prefill when none is in progress (it holds a slot), later ones pass it meanwhile."""
+        """Waiting requests that get a slot now, in order, up to ``prefill_chunk`` prompt tokens
+        in all (a burst of newcomers is prefilled over several steps, the batch running between
+        them); a long prompt starts its chunked prefill when none is in progress (it holds a
+        slot), later ones pass it meanwhile."""
         with self._lock:
             out: list[Handle] = []
             keep: deque[Handle] = deque()
+            budget = self.prefill_chunk  # prompt tokens prefilled in one step, all newcomers
             while self._waiting:
                 h = self._waiting.popleft()
                 free = self.capacity - len(self.running) - len(out) - (self._long is not None)
                 if h.cancelled:
                     self._finish(h, Batch([h.prompt], [h.params], self.decoder.device),
                                  "cancelled")
-                elif free <= 0:
+                elif free <= 0 or (out and len(h.prompt) > budget):
                     keep.append(h)
                 elif len(h.prompt) > self.prefill_chunk:
                     if self._long is None:
@@ -170,6 +173,7 @@ class Scheduler:
                         keep.append(h)
                 else:
                     out.append(h)
+                    budget -= len(h.prompt)
             self._waiting = keep
             return out
 

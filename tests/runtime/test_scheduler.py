@@ -201,3 +201,28 @@ def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_batch_runs(
     alone = SpecDecoder(tiny_models.target)
     assert long.result is not None and long.result.token_ids == alone.generate(
         [PROMPTS[2]], SamplingParams(max_tokens=5))[0].token_ids
+
+
+def test_a_burst_is_prefilled_over_steps_within_the_token_budget(
+        tiny_models: TinyModels) -> None:
+    """prefill_chunk 12: of four 7-, 2-, 9- and 4-token prompts arriving together, one step
+    prefills 7 + 2 (neither the 9 nor the 4 fits in the 3 left), the next the 9, the next the
+    4 - and the running request gets a token at every one of those steps."""
+    sch = Scheduler(SpecDecoder(tiny_models.target), 6, max_len=64, prefill_chunk=12)
+    run = sch.submit([20, 21], SamplingParams(max_tokens=30))
+    sch.step()
+    burst = [sch.submit(p, SamplingParams(max_tokens=6))
+             for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
+    joined = []
+    for _ in range(3):
+        before = len(run.row.out[0]) if run.row else 0
+        sch.step()
+        assert run.row is not None and len(run.row.out[0]) == before + 1
+        joined.append([h.row is not None for h in burst])
+    assert joined == [[True, True, False, False], [True, True, True, False],
+                      [True, True, True, True]]
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert [h.result.token_ids for h in burst if h.result] == [
+        alone.generate([p], SamplingParams(max_tokens=6))[0].token_ids
+        for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
