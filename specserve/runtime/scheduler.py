@@ -88,6 +88,7 @@ class Scheduler:
         self._scratch: KVCache | None = None
         self._long: Handle | None = None
         self._fed = 0
+        self._admitting: list[Handle] = []  # between _take and running (a failed prefill)
 
     def submit(self, prompt: list[int], params: SamplingParams, on_tokens: OnTokens | None = None,
                on_done: OnDone | None = None, return_logits: bool = False) -> Handle:
@@ -135,15 +136,15 @@ class Scheduler:
         """Take every running and waiting request out (after a failed step: the caller answers
         them); the pool is then empty."""
         with self._lock:
-            out = self.running + list(self._waiting) + ([self._long] if self._long else [])
+            found = self.running + self._admitting + list(self._waiting) + (
+                [self._long] if self._long else [])
             self._waiting.clear()
             self._long = None
         prop = self.decoder.proposer
-        for i in range(len(self.running) - 1, -1, -1):
-            if prop is not None:
-                prop.evict(i)  # type: ignore[attr-defined]
-        self.running, self.lengths = [], []
-        return out
+        if prop is not None:  # whatever a failed step left in it: start over, empty
+            prop.reserve(self.capacity, self.max_len)  # type: ignore[attr-defined]
+        self.running, self.lengths, self._admitting = [], [], []
+        return list({id(h): h for h in found}.values())
 
     def run_until_idle(self) -> None:
         while self.step():
@@ -154,6 +155,7 @@ class Scheduler:
         in all (a burst of newcomers is prefilled over several steps, the batch running between
         them); a long prompt starts its chunked prefill when none is in progress (it holds a
         slot), later ones pass it meanwhile."""
+        cancelled: list[Handle] = []
         with self._lock:
             out: list[Handle] = []
             keep: deque[Handle] = deque()
@@ -162,8 +164,7 @@ class Scheduler:
                 h = self._waiting.popleft()
                 free = self.capacity - len(self.running) - len(out) - (self._long is not None)
                 if h.cancelled:
-                    self._finish(h, Batch([h.prompt], [h.params], self.decoder.device),
-                                 "cancelled")
+                    cancelled.append(h)
                 elif free <= 0 or (out and len(h.prompt) > budget):
                     keep.append(h)
                 elif len(h.prompt) > self.prefill_chunk:
@@ -175,7 +176,10 @@ class Scheduler:
                     out.append(h)
                     budget -= len(h.prompt)
             self._waiting = keep
-            return out
+            self._admitting = list(out)
+        for h in cancelled:  # callbacks run without the lock held
+            self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
+        return out
 
     def _admit(self) -> None:
         new = self._take()
@@ -205,6 +209,7 @@ class Scheduler:
                                    [0] * m, st.seqs))
         self.running += new
         self.lengths += view.lengths
+        self._admitting = []
         self._evict()  # done at the first token (max_tokens 1, a stop token)
 
     def _chunk(self) -> bool:
@@ -230,8 +235,9 @@ class Scheduler:
         for dst, src in zip((*self.pool.k, *self.pool.v), (*self._scratch.k, *self._scratch.v),
                             strict=True):
             dst[n, :, :fed] = src[0, :, :fed]
-        self._long = None
+        self._admitting = [h]
         self._join([h], fed)
+        self._long = None  # only now: a failed join leaves it for drain()
         return True
 
     def _step(self) -> None:

@@ -226,3 +226,38 @@ def test_a_burst_is_prefilled_over_steps_within_the_token_budget(
     assert [h.result.token_ids for h in burst if h.result] == [
         alone.generate([p], SamplingParams(max_tokens=6))[0].token_ids
         for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
+
+
+class _FailingDraft(DraftModelProposer):
+    """Its admit raises once, after the draft cache was half switched (a prefill that fails)."""
+
+    fail = True
+
+    def admit(self, prompts: list[list[int]], outcome: object) -> None:  # type: ignore[override]
+        if self.fail:
+            self.fail = False
+            assert self.cache is not None
+            self.cache = self.pool.view(self.cache.batch, self.cache.batch + len(prompts))
+            raise RuntimeError("planted admission failure")
+        super().admit(prompts, outcome)  # type: ignore[arg-type]
+
+
+def test_a_failed_admission_gives_every_request_back_and_the_pool_recovers(
+        tiny_models: TinyModels) -> None:
+    prop = _FailingDraft(tiny_models.target_copy, max_draft_len=4)
+    prop.fail = False
+    sch = Scheduler(SpecDecoder(tiny_models.target, prop), 4, max_len=64, prefill_chunk=4)
+    a = sch.submit(PROMPTS[1], SamplingParams(max_tokens=20))
+    sch.step()
+    prop.fail = True
+    b = sch.submit(PROMPTS[4], SamplingParams(max_tokens=5))
+    c = sch.submit(PROMPTS[2], SamplingParams(max_tokens=5))   # 12 tokens: chunked
+    with pytest.raises(RuntimeError, match="planted"):
+        sch.step()
+    assert {id(h) for h in sch.drain()} == {id(a), id(b), id(c)}
+    assert sch.idle
+    d = sch.submit(PROMPTS[0], SamplingParams(max_tokens=12))
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target, DraftModelProposer(tiny_models.target_copy, 4))
+    assert d.result is not None and d.result.token_ids == alone.generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=12))[0].token_ids

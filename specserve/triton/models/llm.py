@@ -61,6 +61,7 @@ class _Pending:
     done: bool = False  # final sent, or the client went away
     hold: TokenHoldBack | None = None  # streaming: tokens held back while they end mid-character
     handle: Any = None  # in-flight batching: its scheduler Handle
+    final_sent: bool = False  # in-flight batching: the COMPLETE_FINAL flag went out
 
 
 def _send(sender: Any, response: Any, final: bool) -> bool:
@@ -71,8 +72,19 @@ def _send(sender: Any, response: Any, final: bool) -> bool:
             if final:
                 sender.send(flags=flags)
             return False
-        sender.send(response, flags=flags)
+        if response is None:
+            sender.send(flags=flags)
+        else:
+            sender.send(response, flags=flags)
         return True
+    except Exception:
+        return False
+
+
+def _gone(sender: Any) -> bool:
+    """The client cancelled (a sender that cannot tell counts as still there)."""
+    try:
+        return bool(sender.is_cancelled())
     except Exception:
         return False
 
@@ -234,28 +246,42 @@ class TritonPythonModel:
         live: dict[int, tuple[_Pending, Any]] = {}
         stop = False
         while not (stop and sch.idle):
-            for p in self._take(block=sch.idle and not stop):
+            # backpressure: past max_pending in the scheduler, leave requests in the bounded
+            # queue (execute() then answers "server busy")
+            room = sch.waiting + len(sch.running) < self.max_pending
+            for p in self._take(block=sch.idle and not stop) if room else []:
                 if p is None:
                     stop = True
-                elif p.req.draft_ids is not None:
-                    self._run([p])
-                else:
-                    h = p.handle = sch.submit(p.req.prompt, p.params, self._on_tokens(p),
-                                              self._on_done(p), p.req.return_generation_logits)
-                    live[id(h)] = (p, h)
+                    continue
+                try:
+                    if p.req.draft_ids is not None:
+                        self._run([p])
+                    else:
+                        h = p.handle = sch.submit(p.req.prompt, p.params, self._on_tokens(p),
+                                                  self._on_done(p),
+                                                  p.req.return_generation_logits)
+                        live[id(h)] = (p, h)
+                except Exception as e:  # this request only
+                    self._fail(p, f"tensorrt_llm: {e}")
             try:
                 sch.step()
             except Exception as e:  # fail what was in flight, go on with a fresh pool
                 for h in sch.drain():
-                    p = live[id(h)][0]
-                    if not p.done:
-                        _send(p.sender, _error(f"tensorrt_llm: generation failed: {e}"), True)
-                    p.done = True
+                    p = live.pop(id(h))[0]
+                    self._fail(p, f"tensorrt_llm: generation failed: {e}")
             for key, (p, h) in list(live.items()):
-                if p.done and h.result is None:
-                    sch.cancel(h)  # the client went away: its slot goes at the next step
                 if h.result is not None:
                     del live[key]
+                elif p.done or _gone(p.sender):
+                    sch.cancel(h)  # the client went away: its slot goes at the next step
+
+    def _fail(self, p: _Pending, message: str) -> None:
+        """Answer ``p`` with an error (or, when its client is gone, just the final flag)."""
+        if not p.done:
+            _send(p.sender, _error(message), final=True)
+        elif not p.final_sent:
+            _send(p.sender, None, final=True)
+        p.done = p.final_sent = True
 
     def _take(self, block: bool) -> list[_Pending | None]:
         """Everything queued now; waits for one first when ``block`` (nothing running)."""
@@ -273,17 +299,25 @@ class TritonPythonModel:
             now = time.monotonic_ns()
             p.first_token = p.first_token or now
             p.last_token = now
-            self._stream(p, new_tokens)
+            try:
+                self._stream(p, new_tokens)
+            except Exception as e:  # this request only; the batch goes on (cancelled next)
+                self._fail(p, f"tensorrt_llm: streaming failed: {e}")
         return on_tokens
 
     def _on_done(self, p: _Pending) -> Any:
         def on_done(result: Any) -> None:
             p.first_scheduled = getattr(p.handle, "admitted_ns", 0) or p.first_token
-            if not p.done and result.finish_reason != "cancelled":
-                _send(p.sender, _response(self._final_arrays(p, result)), final=True)
-            elif not p.done:
-                _send(p.sender, _error("tensorrt_llm: cancelled"), final=True)
-            p.done = True
+            try:
+                if p.done:
+                    self._fail(p, "")  # client gone: only the final flag, once
+                elif result.finish_reason == "cancelled":
+                    self._fail(p, "tensorrt_llm: cancelled")
+                else:
+                    _send(p.sender, _response(self._final_arrays(p, result)), final=True)
+                    p.done = p.final_sent = True
+            except Exception as e:
+                self._fail(p, f"tensorrt_llm: {e}")
         return on_done
 
     def _stream(self, p: _Pending, new_tokens: list[int]) -> None:
