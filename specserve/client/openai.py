@@ -69,7 +69,7 @@ class _Stream:
         usage = _completion_tokens(data)
         n: int | None = None
         if usage is not None:
-            n, self.cumulative = usage - self.cumulative, max(usage, self.cumulative)
+            n, self.cumulative = max(usage - self.cumulative, 0), max(usage, self.cumulative)
             self.raw.usage_tokens = usage
         if text:
             self.raw.chunk_times_s.append(t)
