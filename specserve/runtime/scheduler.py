@@ -170,6 +170,7 @@ class Scheduler:
                 elif len(h.prompt) > self.prefill_chunk:
                     if self._long is None:
                         self._long, self._fed = h, 0
+                        h.admitted_ns = time.monotonic_ns()  # its slot is held from now
                     else:
                         keep.append(h)
                 else:
@@ -193,7 +194,7 @@ class Scheduler:
         dev, prop = self.decoder.device, self.decoder.proposer
         now = time.monotonic_ns()
         for h in new:
-            h.admitted_ns = now
+            h.admitted_ns = h.admitted_ns or now
             h.row = Batch([h.prompt], [h.params], dev)
             h.row.keep_logits([h.return_logits])
             h.row.k = [0 if prop is None else prop.max_draft_len]
