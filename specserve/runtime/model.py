@@ -18,6 +18,7 @@ length, and a tree path is kept by :meth:`KVCache.keep_nodes`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -248,6 +249,9 @@ class Transformer(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        # called before each layer of a forward when set (in-flight batching prefills
+        # newcomers there: specserve.runtime.scheduler.Scheduler._preempt)
+        self.preempt: Callable[[], None] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -327,6 +331,8 @@ class Transformer(nn.Module):
         st = _Step(cos, sin, write, span, mask)
         x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
         for i, layer in enumerate(self.layers):
+            if self.preempt is not None:
+                self.preempt()
             x = _block(x, cast(Block, layer), cache.k[i], cache.v[i], st)
         return _rms_norm(x, self.norm)
 

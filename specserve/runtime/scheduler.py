@@ -8,7 +8,11 @@ into its slot), so a step's forward runs on a view of those rows. Each :meth:`Sc
 
 1. admits waiting requests while slots are free: one prefill forward over just the newcomers
    (their first token is sampled there), and their proposer state joins
-   (:class:`~specserve.runtime.proposers.SlotProposer`); a prompt longer than
+   (:class:`~specserve.runtime.proposers.SlotProposer`); a request that arrives while a step
+   runs does not wait for it: the target calls :meth:`Scheduler._preempt` before each layer
+   of the step's forward, which prefills newcomers there, in the free rows after the running
+   ones (their first token goes out at once; they join the batch when the step ends), so TTFT
+   under load is about a prefill, not a step plus a prefill; a prompt longer than
    ``prefill_chunk`` is fed one chunk per step (chunked prefill as in Sarathi, Agrawal et al.
    2024) into a scratch row and moved into its slot for its last chunk, so no step waits for
    more than one chunk of anyone's prefill (the draft model's own prefill is not chunked);
@@ -29,13 +33,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
 from specserve.runtime.decoder import SpecDecoder
-from specserve.runtime.model import KVCache
+from specserve.runtime.model import KVCache, Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import StepOutcome
 
@@ -59,14 +64,27 @@ class Handle:
     row: Batch | None = field(default=None, repr=False)
 
 
+@dataclass
+class _Joining:
+    """Newcomers prefilled into the rows after the running ones, not in the batch yet."""
+
+    handles: list[Handle]
+    lengths: list[int]      # their cache lengths after the prefill
+    fed: int                # prompt tokens that were in the cache before it (chunked)
+    hidden: Any             # the prefill's hidden states [m, P, H] (for the proposer)
+    seqs: list[list[int]]   # prompt + first token, per newcomer
+
+
 class Scheduler:
     """Iteration-level batching of up to ``capacity`` sequences over one :class:`SpecDecoder`.
 
     ``max_len``: the longest prompt + max_tokens a request may have. Thread-safe :meth:`submit`
-    and :meth:`cancel`; :meth:`step` (or :meth:`run_until_idle`) from one thread."""
+    and :meth:`cancel`; :meth:`step` (or :meth:`run_until_idle`) from one thread.
+    ``intake``: called on that thread at every preemption point of a step (and so may
+    :meth:`submit` what arrived meanwhile; the Triton adapter moves its queue in there)."""
 
     def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int,
-                 prefill_chunk: int = 256) -> None:
+                 prefill_chunk: int = 256, intake: Callable[[], None] | None = None) -> None:
         prop = decoder.proposer
         if prop is not None and not getattr(prop, "inflight", False):
             raise SpecserveError(f"in-flight batching: the {prop.name} proposer keeps per-call "
@@ -89,6 +107,10 @@ class Scheduler:
         self._long: Handle | None = None
         self._fed = 0
         self._admitting: list[Handle] = []  # between _take and running (a failed prefill)
+        self._joining: list[_Joining] = []  # prefilled inside the step in flight
+        self._budget = self.prefill_chunk   # prompt tokens this step may still prefill
+        self._inside = False                # in a preemption's own prefill
+        self.intake = intake
 
     def submit(self, prompt: list[int], params: SamplingParams, on_tokens: OnTokens | None = None,
                on_done: OnDone | None = None, return_logits: bool = False) -> Handle:
@@ -123,12 +145,16 @@ class Scheduler:
     def step(self) -> bool:
         """Evict the cancelled, admit, one step, evict; False when there was nothing to do."""
         with torch.inference_mode():
+            self._budget = self.prefill_chunk
             self._evict()  # cancelled since the last step: their slots go to newcomers now
             self._admit()
             chunked = self._chunk()
             if not self.running:
                 return chunked
-            self._step()
+            self._step()  # newcomers may be prefilled inside it (_preempt)
+            for group in self._joining:
+                self._attach(group)
+            self._joining = []
             self._evict()
         return True
 
@@ -143,32 +169,34 @@ class Scheduler:
         prop = self.decoder.proposer
         if prop is not None:  # whatever a failed step left in it: start over, empty
             prop.reserve(self.capacity, self.max_len)  # type: ignore[attr-defined]
-        self.running, self.lengths, self._admitting = [], [], []
+        self.running, self.lengths, self._admitting, self._joining = [], [], [], []
         return list({id(h): h for h in found}.values())
 
     def run_until_idle(self) -> None:
         while self.step():
             pass
 
-    def _take(self) -> list[Handle]:
+    def _take(self, inside: bool = False) -> list[Handle]:
         """Waiting requests that get a slot now, in order, up to ``prefill_chunk`` prompt tokens
-        in all (a burst of newcomers is prefilled over several steps, the batch running between
-        them); a long prompt starts its chunked prefill when none is in progress (it holds a
-        slot), later ones pass it meanwhile."""
+        in all per step (a burst of newcomers is prefilled over several steps, the batch running
+        between them; between steps the first one always goes, inside a step only what fits);
+        a long prompt starts its chunked prefill between steps when none is in progress (it
+        holds a slot), later ones pass it meanwhile."""
         cancelled: list[Handle] = []
         with self._lock:
             out: list[Handle] = []
             keep: deque[Handle] = deque()
-            budget = self.prefill_chunk  # prompt tokens prefilled in one step, all newcomers
+            budget = self._budget
+            busy = len(self.running) + sum(len(g.handles) for g in self._joining)
             while self._waiting:
                 h = self._waiting.popleft()
-                free = self.capacity - len(self.running) - len(out) - (self._long is not None)
+                free = self.capacity - busy - len(out) - (self._long is not None)
                 if h.cancelled:
                     cancelled.append(h)
-                elif free <= 0 or (out and len(h.prompt) > budget):
+                elif free <= 0 or ((out or inside) and len(h.prompt) > budget):
                     keep.append(h)
                 elif len(h.prompt) > self.prefill_chunk:
-                    if self._long is None:
+                    if self._long is None and not inside:
                         self._long, self._fed = h, 0
                         h.admitted_ns = time.monotonic_ns()  # its slot is held from now
                     else:
@@ -177,7 +205,8 @@ class Scheduler:
                     out.append(h)
                     budget -= len(h.prompt)
             self._waiting = keep
-            self._admitting = list(out)
+            self._budget = budget
+            self._admitting += out
         for h in cancelled:  # callbacks run without the lock held
             self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
         return out
@@ -188,9 +217,13 @@ class Scheduler:
             self._join(new, 0)
 
     def _join(self, new: list[Handle], fed: int) -> None:
+        """Prefill ``new`` and make them running rows now (between steps)."""
+        self._attach(self._prefill(new, fed))
+        self._evict()  # done at the first token (max_tokens 1, a stop token)
+
+    def _prefill(self, new: list[Handle], fed: int) -> _Joining:
         """Prefill ``new`` (after their first ``fed`` prompt tokens, already in their slots)
-        into the rows after the running ones and sample their first tokens; their proposer
-        state joins."""
+        into the rows after the running and joining ones and sample their first tokens."""
         dev, prop = self.decoder.device, self.decoder.proposer
         now = time.monotonic_ns()
         for h in new:
@@ -200,18 +233,41 @@ class Scheduler:
             h.row.k = [0 if prop is None else prop.max_draft_len]
         parts = [h.row for h in new if h.row is not None]
         st = Batch.merge(parts, prop)
-        n, m = len(self.running), len(new)
-        view = self.pool.view(n, n + m)
+        n = len(self.running) + sum(len(g.handles) for g in self._joining)
+        view = self.pool.view(n, n + len(new))
         hidden = self.decoder._prefill(st, view, self._deliver(new), fed=fed)
         st.write_back(parts)
+        return _Joining(new, view.lengths, fed, hidden, st.seqs)
+
+    def _attach(self, g: _Joining) -> None:
+        """Prefilled newcomers become running rows; their proposer state joins."""
+        prop = self.decoder.proposer
         if prop is not None:
-            prop.admit([h.prompt for h in new],  # type: ignore[attr-defined]
-                       StepOutcome(hidden, [max(x - fed - 1, 0) for x in view.lengths],
-                                   [0] * m, st.seqs))
-        self.running += new
-        self.lengths += view.lengths
-        self._admitting = []
-        self._evict()  # done at the first token (max_tokens 1, a stop token)
+            prop.admit([h.prompt for h in g.handles],  # type: ignore[attr-defined]
+                       StepOutcome(g.hidden, [max(x - g.fed - 1, 0) for x in g.lengths],
+                                   [0] * len(g.handles), g.seqs))
+        self.running += g.handles
+        self.lengths += g.lengths
+        ids = {id(h) for h in g.handles}
+        self._admitting = [h for h in self._admitting if id(h) not in ids]
+
+    def _preempt(self) -> None:
+        """Called by the target before each layer of a step's forward: requests that arrived
+        since the step began and fit in the free rows and this step's prefill budget are
+        prefilled now (first token out at once) and join when the step ends; the running rows
+        are not touched (their rows, lengths and proposer state are the step's)."""
+        if self._inside:
+            return  # the prefill below runs the target too
+        self._inside = True
+        try:
+            if self.intake is not None:
+                self.intake()
+            if self._waiting:
+                new = self._take(inside=True)
+                if new:
+                    self._joining.append(self._prefill(new, 0))
+        finally:
+            self._inside = False
 
     def _chunk(self) -> bool:
         """One chunk of the long prompt in progress; its last chunk goes through the regular
@@ -246,8 +302,21 @@ class Scheduler:
         st = Batch.merge(parts, self.decoder.proposer)
         cache = self.pool.view(0, len(parts))
         cache.lengths = self.lengths  # advanced in place by the step
-        self.decoder._step(st, cache, self._deliver(self.running))
+        models = self._models()
+        for m in models:  # newcomers are prefilled inside this step's forwards (_preempt)
+            m.preempt = self._preempt
+        try:
+            self.decoder._step(st, cache, self._deliver(list(self.running)))
+        finally:
+            for m in models:
+                m.preempt = None
         st.write_back(parts)
+
+    def _models(self) -> list[Transformer]:
+        """The transformers a step runs: the target's and a draft model's forwards are where
+        a newcomer can be prefilled."""
+        found = [self.decoder.target, getattr(self.decoder.proposer, "model", None)]
+        return list({id(m): m for m in found if isinstance(m, Transformer)}.values())
 
     def _deliver(self, handles: list[Handle]) -> Callable[[int, list[int]], None]:
         def on_step(b: int, new: list[int]) -> None:

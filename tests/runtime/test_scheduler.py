@@ -261,3 +261,53 @@ def test_a_failed_admission_gives_every_request_back_and_the_pool_recovers(
     alone = SpecDecoder(tiny_models.target, DraftModelProposer(tiny_models.target_copy, 4))
     assert d.result is not None and d.result.token_ids == alone.generate(
         [PROMPTS[0]], SamplingParams(max_tokens=12))[0].token_ids
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_newcomers_prefilled_inside_a_running_step_keep_every_output(
+        tiny_models: TinyModels, kind: str, temperature: float) -> None:
+    """Requests submitted while a step's forward runs (through ``intake``, called at the
+    step's preemption points) are prefilled there: their first token comes out before the
+    step's own tokens, and every request's tokens and stats still equal it run alone."""
+    want = _alone(tiny_models, kind, temperature)
+    events: list[tuple[str, int]] = []
+    streamed: list[list[int]] = [[] for _ in PROMPTS]
+    handles: dict[int, object] = {}
+    step = [0]
+
+    def on_tokens(i: int):  # noqa: ANN202
+        def cb(new: list[int]) -> None:
+            events.append(("tokens", i))
+            streamed[i].extend(new)
+        return cb
+
+    def intake() -> None:  # arrivals of this step (or missed), submitted inside it
+        for i, t in enumerate(ARRIVE):
+            if t <= step[0] and i not in handles:
+                handles[i] = sch.submit(PROMPTS[i], _params(i, temperature),
+                                        on_tokens=on_tokens(i))
+                events.append(("submit", i))
+
+    sch = Scheduler(SpecDecoder(tiny_models.target, _proposer(kind, tiny_models)), 4,
+                    max_len=64, intake=intake)
+    for i in (0, 1):   # a batch running from step 0
+        handles[i] = sch.submit(PROMPTS[i], _params(i, temperature), on_tokens=on_tokens(i))
+    while len(handles) < len(PROMPTS) or not sch.idle:
+        if not sch.step() or len(handles) < len(PROMPTS):
+            intake()   # idle, or no preemption point came: they start at the next step
+        events.append(("end", step[0]))
+        step[0] += 1
+    got = [(h.result.token_ids, h.result.stats) for _, h in sorted(handles.items())  # type: ignore[attr-defined]
+           ]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert [g[1] for g in got] == [w[1] for w in want]
+    assert streamed == [w[0] for w in want]
+    # request 2 arrived inside step 0 (0 and 1 running, slots free): its first token came
+    # out inside that step, before the running rows' tokens of it; 3 likewise in step 1
+    assert events.index(("tokens", 2)) < events.index(("end", 0))
+    first_of_step = events.index(("submit", 2)) + 1
+    assert events[first_of_step] == ("tokens", 2)
+    inside = [i for i in range(2, len(PROMPTS)) if events.index(("tokens", i)) <
+              events.index(("end", ARRIVE[i]))]
+    assert inside[:2] == [2, 3]   # 4 found the 4 slots taken: it waited for a step's end

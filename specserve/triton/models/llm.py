@@ -236,33 +236,47 @@ class TritonPythonModel:
 
     def _inflight_loop(self) -> None:
         """In-flight batching (:class:`~specserve.runtime.scheduler.Scheduler`): queued requests
-        join the running batch at the next step; draft_input_ids requests run their own verify
-        call between steps."""
+        go to the scheduler between steps and from inside a step (its ``intake``), where they
+        are prefilled at once and join the running batch when the step ends; draft_input_ids
+        requests run their own verify call between steps."""
         from specserve.runtime.scheduler import Scheduler
 
         sch = Scheduler(self.decoder, self.max_batch, self.max_seq_len or
                         self.decoder.target.cfg.max_position_embeddings,
                         prefill_chunk=self.prefill_chunk)
         live: dict[int, tuple[_Pending, Any]] = {}
+        later: list[_Pending] = []   # draft_input_ids requests: their own call, between steps
         stop = False
-        while not (stop and sch.idle):
+
+        def intake(block: bool = False) -> None:
+            """Queued requests to the scheduler (also from inside a step: Scheduler.intake)."""
+            nonlocal stop
             # backpressure: past max_pending in the scheduler, leave requests in the bounded
             # queue (execute() then answers "server busy")
             room = sch.waiting + len(sch.running) < self.max_pending
-            for p in self._take(block=sch.idle and not stop) if room else []:
+            for p in self._take(block=block) if room else []:
                 if p is None:
                     stop = True
-                    continue
-                try:
-                    if p.req.draft_ids is not None:
-                        self._run([p])
-                    else:
+                elif p.req.draft_ids is not None:
+                    later.append(p)
+                else:
+                    try:
                         h = p.handle = sch.submit(p.req.prompt, p.params, self._on_tokens(p),
                                                   self._on_done(p),
                                                   p.req.return_generation_logits)
                         live[id(h)] = (p, h)
+                    except Exception as e:  # this request only
+                        self._fail(p, f"tensorrt_llm: {e}")
+
+        sch.intake = intake
+        while not (stop and sch.idle and not later):
+            intake(block=sch.idle and not stop and not later)
+            for p in later:
+                try:
+                    self._run([p])
                 except Exception as e:  # this request only
                     self._fail(p, f"tensorrt_llm: {e}")
+            later.clear()
             try:
                 sch.step()
             except Exception as e:  # fail what was in flight, go on with a fresh pool
