@@ -251,6 +251,8 @@ class TritonPythonModel:
         def intake(block: bool = False) -> None:
             """Queued requests to the scheduler (also from inside a step: Scheduler.intake)."""
             nonlocal stop
+            if not block and self.queue.empty():
+                return  # the common case inside a step: nothing arrived
             # backpressure: past max_pending in the scheduler, leave requests in the bounded
             # queue (execute() then answers "server busy")
             room = sch.waiting + len(sch.running) < self.max_pending
