@@ -157,19 +157,14 @@ _PER_LAYER_WINDOW = ("qwen2", "qwen3")
 def attention_layer_types(cfg: dict[str, Any]) -> list[str]:
     """Each layer's attention kind as transformers' Qwen2/Qwen3 configs define it: ``layer_types``
     when given, else ``sliding_attention`` for layers ``i >= max_window_layers`` once
-    ``use_sliding_window`` sets a ``sliding_window`` (``Qwen3Config.__post_init__``); a layer
-    marked sliding without a window attends to everything (the attention's window is None)."""
-    n = int(cfg.get("num_hidden_layers") or 0)
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    ``use_sliding_window`` sets a ``sliding_window`` (``Qwen3Config.__post_init__``)."""
     given = cfg.get("layer_types")
     if isinstance(given, list):
-        kinds = [str(k) for k in given]
-    else:
-        first = int(cfg.get("max_window_layers", 28))
-        kinds = ["sliding_attention" if window is not None and i >= first else "full_attention"
-                 for i in range(n)]
-    return [k if k != "sliding_attention" or window is not None else "full_attention"
-            for k in kinds]
+        return [str(k) for k in given]
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    first = int(cfg.get("max_window_layers", 28))
+    return ["sliding_attention" if window is not None and i >= first else "full_attention"
+            for i in range(int(cfg.get("num_hidden_layers") or 0))]
 
 
 def check_family(cfg: dict[str, Any], where: Path) -> None:
