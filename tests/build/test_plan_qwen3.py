@@ -125,17 +125,22 @@ def qwen3_dir(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> Path:
     return make_qwen3(tmp_path / "qwen3", tiny_ckpt.tokenizer)
 
 
+@pytest.mark.parametrize("draft_family", ["qwen", "llama"])
 def test_cli_dry_run_plans_a_qwen3_draft_target(qwen3_dir: Path, tiny_ckpt: TinyCheckpoint,
-                                                tmp_path: Path) -> None:
-    draft = make_qwen3(tmp_path / "qdraft", tiny_ckpt.tokenizer, hidden_size=32, layers=1,
-                       heads=2, kv_heads=1, head_dim=8, seed=1)
+                                                tmp_path: Path, draft_family: str) -> None:
+    """Each model through its own family's converter (the draft's model_type read by
+    ``specserve build``); the tiny Llama draft shares the Qwen3 target's tokenizer."""
+    draft = tiny_ckpt.draft if draft_family == "llama" else make_qwen3(
+        tmp_path / "qdraft", tiny_ckpt.tokenizer, hidden_size=32, layers=1, heads=2,
+        kv_heads=1, head_dim=8, seed=1)
     r = CliRunner().invoke(cli, ["build", "--model", str(qwen3_dir), "--draft", str(draft),
                                  "--backend", "trtllm", "--out", str(tmp_path / "e"),
                                  "--dry-run", "--format", "json"])
     assert r.exit_code == 0, r.output
     steps = json.loads(r.stdout)["plan"]["steps"]
     convs = [s["argv"][1] for s in steps if s["kind"] == "convert"]
-    assert convs == [f"{DEFAULT_EXAMPLES_DIR}/models/core/qwen/convert_checkpoint.py"] * 2
+    assert convs == [f"{DEFAULT_EXAMPLES_DIR}/models/core/{f}/convert_checkpoint.py"
+                     for f in ("qwen", draft_family)]
 
 
 def test_cli_refuses_qwen3_medusa_in_one_line(qwen3_dir: Path, tiny_ckpt: TinyCheckpoint,
