@@ -20,6 +20,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.checkpoint import load_target_config
+from specserve.runtime.decoder import SpecDecoder
 from specserve.runtime.loader import build_decoder
 from specserve.runtime.model import load_model
 from specserve.runtime.params import SamplingParams
@@ -221,3 +222,39 @@ def test_unsupported_families_are_one_line(qwen3: Qwen3Set, tmp_path: Path,
         with pytest.raises(SpecserveError, match=want) as err:
             check(d)
         assert "\n" not in str(err.value) and str(err.value).startswith(str(d / "config.json"))
+
+
+# --- every family the README lists, every method, against HF generate() ----------------------
+
+FAMILIES = {
+    "Llama": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
+    "Mistral": {"rope_theta": 5e5},
+    "Qwen2": {"tie_word_embeddings": True, "rope_theta": 1e6},
+    "Qwen3": {"head_dim": 16, "rms_norm_eps": 1e-5},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_every_family_every_method_equals_hf_generate(tmp_path: Path, arch: str) -> None:
+    """The torch column of the README's family table: plain, draft (the model as its own draft),
+    n-gram and random Medusa heads give HF's greedy tokens, 3 prompts in one batch."""
+    from specserve.runtime.proposers import DraftModelProposer, MedusaProposer, NgramProposer
+    from specserve.runtime.checkpoint import load_medusa_heads
+    from tests.runtime.test_model import _save_hf
+
+    # hidden 32, vocab 97, GQA 4:1; no EOS id: HF generates all NEW_TOKENS as we do
+    d = _save_hf(tmp_path, arch, eos_token_id=None, **FAMILIES[arch])
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (5, 11, 8)]
+    prompts[2] = prompts[2][:4] * 2  # a repeat for n-gram lookup to find
+    want = _hf_generate(d, prompts)
+    heads = load_medusa_heads(make_medusa_heads(tmp_path / "heads", 32, 97, num_heads=3), 32, 97)
+    tree = MedusaTree.from_choices([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    target = load_model(d)
+    for proposer in (None, DraftModelProposer(load_model(d), 3), NgramProposer(3),
+                     MedusaProposer(heads, tree)):
+        res = SpecDecoder(target, proposer).generate(prompts,
+                                                     SamplingParams(max_tokens=NEW_TOKENS))
+        assert [r.token_ids for r in res] == want, (arch, type(proposer).__name__)
+        assert (sum(r.stats.draft_tokens for r in res) > 0) == (proposer is not None)
