@@ -15,14 +15,14 @@ from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.
 - Families (:data:`ENGINE_CONVERTERS`): Llama and Mistral go through the Llama converter, Qwen3
   dense through ``examples/models/core/qwen/convert_checkpoint.py``, whose ``QWenForCausalLM``
   takes ``model_type`` qwen3 (q/k layernorm, no qkv bias) since NVIDIA/TensorRT-LLM PR #5650
-  (merged 2025-07-10): ``tensorrt_llm/models/__init__.py`` @ 02267d3d4fd886c3ad036f6580beb0847eac6e4b
-  maps ``Qwen3ForCausalLM`` to it; ``tensorrt_llm/models/qwen/config.py`` and ``convert.py`` @
-  0428c18828880e7c60c13cc5cc0794bbbc05c0a3 accept qwen_type qwen3 and convert ``q_norm``/
-  ``k_norm``; the converter's argparse @ 0df9aaf38338424867a1ca1faa71173501205001 (stored copies
-  from before the 1.2 branch; the v1.2.1 tag itself could not be read, as trtllm-pinned.md §0
-  says). Qwen3 with Medusa (the Medusa converter asserts ``--model_type`` llama, mixtral or
-  qwen2), EAGLE (Llama targets only) or FP8 (``quantize.py``'s Qwen3 export not verified) is
-  refused here with a pointer to the PyTorch route (``--flow pytorch``).
+  (merged 2025-07-10). Stored copies read: ``tensorrt_llm/models/__init__.py`` @
+  02267d3d4fd886c3ad036f6580beb0847eac6e4b (MODEL_MAP ``Qwen3ForCausalLM``),
+  ``tensorrt_llm/models/qwen/config.py`` and ``convert.py`` @
+  0428c18828880e7c60c13cc5cc0794bbbc05c0a3 (qwen_type qwen3, ``q_norm``/``k_norm`` converted),
+  the converter's argparse @ 0df9aaf38338424867a1ca1faa71173501205001; the v1.2.1 tag itself
+  could not be read (trtllm-pinned.md §0). Qwen3 with Medusa (the Medusa converter asserts
+  ``--model_type`` llama, mixtral or qwen2), EAGLE (Llama targets only) or FP8 (``quantize.py``'s
+  Qwen3 export not verified) is refused with a pointer to the PyTorch route (``--flow pytorch``).
 - Draft-target: each model through its family's converter (a Llama draft for a Llama target as
   upstream's draft-target README does); target built with ``draft_tokens_external``; both
   with paged context FMHA; the draft gathers generation logits so ``use_draft_logits`` works.

@@ -35,7 +35,6 @@ from specserve.errors import SpecserveError
 from specserve.runtime.checkpoint import load_target_config
 from specserve.runtime.cpu_linear import MULTI_ROW_MIN, Linear, lay_out, linear
 
-
 QK_NORM_TYPES = ("qwen3",)  # families with per-head q/k RMSNorm (``self_attn.q_norm/k_norm``)
 
 

@@ -239,8 +239,8 @@ FAMILIES = {
 def test_every_family_every_method_equals_hf_generate(tmp_path: Path, arch: str) -> None:
     """The torch column of the README's family table: plain, draft (the model as its own draft),
     n-gram and random Medusa heads give HF's greedy tokens, 3 prompts in one batch."""
-    from specserve.runtime.proposers import DraftModelProposer, MedusaProposer, NgramProposer
     from specserve.runtime.checkpoint import load_medusa_heads
+    from specserve.runtime.proposers import DraftModelProposer, MedusaProposer, NgramProposer
     from tests.runtime.test_model import _save_hf
 
     # hidden 32, vocab 97, GQA 4:1; no EOS id: HF generates all NEW_TOKENS as we do
