@@ -140,6 +140,55 @@ def model_tensors(model_dir: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
+# --- model families ---------------------------------------------------------------------------
+
+#: HF ``model_type`` of the decoder families the reference decoder runs and ``specserve build``
+#: accepts: the Llama architecture (Touvron et al. 2023, arXiv 2302.13971) with GQA and SwiGLU;
+#: Qwen2 adds q/k/v biases; Qwen3 (Yang et al. 2025, "Qwen3 Technical Report", arXiv 2505.09388)
+#: drops them and RMS-normalizes each query and key head before RoPE (``q_norm``/``k_norm``), with
+#: ``head_dim`` independent of ``hidden_size / num_attention_heads`` (transformers'
+#: ``models/qwen3/modeling_qwen3.py``, ``Qwen3Attention``).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: Families whose ``config.json`` may switch sliding-window attention on per layer
+#: (``use_sliding_window``, ``sliding_window``, ``max_window_layers``, ``layer_types``).
+_PER_LAYER_WINDOW = ("qwen2", "qwen3")
+
+
+def attention_layer_types(cfg: dict[str, Any]) -> list[str]:
+    """Each layer's attention kind as transformers' Qwen2/Qwen3 configs define it: ``layer_types``
+    when given, else ``sliding_attention`` for layers ``i >= max_window_layers`` once
+    ``use_sliding_window`` sets a ``sliding_window`` (``Qwen3Config.__post_init__``)."""
+    given = cfg.get("layer_types")
+    if isinstance(given, list):
+        return [str(k) for k in given]
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    first = int(cfg.get("max_window_layers", 28))
+    return ["sliding_attention" if window is not None and i >= first else "full_attention"
+            for i in range(int(cfg.get("num_hidden_layers") or 0))]
+
+
+def check_family(cfg: dict[str, Any], where: Path) -> None:
+    """Raise one line unless ``cfg`` (a ``config.json``) is a dense decoder of a supported family
+    with full attention on every layer (the reference decoder applies no sliding window)."""
+    mtype = cfg.get("model_type")
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise SpecserveError(f"{where}: model_type {mtype!r} not supported "
+                             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    if mtype not in _PER_LAYER_WINDOW:
+        return
+    kinds = attention_layer_types(cfg)
+    other = sorted(set(kinds) - {"full_attention", "sliding_attention"})
+    if other:
+        raise SpecserveError(f"{where}: layer_types {other} not supported (full_attention only)")
+    sliding = [i for i, k in enumerate(kinds) if k == "sliding_attention"]
+    if sliding:
+        mixed = "mixed with full attention" if len(sliding) < len(kinds) else "on every layer"
+        raise SpecserveError(
+            f"{where}: sliding-window attention (sliding_window {cfg.get('sliding_window')}) on "
+            f"layers {sliding[0]}..{sliding[-1]} of {len(kinds)}, {mixed}, is not supported "
+            "(the reference decoder attends over the whole context)")
+
+
 # --- tensors ----------------------------------------------------------------------------------
 
 def load_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:

@@ -29,7 +29,7 @@ from specserve.build.validate import (
     validate_parallelism,
     validate_target,
 )
-from specserve.checkpoint import check_tokenizers_match
+from specserve.checkpoint import check_tokenizers_match, read_json
 from specserve.config import write_json_atomic as write_json
 from specserve.errors import SpecserveError
 from specserve.interrupts import sigterm_as_interrupt
@@ -103,11 +103,11 @@ def validate_inputs(cfg: BuildConfig) -> tuple[dict[str, Any], MedusaInfo | None
 
 
 def _check_llama_converter(cfg: BuildConfig, model_cfg: dict[str, Any], model_dir: str) -> None:
-    """The trtllm plan converts non-Medusa checkpoints with the Llama converter (Llama, Mistral)."""
-    if cfg.backend == "trtllm" and model_cfg.get("model_type") not in ("llama", "mistral"):
-        raise SpecserveError(f"{Path(model_dir) / 'config.json'}: model_type "
-                             f"{model_cfg.get('model_type')!r} with --{cfg.spec_mode} is not "
-                             "planned for trtllm (the Llama converter handles llama and mistral)")
+    """The trtllm plan converts non-Medusa checkpoints with their family's converter
+    (:data:`specserve.build.trtllm.ENGINE_CONVERTERS`)."""
+    if cfg.backend == "trtllm":
+        trtllm.check_engine_family(cfg, str(model_cfg.get("model_type")),
+                                   str(Path(model_dir) / "config.json"))
 
 
 def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
@@ -121,7 +121,9 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
             model_type=str(target_cfg.get("model_type", "llama")),
             num_medusa_heads=medusa.num_heads if medusa else 0,
             num_medusa_layers=medusa.num_layers if medusa else 0,
-            examples_dir=trtllm.examples_dir())
+            examples_dir=trtllm.examples_dir(),
+            draft_model_type=str(read_json(Path(resolved.draft) / "config.json").get(
+                "model_type")) if resolved.spec_mode == "draft" and resolved.draft else None)
         plan = trtllm.make_trtllm_plan(resolved, inputs)
     else:
         plan = _torch_plan(resolved)

@@ -12,7 +12,19 @@ from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.
   (``--max_medusa_token_len``) and ``trtllm-build``. FP8: ``quantize.py --qformat fp8
   [--kv_cache_dtype fp8]`` with the Medusa arguments; heads stay fp16 (``--quant_medusa_head``
   is never passed: it quantizes nothing and breaks builds).
-- Draft-target: Llama converter for both; target built with ``draft_tokens_external``; both
+- Families (:data:`ENGINE_CONVERTERS`): Llama and Mistral go through the Llama converter, Qwen3
+  dense through ``examples/models/core/qwen/convert_checkpoint.py``, whose ``QWenForCausalLM``
+  takes ``model_type`` qwen3 (q/k layernorm, no qkv bias) since NVIDIA/TensorRT-LLM PR #5650
+  (merged 2025-07-10). Stored copies read: ``tensorrt_llm/models/__init__.py`` @
+  02267d3d4fd886c3ad036f6580beb0847eac6e4b (MODEL_MAP ``Qwen3ForCausalLM``),
+  ``tensorrt_llm/models/qwen/config.py`` and ``convert.py`` @
+  0428c18828880e7c60c13cc5cc0794bbbc05c0a3 (qwen_type qwen3, ``q_norm``/``k_norm`` converted),
+  the converter's argparse @ 0df9aaf38338424867a1ca1faa71173501205001; the v1.2.1 tag itself
+  could not be read (trtllm-pinned.md §0). Qwen3 with Medusa (the Medusa converter asserts
+  ``--model_type`` llama, mixtral or qwen2), EAGLE (Llama targets only) or FP8 (``quantize.py``'s
+  Qwen3 export not verified) is refused with a pointer to the PyTorch route (``--flow pytorch``).
+- Draft-target: each model through its family's converter (a Llama draft for a Llama target as
+  upstream's draft-target README does); target built with ``draft_tokens_external``; both
   with paged context FMHA; the draft gathers generation logits so ``use_draft_logits`` works.
   The draft is one rank (tp=pp=1), served as its own ``tensorrt_llm_draft`` model.
 - Qwen2 + Medusa needs tp = pp = 1 (or the FP8 ``quantize.py`` path): the qwen2 branch of
@@ -53,20 +65,30 @@ TRTLLM_BUILD = "trtllm-build"
 SCRIPTS = {
     "medusa": "medusa/convert_checkpoint.py",
     "llama": "models/core/llama/convert_checkpoint.py",
+    "qwen": "models/core/qwen/convert_checkpoint.py",
     "eagle": "eagle/convert_checkpoint.py",
     "quantize": "quantization/quantize.py",
 }
 FP8_CALIB_SIZE = 512
+#: HF model_type -> the :data:`SCRIPTS` converter that turns a draft, or a target without Medusa
+#: or EAGLE, into a TensorRT-LLM checkpoint at the pin (sources: the module docstring).
+ENGINE_CONVERTERS = {"llama": "llama", "mistral": "llama", "qwen3": "qwen"}
+#: Families the engine flow converts only without Medusa, EAGLE or FP8; the reason for each.
+_PLAIN_ONLY = {"qwen3": {
+    "medusa": "examples/medusa/convert_checkpoint.py takes --model_type llama, mixtral or qwen2",
+    "eagle": "examples/eagle/convert_checkpoint.py builds Llama targets only",
+    "fp8": "examples/quantization/quantize.py's Qwen3 export is not verified at the pin"}}
 
 
 @dataclass(frozen=True)
 class PlanInputs:
     """Facts about the validated inputs that the commands depend on."""
 
-    model_type: str  # the target's HF model_type (llama, mistral, qwen2)
+    model_type: str  # the target's HF model_type (llama, mistral, qwen2, qwen3)
     num_medusa_heads: int = 0
     num_medusa_layers: int = 0
     examples_dir: str = DEFAULT_EXAMPLES_DIR
+    draft_model_type: str | None = None  # the draft's HF model_type (None: the target's)
 
 
 def pin() -> dict[str, str]:
@@ -77,8 +99,31 @@ def examples_dir() -> str:
     return os.environ.get("TRTLLM_EXAMPLES_DIR", DEFAULT_EXAMPLES_DIR)
 
 
+def check_engine_family(cfg: BuildConfig, model_type: str, where: str) -> None:
+    """Refuse a target or draft family (HF ``model_type``, from ``where``) that the pinned
+    release's engine-flow converters do not handle for this build (one SpecserveError line)."""
+    reasons = _PLAIN_ONLY.get(model_type, {})
+    why = reasons.get(cfg.spec_mode) or (reasons.get("fp8") if cfg.quantize == "fp8" else None)
+    if why is not None:
+        opt = f"--{cfg.spec_mode}" if cfg.spec_mode in reasons else "--quantize fp8"
+        raise SpecserveError(f"{where}: model_type {model_type!r} with {opt} is not planned for "
+                             f"the trtllm engine flow (TensorRT-LLM {TRTLLM_VERSION}: {why}); "
+                             "use the PyTorch route: --flow pytorch")
+    if cfg.spec_mode == "medusa":
+        return
+    if model_type not in ENGINE_CONVERTERS or (
+            cfg.spec_mode == "eagle" and ENGINE_CONVERTERS[model_type] != "llama"):
+        raise SpecserveError(f"{where}: model_type {model_type!r} with --{cfg.spec_mode} is not "
+                             "planned for trtllm (the engine flow converts llama and mistral "
+                             "with the Llama converter, qwen3 with the Qwen converter)")
+
+
 def check_buildable(cfg: BuildConfig, inputs: PlanInputs) -> None:
     """Refuse what the pinned release's scripts cannot build (one SpecserveError line)."""
+    check_engine_family(cfg, inputs.model_type, os.path.join(cfg.model, "config.json"))
+    if cfg.draft is not None and cfg.spec_mode == "draft":
+        check_engine_family(cfg, inputs.draft_model_type or inputs.model_type,
+                            os.path.join(cfg.draft, "config.json"))
     if (cfg.spec_mode == "medusa" and cfg.quantize is None and inputs.model_type == "qwen2"
             and cfg.world_size > 1):
         raise SpecserveError(
@@ -102,7 +147,8 @@ def make_trtllm_plan(cfg: BuildConfig, inputs: PlanInputs) -> BuildPlan:
     if cfg.spec_mode == "draft":
         assert cfg.draft is not None
         draft_ckpt = os.path.join(ckpt, "draft")
-        steps.insert(1, _convert_plain(cfg, inputs, cfg.draft, draft_ckpt, "draft", 1, 1))
+        steps.insert(1, _convert_plain(cfg, inputs, cfg.draft, draft_ckpt, "draft", 1, 1,
+                                       inputs.draft_model_type or inputs.model_type))
         steps.append(_build(cfg, draft_ckpt, os.path.join(stage, "draft"), target=False))
         notes.append("the draft is one rank; `specserve repo` writes tensorrt_llm and "
                      "tensorrt_llm_draft non-decoupled with KV reuse and "
@@ -145,7 +191,8 @@ def _convert_target(cfg: BuildConfig, inputs: PlanInputs, out: str) -> BuildStep
                 "--num_eagle_layers", str(EAGLE_NUM_LAYERS),
                 "--max_non_leaves_per_layer", str(EAGLE_MAX_NON_LEAVES)]
         return BuildStep("convert target + EAGLE", "convert", tuple(argv), out, cfg.tp_size)
-    return _convert_plain(cfg, inputs, cfg.model, out, "target", cfg.tp_size, cfg.pp_size)
+    return _convert_plain(cfg, inputs, cfg.model, out, "target", cfg.tp_size, cfg.pp_size,
+                          inputs.model_type)
 
 
 def _quantize_argv(cfg: BuildConfig, inputs: PlanInputs, model: str, out: str,
@@ -158,11 +205,12 @@ def _quantize_argv(cfg: BuildConfig, inputs: PlanInputs, model: str, out: str,
 
 
 def _convert_plain(cfg: BuildConfig, inputs: PlanInputs, model: str, out: str, role: str,
-                   tp: int, pp: int) -> BuildStep:
+                   tp: int, pp: int, model_type: str) -> BuildStep:
     if cfg.quantize == "fp8":
         argv = _quantize_argv(cfg, inputs, model, out, tp, pp)
         return BuildStep(f"quantize {role} (fp8)", "quantize", tuple(argv), out, tp * pp)
-    argv = [PYTHON, _script(inputs, "llama"), "--model_dir", model, "--output_dir", out,
+    script = _script(inputs, ENGINE_CONVERTERS.get(model_type, "llama"))
+    argv = [PYTHON, script, "--model_dir", model, "--output_dir", out,
             "--dtype", cfg.dtype, *_parallel(tp, pp)]
     return BuildStep(f"convert {role}", "convert", tuple(argv), out, tp * pp)
 

@@ -6,7 +6,8 @@ Every check reads headers and small JSON files only (never full weight tensors) 
 :mod:`specserve.checkpoint`, shared with the runtime.
 
 Formats checked:
-- Hugging Face ``config.json`` (Llama / Mistral / Qwen2 keys) and safetensors weight headers.
+- Hugging Face ``config.json`` (Llama / Mistral / Qwen2 / Qwen3 keys; the family and per-layer
+  attention by :func:`specserve.checkpoint.check_family`) and safetensors weight headers.
 - Medusa-1 heads in the FasterDecoding layout (Cai et al. 2024, "Medusa", arXiv:2401.10774):
   ``config.json`` with ``medusa_num_heads``/``medusa_num_layers`` and
   ``medusa_lm_head.safetensors`` with ``{h}.{l}.linear.weight|bias`` and ``{h}.{L}.weight``,
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.checkpoint import (
+    check_family,
     load_pt_state_dict,
     medusa_weights_file,
     model_tensors,
@@ -37,7 +39,8 @@ from specserve.checkpoint import (
 )
 from specserve.errors import SpecserveError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
 _HEAD_TENSOR = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 
@@ -71,12 +74,13 @@ def validate_target(model_dir: str | Path) -> dict[str, Any]:
     if not archs or archs[0] not in SUPPORTED_ARCHITECTURES:
         raise SpecserveError(f"{cfg_path}: architecture {archs[0] if archs else None!r} is not "
                              f"supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    check_family(cfg, cfg_path)
     hidden = _int_key(cfg, "hidden_size", cfg_path)
     heads = _int_key(cfg, "num_attention_heads", cfg_path)
     _int_key(cfg, "num_hidden_layers", cfg_path)
     vocab = _int_key(cfg, "vocab_size", cfg_path)
     kv = cfg.get("num_key_value_heads") or heads
-    if hidden % heads:
+    if cfg.get("model_type") != "qwen3" and hidden % heads:  # Qwen3: head_dim its own key
         raise SpecserveError(f"{cfg_path}: hidden_size {hidden} is not divisible by "
                              f"num_attention_heads {heads}")
     if not isinstance(kv, int) or kv <= 0 or heads % kv:

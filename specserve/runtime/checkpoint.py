@@ -18,26 +18,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specserve.checkpoint import read_json, read_medusa_state_dict
+from specserve.checkpoint import check_family, read_json, read_medusa_state_dict
 from specserve.errors import SpecserveError
 
 if TYPE_CHECKING:
     from specserve.runtime.medusa import MedusaHeads
 
-_SUPPORTED_TYPES = {"llama", "mistral", "qwen2"}
-
-
 def load_target_config(model_dir: str | Path) -> dict[str, Any]:
-    """``config.json`` of a Llama/Mistral/Qwen2 causal LM directory, checked for what we run."""
+    """``config.json`` of a Llama/Mistral/Qwen2/Qwen3 causal LM directory, checked for what we
+    run (:func:`specserve.checkpoint.check_family`: the family, full attention on every layer)."""
     d = Path(model_dir)
     if not d.is_dir():
         raise SpecserveError(f"{d}: model directory not found")
     cfg = read_json(d / "config.json")
-    mtype = cfg.get("model_type")
-    if mtype not in _SUPPORTED_TYPES:
-        raise SpecserveError(
-            f"{d / 'config.json'}: model_type {mtype!r} not supported "
-            f"(supported: {sorted(_SUPPORTED_TYPES)})")
+    check_family(cfg, d / "config.json")
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size"):
         if not isinstance(cfg.get(key), int) or cfg[key] <= 0:

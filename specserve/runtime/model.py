@@ -1,10 +1,14 @@
-"""A compact Llama-family decoder (Llama, Mistral, Qwen2) with a static KV cache.
+"""A compact Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) with a static KV cache.
 
 The forward follows the Llama architecture (Touvron et al. 2023, arXiv 2302.13971): RMSNorm,
 rotary position embeddings (Su et al., arXiv 2104.09864; ``rope_theta``, and the "llama3" and
 "linear" ``rope_scaling`` types), grouped-query attention (Ainslie et al., arXiv 2305.13245) and a
-SwiGLU MLP. Qwen2's q/k/v biases and tied embeddings are read from the checkpoint. Mistral's
-sliding window is not applied (identical output while sequences are shorter than the window).
+SwiGLU MLP. Qwen2's q/k/v biases and tied embeddings are read from the checkpoint. Qwen3 (arXiv
+2505.09388; transformers' ``Qwen3Attention``) RMS-normalizes every query and key head over
+``head_dim`` (its own ``q_norm``/``k_norm`` weights, eps ``rms_norm_eps``) before RoPE; its
+``head_dim`` need not be ``hidden_size / num_heads``. Mistral's sliding window is not applied
+(identical output while sequences are shorter than the window); Qwen2/Qwen3 configs that switch
+one on are refused by :func:`specserve.checkpoint.check_family`.
 In the spirit of gpt-fast: one small file, preallocated cache, fused q/k/v and gate/up matmuls.
 
 One call, :meth:`Transformer.forward`, handles prefill, single-token decode, a chain of K draft
@@ -32,6 +36,8 @@ from specserve.errors import SpecserveError
 from specserve.runtime.checkpoint import load_target_config
 from specserve.runtime.cpu_linear import MULTI_ROW_MIN, Linear, lay_out, linear
 
+QK_NORM_TYPES = ("qwen3",)  # families with per-head q/k RMSNorm (``self_attn.q_norm/k_norm``)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -51,6 +57,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     model_type: str
     eos_token_id: int | None
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -74,6 +81,7 @@ class ModelConfig:
             model_type=str(cfg.get("model_type")),
             eos_token_id=int(eos[0]) if isinstance(eos, list) and eos else
             (int(eos) if isinstance(eos, int) else None),
+            qk_norm=cfg.get("model_type") in QK_NORM_TYPES,
         )
 
 
@@ -151,16 +159,6 @@ def step_mask(lengths: torch.Tensor, node_mask: torch.Tensor, span: int) -> torc
     return (past[:, None, :] | (in_new[:, None, :] & new))[:, None]
 
 
-class Attention(nn.Module):
-    """Weights of one attention block (fused q/k/v); the math is in :func:`_attention`."""
-
-    def __init__(self, cfg: ModelConfig, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__()
-        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv = Linear(cfg.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=qkv_bias)
-        self.o = Linear(self.nh * self.hd, cfg.hidden_size, bias=o_bias)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -168,18 +166,45 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
-def _rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-    """RMSNorm computed in float32, scaled in the model dtype (as HF Llama)."""
+class Attention(nn.Module):
+    """Weights of one attention block (fused q/k/v; Qwen3's per-head q/k norms over
+    ``head_dim``); the math is in :func:`_attention`."""
+
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv = Linear(cfg.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=qkv_bias)
+        self.o = Linear(self.nh * self.hd, cfg.hidden_size, bias=o_bias)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [..., D] computed in float32, scaled by ``weight`` (broadcast against x) in
+    the model dtype (as HF Llama/Qwen3)."""
     if x.dtype == torch.float32:  # the same ops without the (no-op) casts: ~20% less time
         n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [..., 1]
-        out: torch.Tensor = norm.weight * (x * n.square_().div_(x.shape[-1]).add_(
-            norm.eps).rsqrt_())
+        out: torch.Tensor = weight * (x * n.square_().div_(x.shape[-1]).add_(eps).rsqrt_())
         return out
     xf = x.float()
     # mean(x^2) via vector_norm: one fast reduction (mean() costs several times more on CPU)
     inv = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-    y: torch.Tensor = norm.weight * (xf * inv.add_(norm.eps).rsqrt_()).to(x.dtype)
+    y: torch.Tensor = weight * (xf * inv.add_(eps).rsqrt_()).to(x.dtype)
     return y
+
+
+def _rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    """RMSNorm over the last dim with ``norm``'s weight and eps."""
+    return _rms(x, norm.weight, norm.eps)
+
+
+def _qk_norm(qk: torch.Tensor, a: Attention) -> torch.Tensor:
+    """Qwen3's q_norm on each query head and k_norm on each key head, in one pass.
+
+    qk: [B, T, nh+nkv, D] -> same shape; the weights stacked per head: [nh+nkv, D]."""
+    assert a.q_norm is not None and a.k_norm is not None
+    w = torch.cat([a.q_norm.weight.expand(a.nh, a.hd), a.k_norm.weight.expand(a.nkv, a.hd)])
+    return _rms(qk, w, a.q_norm.eps)
 
 
 class Block(nn.Module):
@@ -209,6 +234,8 @@ def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Te
     nh, nkv, hd = a.nh, a.nkv, a.hd
     qkv = linear(x, a.qkv).view(b, t, nh + 2 * nkv, hd)
     qk = qkv[:, :, :nh + nkv]  # [B, T, nh+nkv, D]: rotate q and k together
+    if a.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
+        qk = _qk_norm(qk, a)
     # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin] (st.sin carries the sign): 2 fewer ops
     qk = qk * st.cos + qk.roll(hd // 2, dims=-1) * st.sin
     q, k, v = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:], qkv[:, :, nh + nkv:]
@@ -365,6 +392,9 @@ def _convert(sd: dict[str, torch.Tensor], cfg: ModelConfig, src: Path) -> dict[s
                 out[q + ours] = take(p + hf)
         out[q + "attn.qkv.weight"] = torch.cat(
             [take(f"{p}self_attn.{n}_proj.weight") for n in "qkv"])
+        if cfg.qk_norm:
+            for n in "qk":
+                out[f"{q}attn.{n}_norm.weight"] = take(f"{p}self_attn.{n}_norm.weight")
         if f"{p}self_attn.q_proj.bias" in sd:
             out[q + "attn.qkv.bias"] = torch.cat(
                 [take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
@@ -378,7 +408,8 @@ def _convert(sd: dict[str, torch.Tensor], cfg: ModelConfig, src: Path) -> dict[s
 
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> Transformer:
-    """Load a local HF Llama/Mistral/Qwen2 directory (safetensors) into a :class:`Transformer`."""
+    """Load a local HF Llama/Mistral/Qwen2/Qwen3 directory (safetensors) into a
+    :class:`Transformer`."""
     d = Path(model_dir)
     cfg = ModelConfig.from_hf(load_target_config(d))
     sd = load_state_dict(d)

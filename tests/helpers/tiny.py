@@ -141,6 +141,45 @@ def make_llama(
     return out
 
 
+def make_qwen3(
+    out: Path,
+    tokenizer_dir: Path,
+    *,
+    hidden_size: int = 48,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 16,
+    seed: int = 0,
+    norm_noise: float = 0.3,
+    **config: object,
+) -> Path:
+    """Save a random-init Qwen3ForCausalLM (fp32, safetensors) plus a copy of the tokenizer.
+
+    ``head_dim`` defaults to 16 with hidden 48 / 4 heads (12): independent of the hidden size, as
+    in Qwen3-0.6B (1024 / 16 heads, head_dim 128). Every RMSNorm weight (q_norm and k_norm too)
+    gets noise of std ``norm_noise`` so a wrong or missing norm changes the output. No EOS id in
+    the config, so HF ``generate()`` runs to ``max_new_tokens``."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden_size,
+                      intermediate_size=hidden_size * 2, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=512, **config)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * norm_noise)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    return out
+
+
 def make_medusa_heads(
     out: Path,
     hidden_size: int,
