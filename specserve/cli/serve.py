@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 EXAMPLES = """
@@ -32,8 +34,6 @@ Exit codes: 0 after a clean stop, 2 bad input, 3 the server failed to start or d
 def command(repo: str, host: str, http_port: int, grpc_port: int, metrics_port: int,
             timeout_s: float, log_path: str | None) -> None:
     """Start tritonserver for REPO and keep it running."""
-    from pathlib import Path
-
     from specserve.errors import ServerError
     from specserve.interrupts import sigterm_as_interrupt
     from specserve.triton.repository import read_repo_meta
