@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: setup test test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
-  peer-aiperf test-peers bench-peers aiperf-crosscheck clean help
+  peer-aiperf test-peers bench-peers aiperf-crosscheck trtllm-check clean help
 
 help:
 	@echo "make demo   - install, build the demo model + engine, serve on Triton, benchmark, report"
@@ -144,3 +144,10 @@ aiperf-crosscheck: setup peer-vllm peer-aiperf
 
 clean:
 	rm -rf engines triton_repo reports .pytest_cache .mypy_cache .ruff_cache
+
+# make trtllm-check [TRTLLM_CHECK_ARGS="--model tinyllama --draft d --eagle3 e"]: TensorRT-LLM's
+# PyTorch route in NVIDIA's container (llmapi-route.md §7); elsewhere it says TensorRT-LLM is not
+# installed and exits 0 claiming nothing.
+TRTLLM_CHECK_ARGS ?=
+trtllm-check: setup
+	$(BIN)/python benchmarks/trtllm_check.py $(TRTLLM_CHECK_ARGS)

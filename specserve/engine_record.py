@@ -19,7 +19,7 @@ from specserve.errors import SpecserveError
 
 RECORD_FILE = "build_config.json"
 BACKENDS = ("torch", "trtllm")
-SPEC_MODES = ("medusa", "draft", "ngram", "eagle", "none")
+SPEC_MODES = ("medusa", "draft", "ngram", "eagle", "eagle3", "mtp", "none")
 _POSITIVE_INTS = ("max_batch_size", "max_input_len", "max_seq_len", "tp_size", "pp_size",
                   "world_size")
 _OPTIONAL_STRS = ("quantize", "kv_cache_dtype")
@@ -138,6 +138,8 @@ def _choices(value: Any, path: Path) -> tuple[tuple[int, ...], ...] | None:
 def _check_parts(rec: EngineRecord) -> None:
     """The engine parts the record's mode needs: ``draft/`` for draft-target (both backends),
     ``medusa/`` for torch Medusa engines (TensorRT-LLM builds the heads into the engine)."""
+    if rec.raw.get("flow") == "pytorch":  # TensorRT-LLM's PyTorch route: one YAML, no parts
+        return
     parts = ["draft"] if rec.spec_mode == "draft" else []
     if rec.spec_mode == "medusa" and rec.backend == "torch":
         parts.append("medusa")

@@ -8,6 +8,7 @@ Order: (1) validate every input from headers and small JSON files, (2) resolve d
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from specserve.build import trtllm
+from specserve.build import llmapi, trtllm
 from specserve.build.config import BuildConfig, resolve
 from specserve.build.plan import BuildPlan, staging_dir
 from specserve.build.record import cli_argv, make_record
@@ -25,12 +26,15 @@ from specserve.build.torch_engine import copy_tokenizer
 from specserve.build.validate import (
     MedusaInfo,
     validate_eagle,
+    validate_eagle3,
     validate_medusa,
+    validate_mtp,
     validate_parallelism,
     validate_target,
 )
 from specserve.checkpoint import check_tokenizers_match, read_json
 from specserve.config import write_json_atomic as write_json
+from specserve.config import write_text_atomic as write_text
 from specserve.errors import SpecserveError
 from specserve.interrupts import sigterm_as_interrupt
 from specserve.outputs import check_replaceable, staged_output
@@ -82,9 +86,13 @@ def gpu_capability() -> tuple[int, int] | None:
 
 def validate_inputs(cfg: BuildConfig) -> tuple[dict[str, Any], MedusaInfo | None]:
     """Every check that needs the input files; returns the target config and heads facts."""
-    target_cfg = validate_target(cfg.model)
+    pytorch = cfg.flow == "pytorch"
+    target_cfg = validate_target(cfg.model, any_architecture=pytorch)
     validate_parallelism(target_cfg, cfg.tp_size, cfg.pp_size,
                          source=str(Path(cfg.model) / "config.json"))
+    if pytorch:
+        _validate_pytorch_inputs(cfg, target_cfg)
+        return target_cfg, None
     medusa = None
     if cfg.spec_mode == "medusa":
         assert cfg.medusa is not None
@@ -102,6 +110,22 @@ def validate_inputs(cfg: BuildConfig) -> tuple[dict[str, Any], MedusaInfo | None
     return target_cfg, medusa
 
 
+def _validate_pytorch_inputs(cfg: BuildConfig, target_cfg: dict[str, Any]) -> None:
+    """The PyTorch route's inputs: the EAGLE-3 head or draft fits the target; MTP layers."""
+    if cfg.spec_mode == "eagle3":
+        assert cfg.eagle3 is not None
+        validate_eagle3(cfg.eagle3, target_cfg)
+    elif cfg.spec_mode == "draft":
+        assert cfg.draft is not None
+        validate_target(cfg.draft, any_architecture=True)
+        check_tokenizers_match(cfg.model, cfg.draft)
+    elif cfg.spec_mode == "mtp":
+        layers = validate_mtp(target_cfg, str(Path(cfg.model) / "config.json"))
+        if cfg.max_draft_len is not None and cfg.max_draft_len < 1:
+            raise SpecserveError(f"--max-draft-len {cfg.max_draft_len}: MTP needs >= 1 "
+                                 f"(the checkpoint has {layers} MTP layers)")
+
+
 def _check_llama_converter(cfg: BuildConfig, model_cfg: dict[str, Any], model_dir: str) -> None:
     """The trtllm plan converts non-Medusa checkpoints with their family's converter
     (:data:`specserve.build.trtllm.ENGINE_CONVERTERS`)."""
@@ -116,7 +140,9 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     check_replaceable(Path(cfg.out), force, WRITER)
     target_cfg, medusa = validate_inputs(cfg)
     resolved = resolve(cfg, target_cfg, medusa.num_heads if medusa else None)
-    if resolved.backend == "trtllm":
+    if resolved.flow == "pytorch":
+        plan = llmapi.make_pytorch_plan(resolved, _trtllm_root())
+    elif resolved.backend == "trtllm":
         inputs = trtllm.PlanInputs(
             model_type=str(target_cfg.get("model_type", "llama")),
             num_medusa_heads=medusa.num_heads if medusa else 0,
@@ -128,6 +154,11 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     else:
         plan = _torch_plan(resolved)
     return Prepared(resolved, target_cfg, medusa, plan)
+
+
+def _trtllm_root() -> str:
+    """The TensorRT-LLM source tree in the container (the parent of its examples/)."""
+    return os.path.dirname(os.path.normpath(trtllm.examples_dir()))
 
 
 def _torch_plan(cfg: BuildConfig) -> BuildPlan:
@@ -148,20 +179,53 @@ def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False
     prep = prepare(cfg, force=force)
     summary: dict[str, Any] = {"dry_run": dry_run, "out": prep.cfg.out,
                                "config": prep.cfg.to_dict(), "plan": prep.plan.to_dict()}
+    if prep.cfg.flow == "pytorch":
+        summary["llm_api"] = _llm_api_summary(prep.cfg)
     if dry_run:
         return summary
-    if prep.cfg.backend == "trtllm":
+    if prep.cfg.flow == "pytorch" and prep.plan.steps:
+        _check_fp8_gpu(prep.cfg)
+        preflight(prep.plan)
+    elif prep.cfg.flow == "engine" and prep.cfg.backend == "trtllm":
         _check_fp8_gpu(prep.cfg)
         preflight(prep.plan)
     out = Path(prep.cfg.out)
     with sigterm_as_interrupt(), staged_output(out, force, WRITER) as stage:
-        if prep.cfg.backend == "trtllm":
+        if prep.cfg.flow == "pytorch":
+            record = _build_pytorch(prep, stage, console)
+        elif prep.cfg.backend == "trtllm":
             record = _build_trtllm(prep, stage, console)
         else:
             record = _build_torch(prep, stage)
         write_json(stage / "build_config.json", record)
     summary["build_config"] = str(out / "build_config.json")
     return summary
+
+
+def _llm_api_summary(cfg: BuildConfig) -> dict[str, Any]:
+    """What ``--dry-run`` prints for the PyTorch route: the YAML and the commands."""
+    return {"options_file": llmapi.options_path(cfg), "yaml": llmapi.render_options(cfg),
+            "options": llmapi.llm_api_options(cfg), "model": llmapi.served_model(cfg),
+            "serve": llmapi.serve_argv(cfg), "bench": llmapi.bench_commands(cfg, _trtllm_root())}
+
+
+def _build_pytorch(prep: Prepared, stage: Path, console: Console | None) -> dict[str, Any]:
+    """Run the ModelOpt step (if any), then write the YAML; the record names both."""
+    if prep.plan.steps:
+        log = stage / "build.log"
+        try:
+            run_plan(prep.plan, log, console)
+        except BaseException:
+            if log.exists():
+                shutil.copyfile(log, Path(prep.cfg.out).parent / f"{Path(prep.cfg.out).name}"
+                                                                 ".build-failed.log")
+            raise
+    write_text(stage / llmapi.LLMAPI_FILE, llmapi.render_options(prep.cfg))
+    copy_tokenizer(Path(prep.cfg.model), stage / "tokenizer")
+    info = _llm_api_summary(prep.cfg)
+    info.pop("yaml")
+    extra: dict[str, Any] = {"trtllm": {**prep.plan.pin}, "llm_api": info}
+    return make_record(prep.cfg, [cli_argv(prep.cfg), *prep.plan.commands()], extra)
 
 
 def _check_fp8_gpu(cfg: BuildConfig) -> None:

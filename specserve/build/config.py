@@ -15,13 +15,24 @@ from typing import Any
 from specserve.config import JsonConfig
 from specserve.errors import SpecserveError
 
-SPEC_MODES = ("medusa", "draft", "ngram", "eagle")
+SPEC_MODES = ("medusa", "draft", "ngram", "eagle", "eagle3", "mtp")
 BACKENDS = ("trtllm", "torch")
+#: TensorRT-LLM routes: ``engine`` = trtllm-build engines (the pinned C++ flow); ``pytorch`` = the
+#: LLM API on the PyTorch backend (one YAML for trtllm-serve / trtllm-bench / Triton llmapi).
+FLOWS = ("engine", "pytorch")
+ENGINE_ONLY_MODES = ("medusa", "eagle")  # no PyTorch-backend path (Medusa; EAGLE-1/2 heads)
+PYTORCH_ONLY_MODES = ("eagle3", "mtp")
+#: Fields that only the PyTorch route reads; left out of ``to_dict`` on the engine flow so the
+#: engine flow's build_config.json ``config`` stays as it was.
+PYTORCH_FIELDS = ("eagle3", "eagle_choices", "dynamic_tree_top_k", "max_total_draft_tokens",
+                  "ngram_size", "max_num_tokens", "kv_cache_fraction", "block_reuse",
+                  "cuda_graph_batch_sizes", "max_concurrency", "spec_options")
 DTYPES = ("float16", "bfloat16", "float32")
 DEFAULT_CHAIN_DRAFT_LEN = 4  # draft model / n-gram tokens per step
 EAGLE_MAX_DRAFT_LEN = 63  # examples/eagle/convert_checkpoint.py default (asserted <= 256)
 EAGLE_NUM_LAYERS = 4
 EAGLE_MAX_NON_LEAVES = 10
+EAGLE3_DRAFT_LEN = 3  # PyTorch route: upstream's EAGLE-3 examples use max_draft_len 3
 
 
 @dataclass(frozen=True)
@@ -30,11 +41,12 @@ class BuildConfig(JsonConfig):
 
     model: str
     out: str
-    spec_mode: str  # medusa | draft | ngram | eagle
+    spec_mode: str  # medusa | draft | ngram | eagle | eagle3 | mtp
     medusa: str | None = None
     draft: str | None = None
     eagle: str | None = None
     backend: str = "torch"  # trtllm | torch (auto is resolved before this is made)
+    flow: str = "engine"  # engine | pytorch (trtllm only)
     dtype: str = "float16"
     quantize: str | None = None  # None | "fp8"
     kv_cache_dtype: str | None = None  # None | "fp8"
@@ -46,6 +58,18 @@ class BuildConfig(JsonConfig):
     max_draft_len: int | None = None
     medusa_choices: tuple[tuple[int, ...], ...] | None = None
     draft_len_schedule: str | None = None  # "1:4,8:2,16:0" (torch backend: load-aware budget)
+    # --- the PyTorch route only (specserve.build.llmapi) ---
+    eagle3: str | None = None  # EAGLE-3 head directory
+    eagle_choices: tuple[tuple[int, ...], ...] | None = None  # static EAGLE-3 tree
+    dynamic_tree_top_k: int | None = None  # EAGLE-3 dynamic tree (dynamic_tree_max_topK)
+    max_total_draft_tokens: int | None = None  # dynamic tree size
+    ngram_size: int | None = None  # NGram max_matching_ngram_size
+    max_num_tokens: int | None = None
+    kv_cache_fraction: float | None = None  # kv_cache_config.free_gpu_memory_fraction
+    block_reuse: bool | None = None  # kv_cache_config.enable_block_reuse
+    cuda_graph_batch_sizes: tuple[int, ...] | None = None
+    max_concurrency: int | None = None
+    spec_options: tuple[tuple[str, str], ...] = ()  # extra speculative_config KEY=VALUE
 
     @property
     def world_size(self) -> int:
@@ -54,23 +78,37 @@ class BuildConfig(JsonConfig):
     @property
     def source_dir(self) -> str | None:
         """The speculation input directory (heads, draft or EAGLE), if any."""
-        return {"medusa": self.medusa, "draft": self.draft, "eagle": self.eagle}.get(
-            self.spec_mode)
+        return {"medusa": self.medusa, "draft": self.draft, "eagle": self.eagle,
+                "eagle3": self.eagle3}.get(self.spec_mode)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        if self.flow == "engine":
+            for name in PYTORCH_FIELDS:
+                data.pop(name, None)
+            data.pop("flow", None)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BuildConfig:
         data = dict(data)
-        if data.get("medusa_choices") is not None:
-            data["medusa_choices"] = tuple(tuple(p) for p in data["medusa_choices"])
+        for key in ("medusa_choices", "eagle_choices"):
+            if data.get(key) is not None:
+                data[key] = tuple(tuple(p) for p in data[key])
+        if data.get("cuda_graph_batch_sizes") is not None:
+            data["cuda_graph_batch_sizes"] = tuple(data["cuda_graph_batch_sizes"])
+        if data.get("spec_options"):
+            data["spec_options"] = tuple(tuple(p) for p in data["spec_options"])
         return super().from_dict(data)
 
     def validate(self) -> None:
         _one_of("spec_mode", self.spec_mode, SPEC_MODES)
         _one_of("backend", self.backend, BACKENDS)
+        _one_of("flow", self.flow, FLOWS)
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("quantize", self.quantize, (None, "fp8"))
         _one_of("kv_cache_dtype", self.kv_cache_dtype, (None, "fp8"))
-        if self.source_dir is None and self.spec_mode != "ngram":
+        if self.source_dir is None and self.spec_mode not in ("ngram", "mtp"):
             raise SpecserveError(f"--{self.spec_mode}: a directory is required")
         for name in ("tp_size", "pp_size", "max_batch_size"):
             if getattr(self, name) < 1:
@@ -85,8 +123,37 @@ class BuildConfig(JsonConfig):
                                  f"--max-seq-len {self.max_seq_len}")
         if self.medusa_choices is not None and self.spec_mode != "medusa":
             raise SpecserveError("--medusa-choices: only with --medusa")
+        self._validate_flow()
+        if self.flow == "pytorch":
+            from specserve.build.llmapi import validate_pytorch_config
+
+            validate_pytorch_config(self)
+            return
         self._validate_schedule()
         self._validate_backend()
+
+    def _validate_flow(self) -> None:
+        if self.flow == "pytorch":
+            if self.backend != "trtllm":
+                raise SpecserveError("--flow pytorch: a TensorRT-LLM route; needs --backend "
+                                     "trtllm (or auto)")
+            if self.spec_mode == "medusa":
+                raise SpecserveError("--medusa with --flow pytorch: TensorRT-LLM's PyTorch "
+                                     "backend has no Medusa path (MedusaDecodingConfig."
+                                     "supports_backend excludes pytorch); use --flow engine, or "
+                                     "--eagle3 / --draft / --ngram / --mtp")
+            if self.spec_mode == "eagle":
+                raise SpecserveError("--eagle with --flow pytorch: EAGLE-1/2 heads are "
+                                     "incompatible with the PyTorch backend (it serves EAGLE-3 "
+                                     "only); use --eagle3 DIR, or --flow engine")
+            return
+        if self.spec_mode in PYTORCH_ONLY_MODES:
+            raise SpecserveError(f"--{self.spec_mode}: only on TensorRT-LLM's PyTorch route; "
+                                 "use --backend trtllm --flow pytorch")
+        set_ = [n for n in PYTORCH_FIELDS if n != "eagle3" and getattr(self, n) not in (None, ())]
+        if set_:
+            raise SpecserveError(f"--{set_[0].replace('_', '-')}: a --flow pytorch option "
+                                 "(LLM API YAML); the engine flow does not read it")
 
     def _validate_schedule(self) -> None:
         if self.draft_len_schedule is None:
@@ -144,6 +211,15 @@ def default_medusa_choices(num_heads: int) -> tuple[tuple[int, ...], ...]:
     return MedusaTree.from_choices([p for p in MC_SIM_7B_63 if len(p) <= num_heads]).choices
 
 
+def _schedule_top(cfg: BuildConfig) -> int | None:
+    """The PyTorch route's ``draft_len_schedule[1]`` (1.2.1: it must equal max_draft_len)."""
+    if cfg.flow != "pytorch" or cfg.draft_len_schedule is None:
+        return None
+    from specserve.spec.schedule import DraftSchedule
+
+    return DraftSchedule.parse(cfg.draft_len_schedule).at(1) or None
+
+
 def resolve(cfg: BuildConfig, target_cfg: dict[str, Any],
             num_medusa_heads: int | None = None) -> BuildConfig:
     """Fill the ``None`` limits from the target config and the speculation mode; check that
@@ -165,7 +241,9 @@ def resolve(cfg: BuildConfig, target_cfg: dict[str, Any],
     elif cfg.spec_mode == "eagle":
         draft_len = draft_len or EAGLE_MAX_DRAFT_LEN
     else:
-        draft_len = draft_len or DEFAULT_CHAIN_DRAFT_LEN
+        draft_len = draft_len or _schedule_top(cfg) or (
+            int(target_cfg.get("num_nextn_predict_layers") or 1) if cfg.spec_mode == "mtp"
+            else EAGLE3_DRAFT_LEN if cfg.spec_mode == "eagle3" else DEFAULT_CHAIN_DRAFT_LEN)
     out = replace(cfg, max_seq_len=max_seq, max_input_len=max_in, max_draft_len=draft_len,
                   medusa_choices=choices)
     out.validate()

@@ -2,7 +2,9 @@
 and the exact commands of a build, so that it can be repeated and checked.
 
 The record holds no timestamps or absolute temp paths: the same inputs give the same bytes.
-Its typed keys (docs/architecture.md): ``backend``, ``spec_mode``, ``max_batch_size``,
+Its typed keys (docs/architecture.md): ``backend``, ``flow`` (``engine`` | ``pytorch``: the
+TensorRT-LLM route; the PyTorch route's engine directory holds ``extra_llm_api_options.yaml``),
+``spec_mode``, ``max_batch_size``,
 ``max_input_len``, ``max_seq_len``, ``max_draft_len``, ``medusa_choices``, ``dtype``,
 ``quantize``, ``kv_cache_dtype``, ``tp_size``, ``pp_size``, ``world_size``; every reader uses
 :func:`specserve.engine_record.read_engine_record`.
@@ -55,8 +57,12 @@ def cli_argv(cfg: BuildConfig) -> list[str]:
     """The ``specserve build`` command line that repeats this build (resolved values)."""
     argv = ["specserve", "build", "--model", cfg.model]
     argv += {"medusa": ["--medusa", str(cfg.medusa)], "draft": ["--draft", str(cfg.draft)],
-             "eagle": ["--eagle", str(cfg.eagle)], "ngram": ["--ngram"]}[cfg.spec_mode]
-    argv += ["--backend", cfg.backend, "--dtype", cfg.dtype]
+             "eagle": ["--eagle", str(cfg.eagle)], "ngram": ["--ngram"],
+             "eagle3": ["--eagle3", str(cfg.eagle3)], "mtp": ["--mtp"]}[cfg.spec_mode]
+    argv += ["--backend", cfg.backend]
+    if cfg.flow != "engine":
+        argv += ["--flow", cfg.flow]
+    argv += ["--dtype", cfg.dtype]
     if cfg.quantize:
         argv += ["--quantize", cfg.quantize]
     if cfg.kv_cache_dtype:
@@ -73,7 +79,32 @@ def cli_argv(cfg: BuildConfig) -> list[str]:
         from specserve.spec.schedule import DraftSchedule
 
         argv += ["--draft-len-schedule", DraftSchedule.parse(cfg.draft_len_schedule).text()]
-    return argv + ["--out", cfg.out]
+    return argv + _pytorch_argv(cfg) + ["--out", cfg.out]
+
+
+def _pytorch_argv(cfg: BuildConfig) -> list[str]:
+    """The PyTorch route's own flags (none on the engine flow)."""
+    if cfg.flow != "pytorch":
+        return []
+    from specserve.spec.tree import to_brace
+
+    argv: list[str] = []
+    values = {"--eagle-choices": to_brace(cfg.eagle_choices) if cfg.eagle_choices else None,
+              "--dynamic-tree-top-k": cfg.dynamic_tree_top_k,
+              "--max-total-draft-tokens": cfg.max_total_draft_tokens,
+              "--ngram-size": cfg.ngram_size, "--max-num-tokens": cfg.max_num_tokens,
+              "--kv-cache-fraction": cfg.kv_cache_fraction,
+              "--cuda-graph-batch-sizes": ",".join(map(str, cfg.cuda_graph_batch_sizes))
+              if cfg.cuda_graph_batch_sizes else None,
+              "--max-concurrency": cfg.max_concurrency}
+    for flag, value in values.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if cfg.block_reuse is not None:
+        argv.append("--block-reuse" if cfg.block_reuse else "--no-block-reuse")
+    for key, value in cfg.spec_options:
+        argv += ["--spec-option", f"{key}={value}"]
+    return argv
 
 
 def make_record(cfg: BuildConfig, commands: list[list[str]],
@@ -82,6 +113,7 @@ def make_record(cfg: BuildConfig, commands: list[list[str]],
     rec: dict[str, Any] = {
         "record_version": RECORD_VERSION,
         "backend": cfg.backend,
+        "flow": cfg.flow,  # engine | pytorch: which TensorRT-LLM route (torch engines: engine)
         "spec_mode": cfg.spec_mode,
         "max_batch_size": cfg.max_batch_size,
         "max_input_len": cfg.max_input_len,

@@ -90,6 +90,13 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 def check_step_output(step: BuildStep) -> None:
     """A step that exited 0 must have written ``config.json`` and one file per rank."""
     out = Path(step.output_dir)
+    if step.kind == "modelopt":  # a ModelOpt HF export: config.json + hf_quant_config.json
+        missing_files = [n for n in ("config.json", "hf_quant_config.json")
+                         if not (out / n).is_file()]
+        if missing_files:
+            raise SpecserveError(f"step '{step.name}': exited 0 but {out} lacks "
+                                 f"{', '.join(missing_files)}")
+        return
     suffix = "engine" if step.kind == "build" else "safetensors"
     if not (out / "config.json").is_file():
         raise SpecserveError(f"step '{step.name}': exited 0 but {out}/config.json is missing")

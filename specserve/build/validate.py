@@ -62,16 +62,17 @@ def _int_key(cfg: dict[str, Any], key: str, path: Path) -> int:
     return value
 
 
-def validate_target(model_dir: str | Path) -> dict[str, Any]:
+def validate_target(model_dir: str | Path, any_architecture: bool = False) -> dict[str, Any]:
     """Check an HF decoder checkpoint (architecture, config consistency, weights); return its
-    config.json."""
+    config.json. ``any_architecture``: TensorRT-LLM's PyTorch route, whose LLM API loads many
+    more families than the converters of the engine flow (it names an unsupported one itself)."""
     d = Path(model_dir)
     if not d.is_dir():
         raise SpecserveError(f"{d}: not a directory")
     cfg_path = d / "config.json"
     cfg = read_json(cfg_path)
     archs = cfg.get("architectures") or []
-    if not archs or archs[0] not in SUPPORTED_ARCHITECTURES:
+    if not archs or (archs[0] not in SUPPORTED_ARCHITECTURES and not any_architecture):
         raise SpecserveError(f"{cfg_path}: architecture {archs[0] if archs else None!r} is not "
                              f"supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     check_family(cfg, cfg_path)
@@ -217,3 +218,68 @@ def validate_eagle(eagle_dir: str | Path, target_cfg: dict[str, Any]) -> dict[st
                 "ModelWeightsLoader.detect_format); save them as safetensors")
         raise SpecserveError(f"{d}: no EAGLE weights (*.safetensors, *.bin or *.pth)")
     return cfg
+
+
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+
+
+def _tensor_names(d: Path) -> set[str] | None:
+    """Tensor names of a checkpoint directory from its safetensors index or headers (None
+    when it has neither)."""
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise SpecserveError(f"{index}: has no 'weight_map' object")
+        return set(weight_map)
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        return None
+    names: set[str] = set()
+    for f in files:
+        names.update(read_safetensors_header(f))
+    return names
+
+
+def validate_eagle3(eagle_dir: str | Path, target_cfg: dict[str, Any]) -> dict[str, Any]:
+    """Check an EAGLE-3 head (Li et al. 2025, "EAGLE-3", arXiv:2503.01840) against the target
+    from its config.json and weight names only: the yuhuili/SpecForge layout
+    (``architectures: [LlamaForCausalLMEagle3]``, ``draft_vocab_size`` with a ``d2t`` map) or a
+    ModelOpt export (an ``eagle_config`` block), as TensorRT-LLM's PyTorch backend reads them
+    through ``speculative_model_dir``."""
+    d = Path(eagle_dir)
+    if not d.is_dir():
+        raise SpecserveError(f"{d}: not a directory")
+    cfg_path = d / "config.json"
+    cfg = read_json(cfg_path)
+    archs = cfg.get("architectures") or []
+    if not any(a in EAGLE3_ARCHITECTURES for a in archs) and "eagle_config" not in cfg:
+        raise SpecserveError(f"{cfg_path}: not an EAGLE-3 head (architectures {archs} has no "
+                             f"{EAGLE3_ARCHITECTURES[0]} and there is no eagle_config block)")
+    hidden, vocab = int(target_cfg["hidden_size"]), int(target_cfg["vocab_size"])
+    if cfg.get("hidden_size") != hidden:
+        raise SpecserveError(f"{cfg_path}: hidden_size {cfg.get('hidden_size')!r} does not match "
+                             f"the target's {hidden} (an EAGLE-3 head reads the target's hidden "
+                             "states)")
+    if "vocab_size" in cfg and cfg["vocab_size"] != vocab:
+        raise SpecserveError(f"{cfg_path}: vocab_size {cfg['vocab_size']} does not match the "
+                             f"target's {vocab}")
+    draft_vocab = cfg.get("draft_vocab_size", vocab)
+    if not isinstance(draft_vocab, int) or isinstance(draft_vocab, bool) or not (
+            0 < draft_vocab <= vocab):
+        raise SpecserveError(f"{cfg_path}: draft_vocab_size {draft_vocab!r} must be in 1.."
+                             f"{vocab} (the target's vocab_size)")
+    names = _tensor_names(d)
+    if names is not None and draft_vocab != vocab and "d2t" not in names:
+        raise SpecserveError(f"{d}: draft_vocab_size {draft_vocab} < vocab_size {vocab} but the "
+                             "weights have no 'd2t' (draft-to-target token map)")
+    return cfg
+
+
+def validate_mtp(target_cfg: dict[str, Any], source: str) -> int:
+    """The target's MTP layer count (``num_nextn_predict_layers`` > 0, DeepSeek-V3 style)."""
+    n = target_cfg.get("num_nextn_predict_layers")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise SpecserveError(f"{source}: --mtp needs MTP layers, but num_nextn_predict_layers is "
+                             f"{n!r} (the checkpoint has none; use --eagle3, --draft or --ngram)")
+    return n

@@ -4,6 +4,7 @@ TensorRT-LLM 1.2.1 engines (exact commands, run inside NVIDIA's container) or a 
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,17 @@ Examples:
   specserve build --model target --draft draft --max-draft-len 5 --out engines/dt
   specserve build --model target --medusa heads --medusa-choices "{0}, {0, 0}, {1}" \\
       --out engines/small-tree
+  # TensorRT-LLM's PyTorch route: the LLM-API YAML, trtllm-serve and trtllm-bench commands
+  specserve build --model llama-3.1-8b --eagle3 eagle3-head --backend trtllm --flow pytorch \\
+      --max-draft-len 3 --kv-cache-dtype fp8 --out engines/l3-eagle3 --dry-run
+  specserve build --model target --draft draft --flow pytorch --tp 2 \\
+      --draft-len-schedule 1:4,4:2,8:0 --out engines/dt-pyt
 """
 
 
-def _choices(value: str | None) -> tuple[tuple[int, ...], ...] | None:
-    """``--medusa-choices``: brace form ``{0}, {0, 0}``, a list literal, or a file holding one."""
+def _choices(value: str | None, what: str = "medusa") -> tuple[tuple[int, ...], ...] | None:
+    """``--medusa-choices`` / ``--eagle-choices``: brace form ``{0}, {0, 0}``, a list literal,
+    or a file holding one."""
     if value is None:
         return None
     from specserve.spec.tree import MedusaTree
@@ -42,16 +49,38 @@ def _choices(value: str | None) -> tuple[tuple[int, ...], ...] | None:
         return MedusaTree.from_brace(text).choices
     except SpecserveError as e:
         where = f"{path}: " if text is not value else ""
-        raise SpecserveError(f"{where}--medusa-choices: {e}") from e
+        raise SpecserveError(f"{where}--{what}-choices: {e}") from e
 
 
-def _spec_mode(medusa: str | None, draft: str | None, ngram: bool, eagle: str | None) -> str:
+def _spec_mode(medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
+               eagle3: str | None = None, mtp: bool = False) -> str:
     given = [m for m, v in (("medusa", medusa), ("draft", draft), ("ngram", ngram),
-                            ("eagle", eagle)) if v]
+                            ("eagle", eagle), ("eagle3", eagle3), ("mtp", mtp)) if v]
     if len(given) != 1:
         raise SpecserveError("give exactly one of --medusa DIR, --draft DIR, --ngram, "
-                             f"--eagle DIR (got {', '.join(given) or 'none'})")
+                             "--eagle DIR, --eagle3 DIR, --mtp "
+                             f"(got {', '.join(given) or 'none'})")
     return given[0]
+
+
+def _sizes(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(sorted({int(v) for v in value.split(",") if v.strip()}))
+    except ValueError as e:
+        raise SpecserveError(f"--cuda-graph-batch-sizes {value!r}: expected integers like "
+                             "1,2,4,8") from e
+
+
+def _spec_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecserveError(f"--spec-option {item!r}: expected KEY=VALUE")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
 
 
 def _text(summary: dict[str, Any]) -> str:
@@ -66,9 +95,17 @@ def _text(summary: dict[str, Any]) -> str:
     head = (f"{c['spec_mode']} | dtype {c['dtype']} | quantize {c['quantize'] or 'none'} | "
             f"kv cache {c['kv_cache_dtype'] or 'default'} | max_draft_len {c['max_draft_len']} | "
             f"batch {c['max_batch_size']} | input {c['max_input_len']} | seq {c['max_seq_len']}")
+    api = summary.get("llm_api")
     if summary["dry_run"]:
-        return f"dry run: nothing written\n{head}\n{render_text(plan)}"
-    return f"built {summary['out']}\n{head}\nrecord: {summary['build_config']}"
+        text = f"dry run: nothing written\n{head}\n{render_text(plan)}"
+        if api is not None:
+            text += (f"\n\n# {api['options_file']}\n{api['yaml']}\n# serve\n"
+                     + shlex.join(api["serve"]) + "\n# benchmark\n" + "\n".join(api["bench"]))
+        return text
+    done = f"built {summary['out']}\n{head}\nrecord: {summary['build_config']}"
+    if api is not None:
+        done += f"\noptions: {api['options_file']}\nserve: {shlex.join(api['serve'])}"
+    return done
 
 
 @click.command("build", short_help="Build TensorRT-LLM or reference engines (Medusa, draft, ...).",
@@ -78,9 +115,16 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--draft", type=click.Path(), help="Draft model directory (same tokenizer).")
 @click.option("--ngram", is_flag=True, help="Prompt-lookup (n-gram) speculation, no draft.")
 @click.option("--eagle", type=click.Path(), help="EAGLE draft-head directory (trtllm only).")
+@click.option("--eagle3", type=click.Path(), help="EAGLE-3 head directory (--flow pytorch).")
+@click.option("--mtp", is_flag=True, help="The checkpoint's MTP layers (--flow pytorch; needs "
+              "num_nextn_predict_layers > 0 in config.json).")
 @click.option("--backend", type=click.Choice(["trtllm", "torch", "auto"]), default="auto",
               show_default=True, help="auto = trtllm when tensorrt_llm imports and a GPU is "
-              "present, else torch.")
+              "present, else torch (with --flow pytorch: trtllm).")
+@click.option("--flow", type=click.Choice(["engine", "pytorch"]), default="engine",
+              show_default=True, help="TensorRT-LLM route: engine = trtllm-build engines; "
+              "pytorch = the LLM API YAML (extra_llm_api_options.yaml) for trtllm-serve, "
+              "trtllm-bench and Triton's llmapi model.")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]),
               default="float16", show_default=True)
 @click.option("--quantize", type=click.Choice(["fp8"]), help="FP8 weights (Hopper+ for trtllm; "
@@ -101,26 +145,59 @@ def _text(summary: dict[str, Any]) -> str:
               help="Load-aware speculation (torch backend): draft budget by running batch size, "
                    "each key a lower bound from 1, e.g. 1:4,8:2,16:0 (chain K, or Medusa tree "
                    "nodes; 0 = no speculation). See `specserve bench --sweep`.")
+@click.option("--eagle-choices", help="--flow pytorch, EAGLE-3: static tree, '{0}, {0, 0}' "
+              "or a file holding it.")
+@click.option("--dynamic-tree-top-k", type=int, help="--flow pytorch, EAGLE-3: dynamic tree "
+              "top-K per layer (with --max-total-draft-tokens).")
+@click.option("--max-total-draft-tokens", type=int, help="--flow pytorch: dynamic tree size.")
+@click.option("--ngram-size", type=int, help="--flow pytorch, n-gram: max_matching_ngram_size "
+              "[default: 2].")
+@click.option("--max-num-tokens", type=int, help="--flow pytorch [default: max(8192, "
+              "batch x (draft + 1))].")
+@click.option("--kv-cache-fraction", type=float, help="--flow pytorch: kv_cache_config."
+              "free_gpu_memory_fraction [default: 0.9].")
+@click.option("--block-reuse/--no-block-reuse", default=None, help="--flow pytorch: "
+              "kv_cache_config.enable_block_reuse [default: on].")
+@click.option("--cuda-graph-batch-sizes", metavar="B,...", help="--flow pytorch: CUDA graph "
+              "batch sizes [default: powers of 2 up to --max-batch-size].")
+@click.option("--max-concurrency", type=int, help="--flow pytorch: no speculation above this "
+              "batch size (not with --draft-len-schedule).")
+@click.option("--spec-option", "spec_options", multiple=True, metavar="KEY=VALUE",
+              help="--flow pytorch: another 1.2.1 speculative_config field, e.g. "
+              "is_keep_all=false (keys newer than 1.2.1 are refused).")
 @click.option("--out", required=True, type=click.Path(), help="Engine directory, engines/NAME.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; write nothing.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @FORMAT_OPTION
 def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
-            backend: str, dtype: str, quantize: str | None, kv_cache_dtype: str | None,
+            eagle3: str | None, mtp: bool, backend: str, flow: str, dtype: str,
+            quantize: str | None, kv_cache_dtype: str | None,
             tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
             max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
-            draft_len_schedule: str | None, out: str, dry_run: bool, force: bool,
-            fmt: str) -> None:
+            draft_len_schedule: str | None, eagle_choices: str | None,
+            dynamic_tree_top_k: int | None, max_total_draft_tokens: int | None,
+            ngram_size: int | None, max_num_tokens: int | None, kv_cache_fraction: float | None,
+            block_reuse: bool | None, cuda_graph_batch_sizes: str | None,
+            max_concurrency: int | None, spec_options: tuple[str, ...], out: str,
+            dry_run: bool, force: bool, fmt: str) -> None:
     """Validate a checkpoint and its speculation inputs, then build engines into --out
     (written to a sibling temp dir and renamed on success; nothing is left on failure)."""
     from specserve.build.builder import build_engine, resolve_backend
     from specserve.build.config import BuildConfig
 
+    if flow == "pytorch" and backend == "auto":
+        backend = "trtllm"  # the PyTorch route is TensorRT-LLM's; plans need no GPU here
     cfg = BuildConfig(
-        model=model, out=out, spec_mode=_spec_mode(medusa, draft, ngram, eagle), medusa=medusa,
-        draft=draft, eagle=eagle, backend=resolve_backend(backend), dtype=dtype,
+        model=model, out=out, spec_mode=_spec_mode(medusa, draft, ngram, eagle, eagle3, mtp),
+        medusa=medusa, draft=draft, eagle=eagle, eagle3=eagle3, flow=flow,
+        backend=resolve_backend(backend), dtype=dtype,
         quantize=quantize, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, pp_size=pp_size,
         max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices),
-        draft_len_schedule=draft_len_schedule)
+        draft_len_schedule=draft_len_schedule, eagle_choices=_choices(eagle_choices, "eagle"),
+        dynamic_tree_top_k=dynamic_tree_top_k, max_total_draft_tokens=max_total_draft_tokens,
+        ngram_size=ngram_size, max_num_tokens=max_num_tokens,
+        kv_cache_fraction=kv_cache_fraction, block_reuse=block_reuse,
+        cuda_graph_batch_sizes=_sizes(cuda_graph_batch_sizes),
+        max_concurrency=max_concurrency, spec_options=_spec_options(spec_options))
     emit(build_engine(cfg, dry_run=dry_run, force=force), fmt, _text)

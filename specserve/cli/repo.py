@@ -25,12 +25,23 @@ on, kv_cache_free_gpu_mem_fraction 0.5 each on a shared GPU; `specserve serve` s
 TensorRT-LLM's orchestrator mode (TRTLLM_ORCHESTRATOR=1), as launch_triton_server.py
 --multi-model does:
   specserve repo --engine engines/dt --out repo --gpu-device-ids 0 --draft-gpu-device-ids 1
+
+Engines built with `specserve build --flow pytorch` get Triton's llmapi Python model instead
+(tensorrt_llm/config.pbtxt + 1/model.yaml = the build's extra_llm_api_options.yaml keys + model
++ triton_config; upstream's model.py from a TensorRT-LLM v1.2.1 clone):
+  specserve repo --engine engines/l3-eagle3 --out repo \\
+      --llmapi-model-dir TensorRT-LLM/triton_backend/all_models/llmapi/tensorrt_llm/1
 """
 
 
 def _text(d: dict[str, Any]) -> str:
-    return (f"wrote {d['repo']} ({d['backend']} engine, spec_mode {d['spec_mode']}): "
+    flow = " (llmapi, flow pytorch)" if d.get("flow") == "pytorch" else ""
+    text = (f"wrote {d['repo']} ({d['backend']} engine{flow}, spec_mode {d['spec_mode']}): "
             + ", ".join(d["models"]))
+    if d.get("flow") == "pytorch" and not d.get("upstream_model_py"):
+        text += ("\nnote: copy upstream's llmapi model.py into tensorrt_llm/1/ (or pass "
+                 "--llmapi-model-dir) before serving")
+    return text
 
 
 @click.command("repo", epilog=EXAMPLES, short_help="Write a Triton model repository.")
@@ -70,6 +81,10 @@ def _text(d: dict[str, Any]) -> str:
                    "fraction].")
 @click.option("--max-attention-window-size", type=int, default=None,
               help="TensorRT-LLM: attention window per model [default: max_seq_len].")
+@click.option("--llmapi-model-dir", type=click.Path(file_okay=False), default=None,
+              help="--flow pytorch engines: upstream's triton_backend/all_models/llmapi/"
+                   "tensorrt_llm/1 (a TensorRT-LLM v1.2.1 clone); its model.py and helpers.py "
+                   "are copied into the repository.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @FORMAT_OPTION
 def command(engine_dir: str, out: str, max_batch_size: int | None, preprocessing_instances: int,
@@ -78,7 +93,8 @@ def command(engine_dir: str, out: str, max_batch_size: int | None, preprocessing
             baseline: bool, kv_cache_fraction: float | None,
             draft_kv_cache_fraction: float | None, gpu_device_ids: str | None,
             draft_gpu_device_ids: str | None, max_tokens_in_paged_kv_cache: int | None,
-            max_attention_window_size: int | None, force: bool, fmt: str) -> None:
+            max_attention_window_size: int | None, llmapi_model_dir: str | None, force: bool,
+            fmt: str) -> None:
     """Write a Triton model repository for ENGINE into OUT (atomically)."""
     from specserve.triton.repository import RepoOptions, read_repo_meta, write_repository
 
@@ -90,7 +106,7 @@ def command(engine_dir: str, out: str, max_batch_size: int | None, preprocessing
         kv_cache_fraction=kv_cache_fraction, draft_kv_cache_fraction=draft_kv_cache_fraction,
         gpu_device_ids=gpu_device_ids, draft_gpu_device_ids=draft_gpu_device_ids,
         max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
-        max_attention_window_size=max_attention_window_size)
+        max_attention_window_size=max_attention_window_size, llmapi_model_dir=llmapi_model_dir)
     repo = write_repository(engine_dir, out, opts, force=force)
     meta = read_repo_meta(repo)
     emit({"repo": str(repo), **meta}, fmt, _text)

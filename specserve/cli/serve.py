@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 EXAMPLES = """
@@ -12,7 +14,8 @@ Examples:
 
 Uses `tritonserver` from PATH (NVIDIA's containers) or the one bundled with nvidia-pytriton,
 waits until /v2/health/ready answers, prints the endpoints, and stops cleanly on Ctrl-C/SIGTERM.
-Engines with world size > 1 start through mpirun, one rank per GPU.
+Engines with world size > 1 start through mpirun, one rank per GPU. Repositories of --flow
+pytorch engines (Triton's llmapi model) run only inside NVIDIA's TensorRT-LLM container.
 Exit codes: 0 after a clean stop, 2 bad input, 3 the server failed to start or died.
 """
 
@@ -31,14 +34,14 @@ Exit codes: 0 after a clean stop, 2 bad input, 3 the server failed to start or d
 def command(repo: str, host: str, http_port: int, grpc_port: int, metrics_port: int,
             timeout_s: float, log_path: str | None) -> None:
     """Start tritonserver for REPO and keep it running."""
-    from pathlib import Path
-
     from specserve.errors import ServerError
     from specserve.interrupts import sigterm_as_interrupt
     from specserve.triton.repository import read_repo_meta
     from specserve.triton.server import TritonServer
 
     meta = read_repo_meta(repo)
+    if meta.get("flow") == "pytorch":
+        _check_llmapi_serving(Path(repo))
     server = TritonServer(Path(repo), host=host, http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, world_size=int(meta.get("world_size", 1)),
                           log_path=Path(log_path) if log_path else None)
@@ -55,3 +58,18 @@ def command(repo: str, host: str, http_port: int, grpc_port: int, metrics_port: 
             return
     server.stop(keep_log=True)
     raise ServerError(f"{repo}: tritonserver exited with code {rc}; log {server.log_path}")
+
+
+def _check_llmapi_serving(repo: Path) -> None:
+    """The llmapi model (TensorRT-LLM's PyTorch route) runs only where tensorrt_llm imports:
+    NVIDIA's nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 container."""
+    import importlib.util
+
+    from specserve.errors import SpecserveError
+
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        raise SpecserveError(f"{repo}: the llmapi model (flow pytorch) runs inside NVIDIA's "
+                             "TensorRT-LLM container; tensorrt_llm is not importable here")
+    if not (repo / "tensorrt_llm" / "1" / "model.py").is_file():
+        raise SpecserveError(f"{repo}/tensorrt_llm/1/model.py: missing (rerun specserve repo "
+                             "with --llmapi-model-dir, upstream's llmapi tensorrt_llm/1)")

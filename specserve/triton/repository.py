@@ -69,6 +69,7 @@ class RepoOptions(JsonConfig):
     draft_gpu_device_ids: str | None = None
     max_tokens_in_paged_kv_cache: int | None = None
     max_attention_window_size: int | None = None
+    llmapi_model_dir: str | None = None  # PyTorch route: upstream's llmapi tensorrt_llm/1
 
     def validate(self) -> None:
         for name in ("preprocessing_instance_count", "postprocessing_instance_count",
@@ -207,7 +208,15 @@ def write_repository(engine_dir: str | Path, out: str | Path, opts: RepoOptions 
     if not engine.is_dir():
         raise SpecserveError(f"{engine}: engine directory not found")
     cfg = read_engine_record(engine)
-    files = plan_repository(engine, cfg, opts)
+    if cfg.get("flow") == "pytorch":  # TensorRT-LLM's PyTorch route: the llmapi model
+        from specserve.triton.llmapi import plan_llmapi_repository
+
+        _check_llmapi_options(opts)
+        files = plan_llmapi_repository(engine, cfg, opts.decoupled, opts.llmapi_model_dir)
+    else:
+        if opts.llmapi_model_dir is not None:
+            raise SpecserveError("--llmapi-model-dir: only for engines built with --flow pytorch")
+        files = plan_repository(engine, cfg, opts)
     dest = Path(out).resolve()
     with staged_output(dest, force, WRITER) as tmp:
         for rel, text in files.items():
@@ -216,6 +225,17 @@ def write_repository(engine_dir: str | Path, out: str | Path, opts: RepoOptions 
             p.write_text(text, encoding="utf-8")
         os.chmod(tmp, 0o755)
     return dest
+
+
+def _check_llmapi_options(opts: RepoOptions) -> None:
+    """The llmapi model takes its settings from the build's YAML; refuse the C++ ones."""
+    defaults = RepoOptions()
+    for name in ("max_batch_size", "baseline", "accumulate_tokens", "tokenizer_dir",
+                 *_EXECUTOR_OPTIONS):
+        if getattr(opts, name) != getattr(defaults, name):
+            raise SpecserveError(f"{_flag(name)}: not for the llmapi model (flow pytorch); its "
+                                 "settings are the build's extra_llm_api_options.yaml "
+                                 "(specserve build --flow pytorch ...)")
 
 
 def read_repo_meta(repo: str | Path) -> dict[str, Any]:

@@ -1,0 +1,93 @@
+"""``specserve repo`` / ``specserve serve`` for a ``--flow pytorch`` engine: Triton's ``llmapi``
+Python model (upstream's ``config.pbtxt`` + ``1/model.yaml`` layout), its ``config.pbtxt``
+parsed with Triton's own proto, ``model.yaml`` keys against 1.2.1's field set, and ``serve``
+refusing in one line where ``tensorrt_llm`` does not import."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from specserve.cli.main import cli
+from tests.build.test_llmapi import FIELDS, unknown_keys
+from tests.helpers.tiny import TinyCheckpoint
+
+# upstream's T1 I/O (config.pbtxt @c8c6df08): name -> (data type, dims)
+INPUTS = {"text_input": ("TYPE_STRING", [-1]), "streaming": ("TYPE_BOOL", [1]),
+          "sampling_param_max_tokens": ("TYPE_INT32", [1]),
+          "sampling_param_seed": ("TYPE_UINT64", [1]),
+          "sampling_param_return_perf_metrics": ("TYPE_BOOL", [1]),
+          "sampling_param_stop": ("TYPE_STRING", [-1])}
+OUTPUTS = {"text_output": ("TYPE_STRING", [-1]), "acceptance_rate": ("TYPE_FP32", [1]),
+           "total_accepted_draft_tokens": ("TYPE_INT32", [1]),
+           "total_draft_tokens": ("TYPE_INT32", [1]),
+           "arrival_time_ns": ("TYPE_INT64", [1]), "kv_cache_hit_rate": ("TYPE_FP32", [-1])}
+
+
+@pytest.fixture()
+def engine(ckpt: TinyCheckpoint, tmp_path: Path) -> Path:
+    out = tmp_path / "engines" / "dt"
+    result = CliRunner().invoke(cli, ["build", "--model", str(ckpt.target), "--draft",
+                                      str(ckpt.draft), "--flow", "pytorch", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _repo(engine: Path, out: Path, *extra: str) -> Any:
+    return CliRunner().invoke(cli, ["repo", "--engine", str(engine), "--out", str(out), *extra,
+                                    "--format", "json"])
+
+
+def test_llmapi_repository_renders_and_parses(engine: Path, tmp_path: Path) -> None:
+    upstream = tmp_path / "upstream" / "1"
+    upstream.mkdir(parents=True)
+    (upstream / "model.py").write_text("# upstream model.py stand-in\n")
+    result = _repo(engine, tmp_path / "repo", "--llmapi-model-dir", str(upstream))
+    assert result.exit_code == 0, result.output
+    repo = tmp_path / "repo"
+    assert json.loads(result.stdout)["models"] == ["tensorrt_llm"]
+    mc = text_format.Parse((repo / "tensorrt_llm" / "config.pbtxt").read_text(),
+                           model_config_pb2.ModelConfig())
+    assert mc.name == "tensorrt_llm" and mc.backend == "python" and mc.max_batch_size == 0
+    assert [g.kind for g in mc.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_CPU]
+    ins = {i.name: (model_config_pb2.DataType.Name(i.data_type), list(i.dims), i.optional)
+           for i in mc.input}
+    outs = {o.name: (model_config_pb2.DataType.Name(o.data_type), list(o.dims))
+            for o in mc.output}
+    for name, (dtype, dims) in INPUTS.items():
+        assert ins[name][:2] == (dtype, dims), name
+    assert ins["text_input"][2] is False and ins["streaming"][2] is True
+    for name, want in OUTPUTS.items():
+        assert outs[name] == want, name
+    assert len(ins) == 17 and len(outs) == 16
+    assert (repo / "tensorrt_llm" / "1" / "model.py").read_text().startswith("# upstream")
+    doc = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert doc["triton_config"] == {"max_batch_size": 0, "decoupled": True}
+    assert doc["backend"] == "pytorch" and doc["speculative_config"]["decoding_type"] == \
+        "Draft_Target"
+    llm_kw = {k: v for k, v in doc.items() if k != "triton_config"}
+    assert unknown_keys(llm_kw) == [] and {"model", "backend"} <= set(FIELDS["TorchLlmArgs"])
+
+
+def test_llmapi_repo_refuses_cpp_options(engine: Path, tmp_path: Path) -> None:
+    result = _repo(engine, tmp_path / "repo", "--kv-cache-fraction", "0.5")
+    assert result.exit_code == 2 and "not for the llmapi model" in result.output
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None,
+                    reason="tensorrt_llm is importable here")
+def test_serve_refuses_without_tensorrt_llm(engine: Path, tmp_path: Path) -> None:
+    assert _repo(engine, tmp_path / "repo").exit_code == 0
+    result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "repo")])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "tensorrt_llm is not importable" in lines[0]
