@@ -151,7 +151,8 @@ class Runner:
         t = self.targets[job.variant]
         rec = make_record(
             index=job.index, variant=job.variant, phase=job.phase, model=t.model,
-            url=raw.replica or t.transport.url, prompt_index=job.prompt_index, send_time_unix_s=raw.send_wall_s,
+            url=raw.replica or t.transport.url, prompt_index=job.prompt_index,
+            send_time_unix_s=raw.send_wall_s,
             streaming=self.cfg.stream, chunk_times_s=raw.chunk_times_s, chunk_tokens=counts,
             end_s=raw.end_s if not (raw.error or raw.cancelled) else None,
             token_count_source=source, server=server, spec_stats=spec_stats,

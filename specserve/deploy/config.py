@@ -146,8 +146,8 @@ def read_source(engine: str | Path) -> EngineSource:
     if not spec.is_file():
         raise SpecserveError(f"{spec}: not found (a PyTorch-route engine directory carries "
                              "its speculative config there)")
-    config = raw.get("config") if isinstance(raw.get("config"), dict) else {}
-    model = raw.get("model") or config.get("model")
+    config = raw.get("config")
+    model = raw.get("model") or (config.get("model") if isinstance(config, dict) else None)
     return EngineSource(d, "pytorch", tp, pp, tp * pp, spec.read_text(encoding="utf-8"),
                         str(model) if model else None, raw)
 

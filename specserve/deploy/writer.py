@@ -36,7 +36,7 @@ FILES = {"k8s": "deployment.yaml", "lws": "leaderworkerset.yaml", "dynamo": "dyn
          "dynamo-disagg": "dynamo-disagg.yaml", "slurm": "slurm.sbatch"}
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
     """Block literals for multi-line strings; no anchors/aliases (each object spelled out)."""
 
     def ignore_aliases(self, data: Any) -> bool:
