@@ -21,6 +21,10 @@ Examples:
   specserve bench --url 127.0.0.1:8000 --protocol http --request-rate 2 \\
       --dataset prompts.jsonl --slo ttft=200,tpot=50 --out reports/rate2
 \b
+  # two replicas of one service, least-outstanding; per-replica and pooled figures
+  specserve bench --url 10.0.0.5:8001 --url 10.0.0.6:8001 --balance least-outstanding \\
+      --concurrency 16 --requests 256 --out reports/pool
+\b
   # machine-readable summary
   specserve bench --url 127.0.0.1:8001 --requests 8 --format json --out reports/q
 
@@ -32,9 +36,11 @@ cannot be reached.
 
 
 def _text(s: dict[str, Any]) -> str:
-    from specserve.client.report import flag_lines, speedup_table, text_table
+    from specserve.client.report import flag_lines, replica_table, speedup_table, text_table
 
     lines = [text_table(s), *flag_lines(s)]
+    if s.get("replicas"):
+        lines += ["", "per replica:", replica_table(s)]
     if s["speedup"]:
         lines += ["", speedup_table(s["speedup"])]
     if s.get("aborted"):
@@ -63,8 +69,13 @@ def _sweep(cfg: Any, levels_text: str, fmt: str) -> None:
 
 @click.command("bench", epilog=EXAMPLES,
                short_help="Benchmark a served model: latency, acceptance, speedup.")
-@click.option("--url", required=True,
-              help="Server HOST:PORT (Triton gRPC or HTTP port; OpenAI: http://HOST:PORT too).")
+@click.option("--url", "urls", required=True, multiple=True,
+              help="Server HOST:PORT (Triton gRPC or HTTP port; OpenAI: http://HOST:PORT too)."
+                   " Repeat for replicas of one service: requests are spread over them.")
+@click.option("--balance", type=click.Choice(["round-robin", "least-outstanding"]),
+              default="round-robin", show_default=True,
+              help="How requests are spread over several --url (a failing replica is backed "
+                   "off and probed again).")
 @click.option("--protocol", type=click.Choice(["grpc", "http", "openai"]), default="grpc",
               show_default=True,
               help="Triton gRPC streaming, Triton HTTP generate, or OpenAI-compatible HTTP "
@@ -122,7 +133,8 @@ def command(fmt: str, n_requests: int, sweep: str | None, **kw: Any) -> None:
     from specserve.client.config import BenchmarkConfig, host_port
     from specserve.client.run import run_benchmark
 
-    kw["url"] = host_port(kw["url"])
+    urls = [host_port(u) for u in kw.pop("urls")]
+    kw["url"], kw["replicas"] = urls[0], tuple(urls[1:])
     if kw["baseline_url"]:
         kw["baseline_url"] = host_port(kw["baseline_url"])
     cfg = BenchmarkConfig(requests=n_requests, **kw)

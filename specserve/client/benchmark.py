@@ -151,7 +151,8 @@ class Runner:
         t = self.targets[job.variant]
         rec = make_record(
             index=job.index, variant=job.variant, phase=job.phase, model=t.model,
-            url=t.transport.url, prompt_index=job.prompt_index, send_time_unix_s=raw.send_wall_s,
+            url=raw.replica or t.transport.url, prompt_index=job.prompt_index,
+            send_time_unix_s=raw.send_wall_s,
             streaming=self.cfg.stream, chunk_times_s=raw.chunk_times_s, chunk_tokens=counts,
             end_s=raw.end_s if not (raw.error or raw.cancelled) else None,
             token_count_source=source, server=server, spec_stats=spec_stats,
@@ -201,8 +202,18 @@ class Runner:
                 task.cancel()
 
 
+def _spread(cfg: BenchmarkConfig) -> Transport:
+    """The spec variant's transport: one server, or a pool over ``--url A --url B ...``."""
+    if not cfg.replicas:
+        return make_transport(cfg.protocol, cfg.url, cfg.endpoint)
+    from specserve.client.balance import PooledTransport
+
+    return PooledTransport([make_transport(cfg.protocol, u, cfg.endpoint) for u in cfg.urls],
+                           cfg.balance)
+
+
 def _transports(cfg: BenchmarkConfig) -> dict[str, tuple[Transport, str]]:
-    spec_tr = make_transport(cfg.protocol, cfg.url, cfg.endpoint)
+    spec_tr = _spread(cfg)
     out = {"spec": (spec_tr, cfg.model)}
     if cfg.has_baseline:
         url = cfg.baseline_url or cfg.url

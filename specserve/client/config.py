@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from specserve.client.tokens import COUNT_MODES
 from specserve.config import JsonConfig
@@ -11,6 +12,7 @@ from specserve.errors import SpecserveError
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 PROTOCOLS = ("grpc", "http", "openai")
+BALANCE = ("round-robin", "least-outstanding")  # client/balance.py
 
 
 def host_port(url: str) -> str:
@@ -53,6 +55,22 @@ class BenchmarkConfig(JsonConfig):
     num_output_tokens_mode: str = "per_response"
     bootstrap: int = 2000
     abort_after_errors: int = 5              # consecutive failed requests
+    replicas: tuple[str, ...] = ()           # more servers of the same model (--url A --url B)
+    balance: str = "round-robin"             # over url + replicas: or "least-outstanding"
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every server the spec variant's requests are spread over (``url`` first)."""
+        return (self.url, *self.replicas)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if not self.replicas:  # one server: summary.json's config as before
+            d.pop("replicas")
+            d.pop("balance")
+        else:
+            d["replicas"] = list(self.replicas)
+        return d
 
     @property
     def has_baseline(self) -> bool:
@@ -63,10 +81,15 @@ class BenchmarkConfig(JsonConfig):
         return self.concurrency if self.concurrency is not None else 1
 
     def validate(self) -> None:
-        for name in ("url", "baseline_url"):
-            v = getattr(self, name)
+        for name, v in (("url", self.url), ("baseline_url", self.baseline_url),
+                        *(("url", r) for r in self.replicas)):
             if v is not None and not _HOSTPORT.match(v):
                 raise SpecserveError(f"--{name.replace('_', '-')}: '{v}' is not HOST:PORT")
+        if len(set(self.urls)) != len(self.urls):
+            raise SpecserveError("--url: the same server twice "
+                                 f"({', '.join(self.urls)})")
+        if self.balance not in BALANCE:
+            raise SpecserveError(f"--balance: '{self.balance}' is not one of {list(BALANCE)}")
         if self.protocol not in PROTOCOLS:
             raise SpecserveError(f"--protocol: '{self.protocol}' is not grpc, http or openai")
         if self.endpoint not in ("completions", "chat"):

@@ -52,6 +52,48 @@ def build_summary(records: Sequence[RequestRecord], duration_s: float, slo: Slo 
     return summary
 
 
+def replica_split(records: Sequence[RequestRecord], urls: Sequence[str], duration_s: float,
+                  slo: Slo | None) -> dict[str, Any]:
+    """Per replica (``--url A --url B ...``): its request counts and each variant's figures over
+    the requests it served (throughput over the whole run; ``variants`` above is the pool)."""
+    out: dict[str, Any] = {}
+    interleaved = len({r.variant for r in records}) > 1
+    for url in urls:
+        mine = [r for r in records if r.url == url]
+        meas = [r for r in mine if r.phase == "measure"]
+        out[url] = {
+            "records": {"total": len(mine), "warmup": len(mine) - len(meas),
+                        **{s: sum(r.status == s for r in meas)
+                           for s in ("completed", "error", "cancelled")}},
+            "variants": {v: summarize(mine, v, duration_s, slo,
+                                      interleaved=interleaved).to_dict()
+                         for v in sorted({r.variant for r in meas}, key=lambda v: v != "spec")},
+        }
+    return out
+
+
+def replica_table(summary: dict[str, Any]) -> str:
+    """A Markdown table, one row per replica and variant ("" when the run had one server)."""
+    reps = summary.get("replicas")
+    if not reps:
+        return ""
+    lines = ["| replica | variant | requests | completed | errors | cancelled | req/s | "
+             "output tok/s | TTFT p50 (ms) | E2E p50 (ms) | acceptance_rate | tau_stream |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for url, rep in reps.items():
+        if not rep["variants"]:
+            lines.append(f"| {url} | – | 0 | 0 | 0 | 0 | – | – | – | – | – | – |")
+        for v, vs in rep["variants"].items():
+            acc = vs["acceptance"]
+            lines.append(
+                f"| {url} | {v} | {vs['requests']} | {vs['completed']} | {vs['errors']} | "
+                f"{vs['cancelled']} | {_fmt(vs['request_throughput_rps'], 3)} | "
+                f"{_fmt(vs['output_token_throughput_tok_s'], 1)} | {_fmt(vs['ttft_ms']['p50'])} | "
+                f"{_fmt(vs['e2e_ms']['p50'])} | {_fmt(acc['acceptance_rate'], 3)} | "
+                f"{_fmt(acc['tau_stream'], 3)} |")
+    return "\n".join(lines)
+
+
 def _combined(meas: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
     """Throughput of an interleaved run, both variants together (the only honest figure)."""
     done = [r for r in meas if r.status == "completed"]
@@ -158,6 +200,8 @@ def readme(summary: dict[str, Any], plots: list[str]) -> str:
         parts += ["", f"**Run aborted:** {summary['aborted']}"]
     parts += [f"\n**{line}**" for line in flag_lines(summary)]
     parts += ["", "## Summary", "", text_table(summary)]
+    if summary.get("replicas"):
+        parts += ["", "## Per replica (the table above pools them)", "", replica_table(summary)]
     if summary.get("combined"):
         c = summary["combined"]
         parts += ["", f"Throughput, both variants together: "

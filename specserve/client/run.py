@@ -12,7 +12,7 @@ from typing import Any
 from specserve.client.benchmark import JsonlSink, run_load
 from specserve.client.config import BenchmarkConfig
 from specserve.client.metrics import RequestRecord
-from specserve.client.report import build_summary, write_report
+from specserve.client.report import build_summary, replica_split, write_report
 from specserve.client.summary import parse_slo, speedups
 
 
@@ -74,6 +74,8 @@ def run_benchmark(cfg: BenchmarkConfig, progress: bool | None = None,
         "config": cfg.to_dict(), "started_unix_s": started, "aborted": result.aborted,
         "interrupted": result.interrupted, "inputs_declared": result.inputs_declared,
     }, result.counters)
+    if cfg.replicas:
+        summary["replicas"] = replica_split(records, cfg.urls, result.measure_duration_s, slo)
     partial = bool(result.aborted or result.interrupted
                    or any(rec.status != "completed" for rec in records))
     summary["status"] = "partial" if partial else "ok"

@@ -47,7 +47,8 @@ def phase_config(cfg: BenchmarkConfig, level: int, variant: str, out: Path) -> B
     """The single-variant run of one phase: ``variant``'s server and model at ``level``."""
     model = cfg.model if variant == "spec" else (cfg.baseline_model or cfg.model)
     url = cfg.url if variant == "spec" else (cfg.baseline_url or cfg.url)
-    return dataclasses.replace(cfg, url=url, model=model, baseline_model=None,
+    replicas = cfg.replicas if variant == "spec" or not cfg.baseline_url else ()
+    return dataclasses.replace(cfg, url=url, replicas=replicas, model=model, baseline_model=None,
                                baseline_url=None, concurrency=level, request_rate=None,
                                out=str(out / f"c{level}-{variant}"))
 

@@ -86,6 +86,7 @@ class RawResult:
     error: str | None = None
     cancelled: bool = False
     connection_error: bool = False   # the server could not be reached at all
+    replica: str | None = None       # pooled runs: the replica that served it (balance.py)
 
     def add_response(self, t: float, outputs: dict[str, Any]) -> None:
         """Record one response's outputs (already decoded to Python values)."""

@@ -1,0 +1,171 @@
+"""``DeployConfig``: the inputs of ``specserve deploy``, and the engine directory it deploys.
+
+Names follow the Kubernetes object-name rules (RFC 1123 DNS labels: at most 63 lower-case
+alphanumerics or ``-``, starting and ending alphanumeric; kubernetes.io/docs/concepts/overview/
+working-with-objects/names). The world size of a replica (TP x PP from ``build_config.json``)
+must be a multiple of the GPUs per node: a replica spans ``world_size / gpus_per_node`` nodes,
+one pod per node, as the LeaderWorkerSet TensorRT-LLM example and Dynamo's ``multinode.nodeCount``
+lay it out (``../shared/reference/peers-2026.md`` section 5).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specserve.config import JsonConfig, read_json
+from specserve.engine_record import RECORD_FILE, read_engine_record
+from specserve.errors import SpecserveError
+
+#: The pinned engine-flow image (trtllm-pinned.md section 0: TensorRT-LLM 1.2.1).
+ENGINE_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+#: Dynamo's TensorRT-LLM runtime image as its examples name it
+#: (ai-dynamo/dynamo examples/backends/trtllm/deploy/disagg.yaml @04521f47).
+DYNAMO_IMAGE = "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.3.1"
+SPEC_YAML = "extra_llm_api_options.yaml"
+FLOWS = ("engine", "pytorch")
+TARGETS = {"engine": ("k8s", "lws"), "pytorch": ("dynamo", "dynamo-disagg", "slurm")}
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# A container image reference: [registry[:port]/]path[:tag][@digest] (distribution/reference).
+_IMAGE = re.compile(r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*"
+                    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+_PATH = re.compile(r"^/[A-Za-z0-9._/-]*$")
+
+
+def check_label(value: str, what: str) -> None:
+    """Raise unless ``value`` is an RFC 1123 label (Kubernetes namespace and object names)."""
+    if len(value) > 63 or not _LABEL.match(value):
+        raise SpecserveError(f"{what}: {value!r} is not a valid Kubernetes name (RFC 1123 label: "
+                             "at most 63 characters of a-z, 0-9 and '-', starting and ending "
+                             "with a letter or digit)")
+
+
+def default_name(engine: str) -> str:
+    """The engine directory's name made an RFC 1123 label (``Llama_70B`` -> ``llama-70b``)."""
+    name = re.sub(r"[^a-z0-9]+", "-", Path(engine).resolve().name.lower()).strip("-")[:40]
+    return name.strip("-") or "specserve"
+
+
+@dataclass(frozen=True)
+class DeployConfig(JsonConfig):
+    """What ``specserve deploy`` writes (``None``: derived from the engine directory)."""
+
+    engine: str
+    out: str
+    targets: tuple[str, ...] = ()     # empty: the flow's defaults (see default_targets)
+    name: str | None = None           # object names; default from the engine directory
+    replicas: int = 1
+    gpus_per_node: int = 8
+    image: str | None = None          # default ENGINE_IMAGE (Dynamo: DYNAMO_IMAGE)
+    namespace: str = "default"
+    pvc: str = "specserve-models"     # PersistentVolumeClaim with engines and repositories
+    mount: str = "/models"            # where the claim is mounted in every pod
+    repo_path: str = "triton_repo"    # engine flow: the model repository under the mount
+    model: str | None = None          # PyTorch route: the checkpoint trtllm-serve loads
+
+    def validate(self) -> None:
+        if self.replicas < 1:
+            raise SpecserveError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.gpus_per_node < 1:
+            raise SpecserveError(f"--gpus-per-node must be >= 1, got {self.gpus_per_node}")
+        if self.image is not None and not _IMAGE.match(self.image):
+            raise SpecserveError(f"--image: {self.image!r} is not a container image reference "
+                                 "(e.g. nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3)")
+        check_label(self.namespace, "--namespace")
+        check_label(self.pvc, "--pvc")
+        if self.name is not None:
+            check_label(self.name, "--name")
+        if not _PATH.match(self.mount):
+            raise SpecserveError(f"--mount: {self.mount!r} must be an absolute path of "
+                                 "letters, digits and ._/-")
+        if self.repo_path.startswith("/") or not _PATH.match("/" + self.repo_path) or \
+                ".." in self.repo_path.split("/"):
+            raise SpecserveError(f"--repo-path: {self.repo_path!r} must be a relative path "
+                                 "inside the volume")
+        if self.model is not None and (not self.model or any(c.isspace() for c in self.model)):
+            raise SpecserveError(f"--model: {self.model!r} must be a path or model id without "
+                                 "spaces")
+
+
+@dataclass(frozen=True)
+class EngineSource:
+    """What deployment needs from an engine directory."""
+
+    path: Path
+    flow: str                  # "engine" (TensorRT-LLM engines, Triton) | "pytorch"
+    tp_size: int
+    pp_size: int
+    world_size: int
+    spec_yaml: str | None      # pytorch: extra_llm_api_options.yaml as written by the build
+    model: str | None          # pytorch: the checkpoint the record names
+    record: dict[str, Any]
+
+    def nodes(self, gpus_per_node: int) -> int:
+        """Nodes (pods) per replica; the world size must fill whole nodes or fit in one."""
+        if self.world_size <= gpus_per_node:
+            return 1
+        if self.world_size % gpus_per_node:
+            raise SpecserveError(
+                f"{self.path}: world size {self.world_size} (tp {self.tp_size} x pp "
+                f"{self.pp_size}) is not a multiple of --gpus-per-node {gpus_per_node}; a "
+                "replica must fill whole nodes")
+        return self.world_size // gpus_per_node
+
+    def gpus_per_pod(self, gpus_per_node: int) -> int:
+        return min(self.world_size, gpus_per_node)
+
+
+def _positive(data: dict[str, Any], key: str, path: Path) -> int:
+    value = data.get(key, 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecserveError(f"{path}: {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def read_source(engine: str | Path) -> EngineSource:
+    """The engine directory: ``"flow": "pytorch"`` records (with ``extra_llm_api_options.yaml``)
+    are the PyTorch route; a record without ``flow`` is a ``specserve build`` engine."""
+    d = Path(engine)
+    path = d / RECORD_FILE
+    if not path.is_file():
+        read_engine_record(d)  # the usual one-line error for a missing directory or record
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise SpecserveError(f"{path}: expected a JSON object")
+    flow = raw.get("flow", "engine")
+    if flow not in FLOWS:
+        raise SpecserveError(f"{path}: unknown flow {flow!r} (expected one of {list(FLOWS)})")
+    if flow == "engine":
+        rec = read_engine_record(d)
+        return EngineSource(d, "engine", rec.tp_size, rec.pp_size, rec.world_size, None, None,
+                            raw)
+    tp, pp = _positive(raw, "tp_size", path), _positive(raw, "pp_size", path)
+    spec = d / SPEC_YAML
+    if not spec.is_file():
+        raise SpecserveError(f"{spec}: not found (a PyTorch-route engine directory carries "
+                             "its speculative config there)")
+    config = raw.get("config")
+    model = raw.get("model") or (config.get("model") if isinstance(config, dict) else None)
+    return EngineSource(d, "pytorch", tp, pp, tp * pp, spec.read_text(encoding="utf-8"),
+                        str(model) if model else None, raw)
+
+
+def resolve_targets(cfg: DeployConfig, src: EngineSource) -> tuple[str, ...]:
+    """The targets to write: as given (checked against the flow) or the flow's defaults."""
+    allowed = TARGETS[src.flow]
+    if not cfg.targets:
+        if src.flow == "pytorch":
+            return ("dynamo", "slurm")
+        return ("lws",) if src.nodes(cfg.gpus_per_node) > 1 else ("k8s",)
+    bad = [t for t in cfg.targets if t not in allowed]
+    if bad:
+        raise SpecserveError(f"--target {bad[0]}: not for the {src.flow} flow of {src.path} "
+                             f"(choose from {list(allowed)})")
+    if "k8s" in cfg.targets and src.nodes(cfg.gpus_per_node) > 1:
+        raise SpecserveError(f"--target k8s: a replica of {src.path} spans "
+                             f"{src.nodes(cfg.gpus_per_node)} nodes (world size "
+                             f"{src.world_size}, {cfg.gpus_per_node} GPUs per node); use "
+                             "--target lws")
+    return tuple(dict.fromkeys(cfg.targets))
