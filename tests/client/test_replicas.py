@@ -194,5 +194,5 @@ def test_killing_a_replica_mid_run_the_run_goes_on(replicas: list[Any], tmp_path
     # after the kill, requests went to the live replica: B only saw its back-off probes
     late_b = [x for x in recs if x["url"] == b and x["send_time_unix_s"] > killed_at + 0.5]
     late_a = [x for x in recs if x["url"] == a and x["send_time_unix_s"] > killed_at + 0.5]
-    assert len(late_a) >= 20 and len(late_b) <= 5, (len(late_a), len(late_b))
+    assert len(late_a) >= 10 and len(late_b) <= 5, (len(late_a), len(late_b))
     assert all(x["status"] == "error" for x in late_b)
