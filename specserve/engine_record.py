@@ -137,12 +137,13 @@ def _choices(value: Any, path: Path) -> tuple[tuple[int, ...], ...] | None:
 
 def _check_parts(rec: EngineRecord) -> None:
     """The engine parts the record's mode needs: ``draft/`` for draft-target (both backends),
-    ``medusa/`` for torch Medusa engines (TensorRT-LLM builds the heads into the engine)."""
+    ``medusa/`` / ``eagle3/`` for torch Medusa / EAGLE-3 engines (TensorRT-LLM builds Medusa
+    heads into the engine)."""
     if rec.raw.get("flow") == "pytorch":  # TensorRT-LLM's PyTorch route: one YAML, no parts
         return
     parts = ["draft"] if rec.spec_mode == "draft" else []
-    if rec.spec_mode == "medusa" and rec.backend == "torch":
-        parts.append("medusa")
+    if rec.spec_mode in ("medusa", "eagle3") and rec.backend == "torch":
+        parts.append(rec.spec_mode)
     for part in parts:
         if not (rec.engine_dir / part).is_dir():
             raise SpecserveError(f"{rec.engine_dir / part}: missing (spec_mode "

@@ -105,6 +105,10 @@ def validate_inputs(cfg: BuildConfig) -> tuple[dict[str, Any], MedusaInfo | None
     elif cfg.spec_mode == "eagle":
         assert cfg.eagle is not None
         validate_eagle(cfg.eagle, target_cfg)
+    elif cfg.spec_mode == "eagle3":  # the torch backend (the engine flow refused it)
+        assert cfg.eagle3 is not None
+        validate_eagle3(cfg.eagle3, target_cfg, reference=True)
+        return target_cfg, None
     if cfg.spec_mode != "medusa":
         _check_llama_converter(cfg, target_cfg, cfg.model)
     return target_cfg, medusa
@@ -164,8 +168,8 @@ def _trtllm_root() -> str:
 def _torch_plan(cfg: BuildConfig) -> BuildPlan:
     fp8 = ", weights fp8 e4m3 + per-channel scales" if cfg.quantize == "fp8" else ""
     notes = [f"write target/ ({cfg.dtype}{fp8}) from {cfg.model}"]
-    if cfg.spec_mode in ("medusa", "draft"):
-        src = cfg.medusa if cfg.spec_mode == "medusa" else cfg.draft
+    if cfg.spec_mode in ("medusa", "draft", "eagle3"):
+        src = {"medusa": cfg.medusa, "draft": cfg.draft, "eagle3": cfg.eagle3}[cfg.spec_mode]
         notes.append(f"write {cfg.spec_mode}/ ({cfg.dtype}"
                      f"{fp8 if cfg.spec_mode == 'draft' else ''}) from {src}")
     notes.append(f"copy tokenizer/ from {cfg.model}; write build_config.json")

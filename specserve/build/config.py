@@ -147,7 +147,12 @@ class BuildConfig(JsonConfig):
                                      "incompatible with the PyTorch backend (it serves EAGLE-3 "
                                      "only); use --eagle3 DIR, or --flow engine")
             return
-        if self.spec_mode in PYTORCH_ONLY_MODES:
+        if self.spec_mode == "eagle3" and self.backend == "trtllm":
+            raise SpecserveError("--eagle3 with --flow engine: TensorRT-LLM 1.2.1's engine flow "
+                                 "has no EAGLE-3 path (trtllm-build converts EAGLE-1/2 only); "
+                                 "use --flow pytorch, or --backend torch")
+        if self.spec_mode in PYTORCH_ONLY_MODES and not (
+                self.spec_mode == "eagle3" and self.backend != "trtllm"):
             raise SpecserveError(f"--{self.spec_mode}: only on TensorRT-LLM's PyTorch route; "
                                  "use --backend trtllm --flow pytorch")
         set_ = [n for n in PYTORCH_FIELDS if n != "eagle3" and getattr(self, n) not in (None, ())]

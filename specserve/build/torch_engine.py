@@ -90,6 +90,18 @@ def write_medusa(src: Path, dst: Path, info: MedusaInfo, dtype: str) -> None:
     write_json_atomic(dst / "config.json", cfg)
 
 
+def write_eagle3(src: Path, dst: Path, dtype: str) -> None:
+    """An EAGLE-3 head in ``dtype`` (never FP8), in the portable layout (checked against the
+    target by :func:`specserve.build.validate.validate_eagle3`)."""
+    dst.mkdir(parents=True)
+    sd = load_tensors(src / "model.safetensors")
+    maps = {k: sd.pop(k) for k in ("d2t", "t2d")}  # integer / bool maps: kept as they are
+    _save({**cast_state_dict(sd, dtype), **maps}, dst / "model.safetensors")
+    cfg = read_json(src / "config.json")
+    cfg["torch_dtype"] = dtype
+    write_json_atomic(dst / "config.json", cfg)
+
+
 def write_torch_engine(cfg: BuildConfig, stage: Path, medusa: MedusaInfo | None) -> list[str]:
     """Write every part of a torch engine into ``stage``; return the parts written."""
     fp8 = cfg.quantize == "fp8"
@@ -103,5 +115,9 @@ def write_torch_engine(cfg: BuildConfig, stage: Path, medusa: MedusaInfo | None)
         assert cfg.draft is not None
         write_model(Path(cfg.draft), stage / "draft", cfg.dtype, fp8)
         parts.append("draft")
+    if cfg.spec_mode == "eagle3":
+        assert cfg.eagle3 is not None
+        write_eagle3(Path(cfg.eagle3), stage / "eagle3", cfg.dtype)
+        parts.append("eagle3")
     copy_tokenizer(Path(cfg.model), stage / "tokenizer")
     return [*parts, "tokenizer"]

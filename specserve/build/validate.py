@@ -241,7 +241,8 @@ def _tensor_names(d: Path) -> set[str] | None:
     return names
 
 
-def validate_eagle3(eagle_dir: str | Path, target_cfg: dict[str, Any]) -> dict[str, Any]:
+def validate_eagle3(eagle_dir: str | Path, target_cfg: dict[str, Any],
+                    reference: bool = False) -> dict[str, Any]:
     """Check an EAGLE-3 head (Li et al. 2025, "EAGLE-3", arXiv:2503.01840) against the target
     from its config.json and weight names only: the yuhuili/SpecForge layout
     (``architectures: [LlamaForCausalLMEagle3]``, ``draft_vocab_size`` with a ``d2t`` map) or a
@@ -273,7 +274,34 @@ def validate_eagle3(eagle_dir: str | Path, target_cfg: dict[str, Any]) -> dict[s
     if names is not None and draft_vocab != vocab and "d2t" not in names:
         raise SpecserveError(f"{d}: draft_vocab_size {draft_vocab} < vocab_size {vocab} but the "
                              "weights have no 'd2t' (draft-to-target token map)")
+    _check_eagle3_layers(cfg, target_cfg, str(cfg_path), required=reference)
+    if reference:  # the reference decoder reads the portable layout itself
+        if names is None:
+            raise SpecserveError(f"{d}: no model.safetensors (the torch backend reads EAGLE-3 "
+                                 "heads as safetensors)")
+        missing = [k for k in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+                   if k not in names]
+        if missing:
+            raise SpecserveError(f"{d}: missing {', '.join(missing)} in the head's weights")
     return cfg
+
+
+def _check_eagle3_layers(cfg: dict[str, Any], target_cfg: dict[str, Any], where: str,
+                         required: bool) -> None:
+    """``eagle_aux_hidden_state_layer_ids`` within the target's layers 0..L (vLLM's numbering:
+    id i is the input of layer i, L the last layer's output)."""
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or cfg.get(
+        "eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        if required:
+            raise SpecserveError(f"{where}: no eagle_config.eagle_aux_hidden_state_layer_ids "
+                                 "(which target layers the head reads)")
+        return
+    layers = int(target_cfg.get("num_hidden_layers", 0))
+    bad = [i for i in ids if not isinstance(i, int) or not 0 <= i <= layers]
+    if bad:
+        raise SpecserveError(f"{where}: eagle_aux_hidden_state_layer_ids {bad} do not fit the "
+                             f"{layers}-layer target (0..{layers})")
 
 
 def validate_mtp(target_cfg: dict[str, Any], source: str) -> int:

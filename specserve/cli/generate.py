@@ -28,6 +28,9 @@ def _render(d: dict[str, Any]) -> str:
               help="Medusa heads directory (FasterDecoding layout).")
 @click.option("--draft", "draft_dir", type=click.Path(file_okay=False),
               help="Draft model directory (same tokenizer as the target).")
+@click.option("--eagle3", "eagle3_dir", type=click.Path(file_okay=False),
+              help="EAGLE-3 head directory (portable layout, e.g. from `specserve "
+                   "train-eagle3`).")
 @click.option("--ngram", is_flag=True, help="Prompt-lookup (n-gram) speculation.")
 @click.option("--no-spec", is_flag=True, help="Plain decoding (ignore any proposer).")
 @click.option("--prompt", required=True, help="Prompt text.")
@@ -40,7 +43,7 @@ def _render(d: dict[str, Any]) -> str:
 @click.option("--seed", type=int, default=None, help="Seed of the request's generator.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the tokenizer's EOS.")
 @click.option("--num-draft-tokens", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Draft length K for --draft/--ngram.")
+              help="Draft length K for --draft/--ngram/--eagle3.")
 @click.option("--adaptive-k", is_flag=True,
               help="Adapt the draft length per step within --num-draft-tokens (draft/ngram).")
 @click.option("--draft-min-confidence", type=click.FloatRange(0.0, 1.0), default=0.0,
@@ -56,18 +59,20 @@ def _render(d: dict[str, Any]) -> str:
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @FORMAT_OPTION
 def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | None,
-            draft_dir: str | None, ngram: bool, no_spec: bool, prompt: str, max_tokens: int,
+            draft_dir: str | None, eagle3_dir: str | None, ngram: bool, no_spec: bool,
+            prompt: str, max_tokens: int,
             min_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
             ignore_eos: bool, num_draft_tokens: int, adaptive_k: bool,
             draft_min_confidence: float, medusa_choices: str | None,
             typical: bool, dtype: str, device: str, fmt: str) -> None:
-    """Generate from --model (with --medusa, --draft or --ngram) or from --engine.
+    """Generate from --model (with --medusa, --draft, --eagle3 or --ngram) or from --engine.
 
     \b
     Examples:
       specserve generate --model ckpt/target --draft ckpt/draft --prompt "def add(" \\
           --max-tokens 64 --format json
       specserve generate --model ckpt/target --medusa ckpt/medusa --prompt "import os"
+      specserve generate --model ckpt/target --eagle3 ckpt/eagle3 --prompt "def add("
       specserve generate --model ckpt/target --draft ckpt/draft --num-draft-tokens 32 \\
           --draft-min-confidence 0.6 --prompt "class Stack:"
       specserve generate --engine engines/demo --prompt "for i in" --temperature 0.8 --seed 1
@@ -78,15 +83,16 @@ def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | Non
     if (model_dir is None) == (engine_dir is None):
         raise SpecserveError("give exactly one of --model or --engine")
     if engine_dir is not None:
-        if medusa_dir or draft_dir or ngram:
+        if medusa_dir or draft_dir or eagle3_dir or ngram:
             raise SpecserveError("--engine already fixes the speculation mode; drop "
-                                 "--medusa/--draft/--ngram")
+                                 "--medusa/--draft/--eagle3/--ngram")
         decoder, tokenizer = _from_engine(engine_dir, device)
     else:
         assert model_dir is not None
         decoder = loader.build_decoder(
             model_dir, medusa_dir=None if no_spec else medusa_dir,
             draft_dir=None if no_spec else draft_dir, ngram=ngram and not no_spec,
+            eagle3_dir=None if no_spec else eagle3_dir,
             max_draft_len=num_draft_tokens, medusa_choices=medusa_choices,
             medusa_acceptance="typical" if typical else "greedy", dtype=dtype, device=device,
             adaptive_draft_len=adaptive_k, draft_min_confidence=draft_min_confidence)

@@ -135,7 +135,7 @@ class SpecDecoder:
                 prop.start([list(p) for p in prompts], max_len)
                 n = len(prompts)
                 prop.update(StepOutcome(hidden, [max(x - 1, 0) for x in cache.lengths],
-                                        [0] * n, st.seqs))
+                                        [0] * n, st.seqs, aux=self._aux()))
             while not all(st.done):
                 self._step(st, cache, on_step)
                 if verify:  # one step only
@@ -297,7 +297,11 @@ class SpecDecoder:
                 grow = len(toks) - 1 == counts[b]
                 st.k[b] = min(st.k[b] + 2, self._kmax(st)) if grow else max(st.k[b] - 1, 1)
         if st.prop is not None:
-            st.prop.update(StepOutcome(hidden, last, last, st.seqs))
+            st.prop.update(StepOutcome(hidden, last, last, st.seqs, aux=self._aux()))
+
+    def _aux(self) -> torch.Tensor | None:
+        """The target's captured layers from its last forward (EAGLE-3), None if none."""
+        return self.target.last_aux if self.target.capture else None
 
     @staticmethod
     def _kmax(st: Batch) -> int:
@@ -368,4 +372,4 @@ class SpecDecoder:
                                 nodes=[(heads[j], ranks[j]) for j in path[1:]])
             self._deliver(st, b, new, on_step)
         assert st.prop is not None
-        st.prop.update(StepOutcome(hidden, last, accepted, st.seqs, kept))
+        st.prop.update(StepOutcome(hidden, last, accepted, st.seqs, kept, aux=self._aux()))

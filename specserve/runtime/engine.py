@@ -15,7 +15,7 @@ from specserve.engine_record import EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
 from specserve.runtime.decoder import SpecDecoder
 
-_TORCH_MODES = ("medusa", "draft", "ngram", "none")
+_TORCH_MODES = ("medusa", "draft", "ngram", "eagle3", "none")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ def load_engine(engine_dir: str | Path, device: str = "cpu") -> LoadedEngine:
         d / "target",
         medusa_dir=d / "medusa" if mode == "medusa" else None,
         draft_dir=d / "draft" if mode == "draft" else None,
+        eagle3_dir=d / "eagle3" if mode == "eagle3" else None,
         ngram=mode == "ngram",
         max_draft_len=rec.max_draft_len,
         medusa_choices=rec.medusa_choices_list,

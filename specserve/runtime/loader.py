@@ -63,6 +63,7 @@ def build_decoder(
     draft_min_confidence: float = 0.0,
     draft_dtype: str | None = None,
     draft_len_schedule: str | None = None,
+    eagle3_dir: str | Path | None = None,
 ) -> SpecDecoder:
     """A decoder over ``model_dir`` with at most one of Medusa heads, a draft model, n-gram.
 
@@ -75,8 +76,8 @@ def build_decoder(
     (:mod:`specserve.spec.schedule`)."""
     if not 0.0 <= draft_min_confidence <= 1.0:
         raise SpecserveError(f"draft_min_confidence must be in [0, 1], got {draft_min_confidence}")
-    if sum([medusa_dir is not None, draft_dir is not None, ngram]) > 1:
-        raise SpecserveError("choose at most one of --medusa, --draft, --ngram")
+    if sum([medusa_dir is not None, draft_dir is not None, ngram, eagle3_dir is not None]) > 1:
+        raise SpecserveError("choose at most one of --medusa, --draft, --ngram, --eagle3")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SpecserveError(f"device {device!r}: CUDA is not available")
     torch_dtype = parse_dtype(dtype)
@@ -89,6 +90,12 @@ def build_decoder(
         tree = medusa_tree(heads.num_heads, medusa_choices)
         proposer = MedusaProposer(heads.to(device=device, dtype=torch_dtype), tree,
                                   medusa_acceptance)
+    elif eagle3_dir is not None:
+        from specserve.runtime.eagle3 import load_eagle3
+        from specserve.runtime.proposers.eagle3 import Eagle3Proposer
+
+        head = load_eagle3(eagle3_dir, target.cfg, torch_dtype, device)
+        proposer = Eagle3Proposer(head, max_draft_len)
     elif draft_dir is not None:
         ddtype = torch_dtype if draft_dtype is None else parse_dtype(draft_dtype)
         draft = DraftModelProposer(load_model(draft_dir, ddtype, device), max_draft_len)

@@ -260,47 +260,20 @@ def _block(x: torch.Tensor, blk: Block, kbuf: torch.Tensor, vbuf: torch.Tensor,
     return x + linear(F.silu(g) * u, blk.down)
 
 
-class Transformer(nn.Module):
-    """Llama-family causal LM: tokens + cache in, final-norm hidden states out."""
+class RopeModel(nn.Module):
+    """What a transformer with a RoPE KV cache shares (the target and draft LMs, an EAGLE-3
+    head): ``inv_freq``, ``_rope``, ``dtype`` and ``device`` come from the subclass."""
 
     inv_freq: torch.Tensor
-
-    def __init__(self, cfg: ModelConfig, qkv_bias: bool = False, o_bias: bool = False,
-                 mlp_bias: bool = False) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            Block(cfg, qkv_bias, o_bias, mlp_bias) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        # called before each layer of a forward when set (in-flight batching prefills
-        # newcomers there: specserve.runtime.scheduler.Scheduler._preempt)
-        self.preempt: Callable[[], None] | None = None
+    _rope: tuple[torch.Tensor, torch.Tensor] | None
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        raise NotImplementedError
 
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
-
-    def decode_layout(self, multi_row_limit_bytes: int = 1 << 30,
-                      multi_row_min: int = MULTI_ROW_MIN) -> Transformer:
-        """Lay the CPU linear weights out for decoding (same values; a no-op on other devices):
-        see :func:`specserve.runtime.cpu_linear.lay_out`. An embedding tied to the LM head
-        stays as it is."""
-        if self.device.type == "cpu":
-            lay_out([m for m in self.modules() if isinstance(m, Linear)
-                     and m.weight is not self.embed.weight], self.dtype,
-                    multi_row_limit_bytes, multi_row_min)
-        return self
-
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
-        return KVCache(self.cfg, batch, max_len, self.dtype, self.device)
+        raise NotImplementedError
 
     def rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, signed sin [>= n, D] in the model dtype for positions 0.. (cached, grown on
@@ -315,16 +288,11 @@ class Transformer(nn.Module):
                                 torch.cat([-sin, sin], dim=-1).to(self.dtype))
         return tab
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor | None = None,
-                depth: torch.Tensor | None = None,
-                node_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states [B, T, H] (after the final norm) of T new tokens per row.
-
-        tokens: [B, T] int64, written at ``cache.lengths[b] + t``; lengths: [B] int64 copy of
-        ``cache.lengths`` (made here when None); depth: [T] int64 position offset of each new
-        token (None: 0..T-1, a chain; tree depths otherwise); node_mask: [T, T] bool (None:
-        causal). The cache is written but ``cache.lengths`` is left to the caller.
-        """
+    def step_inputs(self, tokens: torch.Tensor, cache: KVCache,
+                    lengths: torch.Tensor | None = None, depth: torch.Tensor | None = None,
+                    node_mask: torch.Tensor | None = None) -> _Step:
+        """RoPE rows, cache write slots and the attention mask of one forward (the arguments
+        of :meth:`Transformer.forward`), shared by all its layers."""
         b, t = tokens.shape
         lens = cache.lengths
         span = max(lens) + t
@@ -355,12 +323,78 @@ class Transformer(nn.Module):
             if node_mask is None:
                 node_mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
             mask = step_mask(lengths, node_mask, span)
-        st = _Step(cos, sin, write, span, mask)
+        return _Step(cos, sin, write, span, mask)
+
+
+class Transformer(RopeModel):
+    """Llama-family causal LM: tokens + cache in, final-norm hidden states out."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool = False, o_bias: bool = False,
+                 mlp_bias: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            Block(cfg, qkv_bias, o_bias, mlp_bias) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        # called before each layer of a forward when set (in-flight batching prefills
+        # newcomers there: specserve.runtime.scheduler.Scheduler._preempt)
+        self.preempt: Callable[[], None] | None = None
+        # EAGLE-3: the residual stream before these layers (len(layers): after the last one)
+        # is kept from every forward, concatenated, in last_aux [B, T, len(capture) * H]
+        self.capture: tuple[int, ...] = ()
+        self.last_aux: torch.Tensor | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def decode_layout(self, multi_row_limit_bytes: int = 1 << 30,
+                      multi_row_min: int = MULTI_ROW_MIN) -> Transformer:
+        """Lay the CPU linear weights out for decoding (same values; a no-op on other devices):
+        see :func:`specserve.runtime.cpu_linear.lay_out`. An embedding tied to the LM head
+        stays as it is."""
+        if self.device.type == "cpu":
+            lay_out([m for m in self.modules() if isinstance(m, Linear)
+                     and m.weight is not self.embed.weight], self.dtype,
+                    multi_row_limit_bytes, multi_row_min)
+        return self
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache(self.cfg, batch, max_len, self.dtype, self.device)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor | None = None,
+                depth: torch.Tensor | None = None,
+                node_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [B, T, H] (after the final norm) of T new tokens per row.
+
+        tokens: [B, T] int64, written at ``cache.lengths[b] + t``; lengths: [B] int64 copy of
+        ``cache.lengths`` (made here when None); depth: [T] int64 position offset of each new
+        token (None: 0..T-1, a chain; tree depths otherwise); node_mask: [T, T] bool (None:
+        causal). The cache is written but ``cache.lengths`` is left to the caller.
+        """
+        st = self.step_inputs(tokens, cache, lengths, depth, node_mask)
         x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
+        aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             if self.preempt is not None:
                 self.preempt()
+            if i in self.capture:
+                aux.append(x)
             x = _block(x, cast(Block, layer), cache.k[i], cache.v[i], st)
+        if self.capture:
+            if len(self.layers) in self.capture:
+                aux.append(x)
+            self.last_aux = torch.cat(aux, dim=-1)  # [B, T, len(capture) * H]
         return _rms_norm(x, self.norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -73,6 +73,7 @@ class _Joining:
     fed: int                # prompt tokens that were in the cache before it (chunked)
     hidden: Any             # the prefill's hidden states [m, P, H] (for the proposer)
     seqs: list[list[int]]   # prompt + first token, per newcomer
+    aux: Any = None         # the target's captured layers over the whole prompts (EAGLE-3)
 
 
 class Scheduler:
@@ -106,6 +107,7 @@ class Scheduler:
         self._scratch: KVCache | None = None
         self._long: Handle | None = None
         self._fed = 0
+        self._long_aux: list[torch.Tensor] = []  # its chunks' captured layers (EAGLE-3)
         self._admitting: list[Handle] = []  # between _take and running (a failed prefill)
         self._joining: list[_Joining] = []  # prefilled inside the step in flight
         self._budget = self.prefill_chunk   # prompt tokens this step may still prefill
@@ -237,7 +239,10 @@ class Scheduler:
         view = self.pool.view(n, n + len(new))
         hidden = self.decoder._prefill(st, view, self._deliver(new), fed=fed)
         st.write_back(parts)
-        return _Joining(new, view.lengths, fed, hidden, st.seqs)
+        aux = self.decoder._aux()  # read now: a later forward overwrites it
+        if aux is not None and fed:  # a chunked prompt: its earlier chunks' states first
+            aux = torch.cat([*self._long_aux, aux], dim=1)
+        return _Joining(new, view.lengths, fed, hidden, st.seqs, aux)
 
     def _attach(self, g: _Joining) -> None:
         """Prefilled newcomers become running rows; their proposer state joins."""
@@ -245,7 +250,7 @@ class Scheduler:
         if prop is not None:
             prop.admit([h.prompt for h in g.handles],  # type: ignore[attr-defined]
                        StepOutcome(g.hidden, [max(x - g.fed - 1, 0) for x in g.lengths],
-                                   [0] * len(g.handles), g.seqs))
+                                   [0] * len(g.handles), g.seqs, aux=g.aux))
         self.running += g.handles
         self.lengths += g.lengths
         ids = {id(h) for h in g.handles}
@@ -286,6 +291,9 @@ class Scheduler:
             view.lengths = [self._fed]
             piece = h.prompt[self._fed:self._fed + self.prefill_chunk]
             self.decoder.target(torch.tensor([piece], device=self.decoder.device), view)
+            aux = self.decoder._aux()
+            self._long_aux = ([] if self._fed == 0 else self._long_aux) + (
+                [aux] if aux is not None else [])
             self._fed += len(piece)
             return True
         n, fed = len(self.running), self._fed

@@ -1,10 +1,11 @@
 """Temperature 1, seeded: tokens generated with speculation follow target-only sampling.
 
 A tiny-vocab (V=8) target and an independent random draft with peaked distributions (so many
-drafts are rejected); also random Medusa heads (their top-1 chain with one-hot q, the lossless
-Medusa mode at T>0). N rows of one prompt, each with its own seed, generate 4 tokens: the first
-comes from the prefill, tokens 2-3 are drafted (K=2) and verified by rejection sampling, token 4
-is a bonus or recovered token. The exact target probabilities of (t1, t2) and of t3 are
+drafts are rejected); a random EAGLE-3 head over 6 of the 8 ids (q sampled, peaked); also
+random Medusa heads (their top-1 chain with one-hot q, the lossless Medusa mode at T>0).
+N rows of one prompt, each with its own seed, generate 4 tokens: the first comes from the
+prefill, tokens 2-3 are drafted (K=2) and verified by rejection sampling, token 4 is a bonus or
+recovered token. The exact target probabilities of (t1, t2) and of t3 are
 enumerated with Hugging Face's model; a chi-square test must not reject them at p < 1e-3
 (deterministic seeds: this is a fixed, reproducible check). The same test is shown to have the
 power to reject the draft's own distribution.
@@ -18,9 +19,11 @@ import pytest
 import torch
 
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
+from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head
 from specserve.runtime.medusa import MedusaHeads
-from specserve.runtime.model import load_model
+from specserve.runtime.model import Transformer, load_model
 from specserve.runtime.proposers import DraftModelProposer, MedusaProposer, Proposer
+from specserve.runtime.proposers.eagle3 import Eagle3Proposer
 from specserve.spec.tree import MedusaTree
 
 torch.set_num_threads(1)
@@ -72,9 +75,19 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return _tiny(root / "target", 0), _tiny(root / "draft", 1)
 
 
-def _proposer(kind: str, draft_dir: Path) -> Proposer:
+def _proposer(kind: str, draft_dir: Path, target: Transformer | None = None) -> Proposer:
     if kind == "draft":
         return DraftModelProposer(load_model(draft_dir), max_draft_len=2)
+    if kind == "eagle3":  # a random head over 6 of the 8 ids: q is 0 on the other two
+        assert target is not None
+        torch.manual_seed(6)
+        head = Eagle3Head(Eagle3Config.for_target(target.cfg, 6))
+        with torch.no_grad():
+            for p in head.parameters():
+                p.normal_(0.0, 0.5)
+            head.d2t.copy_(torch.tensor([0, 1, 3, 4, 6, 7]) - torch.arange(6))
+            head.lm_head.weight.mul_(6.0)  # peaked q, unlike the target's p: many rejections
+        return Eagle3Proposer(head, max_draft_len=2)
     torch.manual_seed(5)  # random heads: one-hot q on their top-1 chain, often rejected
     heads = MedusaHeads(num_heads=2, num_layers=1, hidden=16, vocab=V)
     with torch.no_grad():
@@ -83,10 +96,11 @@ def _proposer(kind: str, draft_dir: Path) -> Proposer:
     return MedusaProposer(heads, MedusaTree.from_choices([[0], [0, 0]]))
 
 
-@pytest.mark.parametrize("kind", ["draft", "medusa"])
+@pytest.mark.parametrize("kind", ["draft", "medusa", "eagle3"])
 def test_speculation_matches_target_sampling(models: tuple[Path, Path], kind: str) -> None:
     target_dir, draft_dir = models
-    dec = SpecDecoder(load_model(target_dir), _proposer(kind, draft_dir))
+    target = load_model(target_dir)
+    dec = SpecDecoder(target, _proposer(kind, draft_dir, target))
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=s) for s in range(N)]
     res = dec.generate([PROMPT] * N, params)
     toks = torch.tensor([r.token_ids for r in res])  # [N, 4]

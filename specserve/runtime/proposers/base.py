@@ -80,13 +80,15 @@ class StepOutcome:
     just fed; ``last[b]``: the index along T of row b's last kept token, whose hidden state
     predicted the pending token (0 for finished rows); ``accepted[b]``: drafts accepted this step
     (0 after the prefill); ``seqs``: the sequences now; ``paths[b]`` (tree steps only): the kept
-    node indices, root first (a chain keeps positions ``0..last[b]``)."""
+    node indices, root first (a chain keeps positions ``0..last[b]``); ``aux [B, T, n*H]``: the
+    target's residual stream at the layers ``Transformer.capture`` names (EAGLE-3), else None."""
 
     hidden: torch.Tensor
     last: list[int]
     accepted: list[int]
     seqs: list[list[int]]
     paths: list[list[int]] | None = None
+    aux: torch.Tensor | None = None
 
 
 class Proposer(Protocol):

@@ -1,0 +1,186 @@
+"""EAGLE-3 heads (specserve.runtime.eagle3, proposers/eagle3.py): the training-time test equals
+the cached inference path step by step; the portable directory round-trips and bad heads are
+refused in one line; speculation with a head is lossless (greedy equality with plain decoding
+and with HF generate(), batch 1 and 4; the T = 1 chi-square lives in test_distribution.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.errors import SpecserveError
+from specserve.runtime.decoder import SamplingParams, SpecDecoder
+from specserve.runtime.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    load_eagle3,
+    save_eagle3,
+    ttt_forward,
+)
+from specserve.runtime.model import Transformer
+from specserve.runtime.proposers.eagle3 import Eagle3Proposer
+from tests.runtime.conftest import TinyModels
+
+torch.set_num_threads(1)
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39],
+           [7, 100, 7, 100]]
+
+
+def random_head(target: Transformer, seed: int = 0, draft_vocab: int | None = None,
+                scale: float = 0.3) -> Eagle3Head:
+    """A random head for ``target`` over a random draft vocabulary of ``draft_vocab`` ids (half
+    the target's by default; so d2t is not all zero)."""
+    v = target.cfg.vocab_size
+    dv = draft_vocab or v // 2
+    head = Eagle3Head(Eagle3Config.for_target(target.cfg, dv))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+        ids = torch.randperm(v, generator=g)[:dv].sort().values  # the draft vocabulary
+        head.d2t.copy_(ids - torch.arange(dv))
+        head.t2d.zero_()
+        head.t2d[ids] = True
+    return head
+
+
+def _aux(target: Transformer, head: Eagle3Head, tokens: list[int]) -> torch.Tensor:
+    target.capture = head.cfg.aux_layer_ids
+    cache = target.new_cache(1, 64)
+    with torch.inference_mode():
+        target(torch.tensor([tokens]), cache)
+    assert target.last_aux is not None
+    return target.last_aux  # [1, N, n*H]
+
+
+def test_training_time_test_equals_the_cached_inference_path(tiny_models: TinyModels) -> None:
+    target = tiny_models.target
+    head = random_head(target)
+    head.bind(target.embed.weight)
+    toks = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    aux = _aux(target, head, toks)
+    n, steps = len(toks), 3
+    with torch.inference_mode():
+        ttt = ttt_forward(head, aux, torch.tensor([toks]), steps)  # steps x [1, N, Vd]
+        for t in range(n - steps - 1):  # inference: step 0 over 0..t, then own features
+            cache = head.new_cache(1, 64)
+            out = head(torch.tensor([toks[1:t + 2]]), head.fuse(aux[:, :t + 1]), cache)
+            cache.lengths = [t + 1]
+            feat = out[:, -1:]
+            for j in range(steps):
+                want = ttt[j][0, t]
+                got = head.draft_logits(feat)[0, 0]
+                assert torch.allclose(got, want, atol=1e-4), (t, j)
+                feat = head(torch.tensor([[toks[t + j + 2]]]), feat, cache)
+                cache.lengths = [cache.lengths[0] + 1]
+
+
+def test_the_portable_directory_round_trips(tiny_models: TinyModels, tmp_path: Path) -> None:
+    target = tiny_models.target
+    head = random_head(target, seed=1)
+    d = save_eagle3(head, tmp_path / "eagle3")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(
+        head.cfg.aux_layer_ids)
+    from safetensors import safe_open
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+            "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight"} <= names
+    back = load_eagle3(d, target.cfg)
+    for (k, a), (k2, b) in zip(head.state_dict().items(), back.state_dict().items(),
+                               strict=True):
+        assert k == k2 and torch.equal(a, b), k
+
+
+def _write_bad(tmp_path: Path, target: Transformer, edit_cfg: dict | None = None,
+               drop: str | None = None) -> Path:
+    d = save_eagle3(random_head(target), tmp_path / "bad")
+    if edit_cfg:
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.update(edit_cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+    if drop:
+        from safetensors.torch import load_file, save_file
+        sd = load_file(str(d / "model.safetensors"))
+        del sd[drop]
+        save_file(sd, str(d / "model.safetensors"))
+    return d
+
+
+@pytest.mark.parametrize("edit,drop,match", [
+    ({"architectures": ["LlamaForCausalLMEagle"]}, None, "EAGLE-1/2 checkpoint"),
+    ({"hidden_size": 32, "target_hidden_size": 32}, None, "hidden size 32"),
+    ({"vocab_size": 999}, None, "vocabularies must match"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}}, None, r"ids \[9\]"),
+    ({"eagle_config": {}}, None, "eagle_aux_hidden_state_layer_ids"),
+    (None, "d2t", "missing d2t"),
+])
+def test_a_head_that_does_not_fit_is_refused_in_one_line(
+        tiny_models: TinyModels, tmp_path: Path, edit: dict | None, drop: str | None,
+        match: str) -> None:
+    d = _write_bad(tmp_path, tiny_models.target, edit, drop)
+    with pytest.raises(SpecserveError, match=match) as e:
+        load_eagle3(d, tiny_models.target.cfg)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_speculation_equals_plain_decoding_and_hf(tiny_models: TinyModels,
+                                                         batch: int) -> None:
+    from transformers import AutoModelForCausalLM
+
+    prompts = PROMPTS[:batch]
+    params = SamplingParams(max_tokens=20)
+    plain = SpecDecoder(tiny_models.target).generate(prompts, params)
+    for scale in (0.3, 0.05):  # two random heads
+        head = random_head(tiny_models.target_copy, seed=2, scale=scale)
+        dec = SpecDecoder(tiny_models.target_copy, Eagle3Proposer(head, max_draft_len=3))
+        got = dec.generate(prompts, params)
+        assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+        assert sum(r.stats.draft_tokens for r in got) > 0
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_models.ckpt.target),
+                                              local_files_only=True).eval()
+    with torch.inference_mode():
+        for p, r in zip(prompts, plain, strict=True):
+            ids = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False,
+                              pad_token_id=0, eos_token_id=None)
+            assert ids[0, len(p):].tolist() == got[prompts.index(p)].token_ids == r.token_ids
+
+
+def test_each_first_draft_is_the_heads_prediction_from_the_target_states(
+        tiny_models: TinyModels) -> None:
+    """The proposer's bookkeeping (which target states, which next tokens, which positions):
+    at every step, row b's first draft equals the step-0 prediction of :func:`ttt_forward`
+    over its final sequence at the position before its pending token."""
+    target = tiny_models.target_copy
+    head = random_head(target, seed=3, scale=0.3)
+    prop = Eagle3Proposer(head, max_draft_len=3)
+    dec = SpecDecoder(target, prop)
+    calls: list[tuple[list[int], list[int], list[int]]] = []
+    inner = prop.propose
+
+    def recording(seqs, limits, params, gens):  # type: ignore[no-untyped-def]
+        out = inner(seqs, limits, params, gens)
+        calls.append(([len(s) for s in seqs], list(limits), out.tokens[:, 0].tolist()))
+        return out
+
+    prop.propose = recording  # type: ignore[method-assign]
+    prompts = PROMPTS[:3]
+    res = dec.generate(prompts, SamplingParams(max_tokens=16))
+    ids = head.target_ids()
+    checked = 0
+    for b, (p, r) in enumerate(zip(prompts, res, strict=True)):
+        seq = p + r.token_ids
+        aux = _aux(target, head, seq[:-1])
+        with torch.inference_mode():
+            step0 = ttt_forward(head, aux, torch.tensor([seq[:-1]]), 1)[0][0]  # [N, Vd]
+        for lens, limits, first in calls:
+            if limits[b] > 0:
+                assert first[b] == int(ids[step0[lens[b] - 2].argmax()]), (b, lens[b])
+                checked += 1
+    assert checked >= 10
