@@ -182,6 +182,9 @@ class Attention(nn.Module):
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x [..., D] computed in float32, scaled by ``weight`` (broadcast against x) in
     the model dtype (as HF Llama/Qwen3)."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        xf = x.float()  # training (an EAGLE-3 head): the same math without in-place ops
+        return weight * (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
     if x.dtype == torch.float32:  # the same ops without the (no-op) casts: ~20% less time
         n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [..., 1]
         out: torch.Tensor = weight * (x * n.square_().div_(x.shape[-1]).add_(eps).rsqrt_())
