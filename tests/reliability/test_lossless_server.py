@@ -3,7 +3,8 @@
 Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) must leave the output
 distribution unchanged. One server serves the same sharpened tiny target four ways:
 ``tensorrt_llm_baseline`` (target only), ``tensorrt_llm`` (draft model), ``tensorrt_llm_ngram``
-(n-gram proposals) and ``tensorrt_llm_negctl`` (draft model with the TEST-ONLY verifier that skips
+(n-gram proposals), ``tensorrt_llm_eagle3`` (a random EAGLE-3 head: q sampled over half the
+vocabulary) and ``tensorrt_llm_negctl`` (draft model with the TEST-ONLY verifier that skips
 the residual distribution, :mod:`tests.helpers.negative_control`).
 
 Test: at temperature 1, N requests per model with distinct seeds; for each of the first M
@@ -73,15 +74,18 @@ def lossless_server(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) ->
     target = scale_lm_head(tiny_ckpt.target, root / "target", TARGET_SCALE)
     draft = scale_lm_head(tiny_ckpt.target, root / "draft", DRAFT_SCALE)
     engines = {}
-    for mode in ("draft", "ngram"):
+    eagle3 = _eagle3_head(target, root / "eagle3")
+    for mode in ("draft", "ngram", "eagle3"):
         engines[mode] = root / f"engine-{mode}"
         build_engine(BuildConfig(model=str(target), out=str(engines[mode]), spec_mode=mode,
                                  backend="torch", dtype="float32", max_batch_size=8,
                                  draft=str(draft) if mode == "draft" else None,
+                                 eagle3=str(eagle3) if mode == "eagle3" else None,
                                  max_draft_len=3))
     repo = write_repository(engines["draft"], root / "repo", RepoOptions(baseline=True),
                             force=True)
     copy_llm_model(repo, "tensorrt_llm_ngram", engine=engines["ngram"])
+    copy_llm_model(repo, "tensorrt_llm_eagle3", engine=engines["eagle3"])
     copy_llm_model(repo, "tensorrt_llm_negctl", model_py=negative_control_model_py())
     copy_bls_model(repo, "tensorrt_llm_bls_ngram", {
         "speculative_mode": "ngram", "ngram_max_size": "3", "tensorrt_llm_draft_model_name": "",
@@ -93,6 +97,15 @@ def lossless_server(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) ->
         yield server
     finally:
         server.stop()
+
+
+def _eagle3_head(target: Path, out: Path) -> Path:
+    """A random EAGLE-3 head for ``target`` (half the vocabulary; peaked q, often rejected)."""
+    from specserve.runtime.eagle3 import save_eagle3
+    from specserve.runtime.model import load_model
+    from tests.runtime.test_eagle3 import random_head
+
+    return save_eagle3(random_head(load_model(target), seed=8, scale=0.5), out)
 
 
 def _sample(url: str, model: str, n: int, seed0: int) -> list[list[int]]:
@@ -126,10 +139,11 @@ def _check(server: Any, n: int, record: Any) -> None:
     assert all(len(s) == M for s in base)
     results = {}
     for model, seed0 in (("tensorrt_llm", 10**6), ("tensorrt_llm_ngram", 2 * 10**6),
+                         ("tensorrt_llm_eagle3", 4 * 10**6),
                          ("tensorrt_llm_negctl", 3 * 10**6)):
         results[model] = chi_square_pvalues(base, _sample(url, model, n, seed0))
         record(f"chi2_{model}_n{n}", results[model])
-    for model in ("tensorrt_llm", "tensorrt_llm_ngram"):
+    for model in ("tensorrt_llm", "tensorrt_llm_ngram", "tensorrt_llm_eagle3"):
         assert min(p for _, p, _ in results[model]) >= ALPHA / M, (model, results[model])
     assert min(p for _, p, _ in results["tensorrt_llm_negctl"]) < ALPHA / M, \
         ("negative control not detected: the test has no power", results["tensorrt_llm_negctl"])
@@ -220,7 +234,8 @@ def test_greedy_token_exact(lossless_server: Any) -> None:
     url = lossless_server.grpc_url
     base = run_jobs(url, "tensorrt_llm_baseline", jobs)
     assert all(len(s) == 16 for s in base)
-    for model in ("tensorrt_llm", "tensorrt_llm_ngram", "tensorrt_llm_negctl"):
+    for model in ("tensorrt_llm", "tensorrt_llm_ngram", "tensorrt_llm_eagle3",
+                  "tensorrt_llm_negctl"):
         assert run_jobs(url, model, jobs) == base, model
 
 
@@ -234,7 +249,8 @@ def test_bls_greedy_text_exact(lossless_server: Any, tiny_ckpt: Any) -> None:
             assert _bls_texts(url, model, p, 16, 0.0, [0]) == base, (model, p)
 
 
-@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_ngram", *BLS_ARMS])
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_ngram", "tensorrt_llm_eagle3",
+                                   *BLS_ARMS])
 def test_speculation_really_drafts(lossless_server: Any, tiny_ckpt: Any, model: str) -> None:
     """Otherwise the distribution test would compare plain sampling with itself."""
     from tests.helpers.server import grpc_stream, scalar
