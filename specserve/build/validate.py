@@ -279,7 +279,8 @@ def validate_eagle3(eagle_dir: str | Path, target_cfg: dict[str, Any],
         if names is None:
             raise SpecserveError(f"{d}: no model.safetensors (the torch backend reads EAGLE-3 "
                                  "heads as safetensors)")
-        missing = [k for k in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+        maps = ("d2t", "t2d") if draft_vocab < vocab else ()  # none over the whole vocab
+        missing = [k for k in ("fc.weight", "norm.weight", "lm_head.weight", *maps)
                    if k not in names]
         if missing:
             raise SpecserveError(f"{d}: missing {', '.join(missing)} in the head's weights")

@@ -12,7 +12,9 @@ Language Models via Training-Time Test"), in the portable Hugging Face layout th
   [embedding, feature] (2H inputs), the feature as the residual, ``post_attention_layernorm``
   and the MLP;
 - ``norm.weight``, ``lm_head.weight`` [draft_vocab, H] over a reduced draft vocabulary,
-  ``d2t`` [draft_vocab] int64 (target id = draft id + d2t[draft id]) and ``t2d`` [vocab] bool.
+  ``d2t`` [draft_vocab] int64 (target id = draft id + d2t[draft id]) and ``t2d`` [vocab] bool;
+  a head over the whole vocabulary has neither (vLLM 0.32 refuses a ``d2t`` then: its
+  ``draft_id_to_target_id`` exists only when ``draft_vocab_size != vocab_size``).
 
 The feature of position t is the fused target state; the next draft step's feature is the
 head's own output before the final norm (``hidden_prenorm`` in vLLM), and a step at position t
@@ -34,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve.errors import SpecserveError
-from specserve.runtime.cpu_linear import Linear, linear
+from specserve.runtime.cpu_linear import Linear, lay_out, linear
 from specserve.runtime.model import (
     Attention,
     KVCache,
@@ -195,6 +197,13 @@ class Eagle3Head(RopeModel):
         """Use the target's token embedding [V, H]."""
         self.embed_weight = embed_weight
 
+    def decode_layout(self) -> Eagle3Head:
+        """The CPU decoding layout of its linears (as :meth:`Transformer.decode_layout`; same
+        values; inference only, not for training)."""
+        if self.device.type == "cpu":
+            lay_out([m for m in self.modules() if isinstance(m, Linear)], self.dtype)
+        return self
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return KVCache(self.cfg.model_config(), batch, max_len, self.dtype, self.device)
 
@@ -303,7 +312,8 @@ def _hf_names(head: Eagle3Head) -> dict[str, torch.Tensor]:
             "lm_head.weight": head.lm_head.weight, "d2t": head.d2t, "t2d": head.t2d}
 
 
-REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight")
+MAPS = ("d2t", "t2d")  # required when draft_vocab_size < vocab_size
 
 
 def save_eagle3(head: Eagle3Head, out_dir: str | Path, extra: dict[str, Any] | None = None
@@ -316,6 +326,12 @@ def save_eagle3(head: Eagle3Head, out_dir: str | Path, extra: dict[str, Any] | N
     dtype = str(head.dtype).removeprefix("torch.")
     cfg = {**head.cfg.to_hf(dtype), **(extra or {})}
     tensors = {k: t.detach().contiguous().cpu() for k, t in _hf_names(head).items()}
+    if head.cfg.draft_vocab_size == head.cfg.vocab_size:
+        if bool(head.d2t.any()):
+            raise SpecserveError("eagle3: a head over the whole vocabulary must map ids to "
+                                 "themselves (d2t all zero)")
+        for k in MAPS:
+            del tensors[k]
     save_file(tensors, str(d / WEIGHTS), metadata={"format": "pt"})
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return d
@@ -347,13 +363,15 @@ def load_eagle3(head_dir: str | Path, target: ModelConfig, dtype: torch.dtype = 
     if not w.is_file():
         raise SpecserveError(f"{d}: no {WEIGHTS}")
     names = read_safetensors_header(w)
-    missing = [k for k in REQUIRED if k not in names]
+    need = REQUIRED + (MAPS if cfg.draft_vocab_size < cfg.vocab_size else ())
+    missing = [k for k in need if k not in names]
     if missing:
-        raise SpecserveError(f"{w}: missing {', '.join(missing)} (an EAGLE-3 head needs "
-                             f"{', '.join(REQUIRED)})")
+        raise SpecserveError(f"{w}: missing {', '.join(missing)} (an EAGLE-3 head with "
+                             f"draft_vocab_size {cfg.draft_vocab_size} of {cfg.vocab_size} "
+                             f"needs {', '.join(need)})")
     sd = load_file(str(w))
     head = Eagle3Head(cfg)
-    ours = _hf_names(head)
+    ours = {k: t for k, t in _hf_names(head).items() if k in need or k not in MAPS}
     for k, t in ours.items():
         if k not in sd:
             raise SpecserveError(f"{w}: missing tensor {k}")

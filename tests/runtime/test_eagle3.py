@@ -97,6 +97,23 @@ def test_the_portable_directory_round_trips(tiny_models: TinyModels, tmp_path: P
         assert k == k2 and torch.equal(a, b), k
 
 
+def test_a_head_over_the_whole_vocabulary_has_no_maps(tiny_models: TinyModels,
+                                                      tmp_path: Path) -> None:
+    """vLLM 0.32 refuses d2t when draft_vocab_size == vocab_size: none is written, and the
+    identity map is read back."""
+    target = tiny_models.target
+    v = target.cfg.vocab_size
+    head = random_head(target, seed=5, draft_vocab=v)
+    with torch.no_grad():
+        head.d2t.zero_()
+    d = save_eagle3(head, tmp_path / "full")
+    from safetensors import safe_open
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        assert "d2t" not in set(f.keys()) and "t2d" not in set(f.keys())
+    back = load_eagle3(d, target.cfg)
+    assert torch.equal(back.target_ids(), torch.arange(v))
+
+
 def _write_bad(tmp_path: Path, target: Transformer, edit_cfg: dict | None = None,
                drop: str | None = None) -> Path:
     d = save_eagle3(random_head(target), tmp_path / "bad")

@@ -36,7 +36,7 @@ class Eagle3Proposer(ChainProposer):
 
     def bind(self, target: Transformer) -> None:
         """Capture the head's layers in every target forward; share the target's embedding."""
-        self.head.to(device=target.device, dtype=target.dtype)
+        self.head.to(device=target.device, dtype=target.dtype).decode_layout()
         self.head.bind(target.embed.weight)
         target.capture = self.head.cfg.aux_layer_ids
 
