@@ -95,7 +95,7 @@ def write_eagle3(src: Path, dst: Path, dtype: str) -> None:
     target by :func:`specserve.build.validate.validate_eagle3`)."""
     dst.mkdir(parents=True)
     sd = load_tensors(src / "model.safetensors")
-    maps = {k: sd.pop(k) for k in ("d2t", "t2d") if k in sd}  # int / bool maps: as they are
+    maps: dict[str, Any] = {k: sd.pop(k) for k in ("d2t", "t2d") if k in sd}  # int, bool
     _save({**cast_state_dict(sd, dtype), **maps}, dst / "model.safetensors")
     cfg = read_json(src / "config.json")
     cfg["torch_dtype"] = dtype
