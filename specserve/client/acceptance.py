@@ -8,6 +8,10 @@ Sources, named in the report by the strings in :data:`SOURCES`:
   and ``acceptance_histogram[j]`` = verify steps that accepted exactly ``j`` drafts.
 - SGLang, per request: ``meta_info.spec_verify_ct``, ``spec_accept_length``,
   ``spec_accept_rate`` (sglang PR #11144), with ``completion_tokens``.
+- TensorRT-LLM, per request: ``choices[].avg_decoded_tokens_per_iter`` of ``trtllm-serve``'s
+  completion response (``tensorrt_llm/serve/openai_protocol.py`` ``CompletionResponseChoice``;
+  decoded tokens per decoding iteration, the one per-request signal on 1.2.1's PyTorch path):
+  steps = round(completion tokens / it), accepted = tokens - steps;
 - TensorRT-LLM, per finished request: ``GET /perf_metrics`` entries'
   ``perf_metrics.speculative_decoding`` {``acceptance_rate``, ``total_accepted_draft_tokens``,
   ``total_draft_tokens``} (``trtllm-serve`` with ``return_perf_metrics``; llmapi-route.md).
@@ -34,6 +38,7 @@ SOURCES = {
     "vllm_request": "vllm: response metrics.speculative_decoding",
     "sglang_request": "sglang: response meta_info.spec_*",
     "trtllm_perf": "trtllm: /perf_metrics speculative_decoding",
+    "trtllm_request": "trtllm: response choices[].avg_decoded_tokens_per_iter",
     "vllm_counters": "vllm: Prometheus vllm:spec_decode_* delta",
     "trtllm_counters": "trtllm: Prometheus trtllm_spec_decode_* delta",
     "sglang_gauges": "sglang: Prometheus sglang:spec_accept_* gauges (last value)",
@@ -147,11 +152,27 @@ def from_response(body: Mapping[str, Any]) -> EngineAcceptance | None:
     metrics = body.get("metrics")
     if isinstance(metrics, Mapping) and isinstance(metrics.get("speculative_decoding"), Mapping):
         return from_vllm(metrics["speculative_decoding"])
-    for holder in (body, *(c for c in body.get("choices") or [] if isinstance(c, Mapping))):
+    choices = [c for c in body.get("choices") or [] if isinstance(c, Mapping)]
+    for holder in (body, *choices):
         meta = holder.get("meta_info")
         if isinstance(meta, Mapping) and "spec_verify_ct" in meta:
             return from_sglang(meta)
+    usage = body.get("usage")
+    for c in choices:
+        if "avg_decoded_tokens_per_iter" in c and isinstance(usage, Mapping):
+            return from_trtllm_choice(c, usage)
     return None
+
+
+def from_trtllm_choice(choice: Mapping[str, Any], usage: Mapping[str, Any]
+                       ) -> EngineAcceptance | None:
+    """TensorRT-LLM's per-request ``avg_decoded_tokens_per_iter`` with the completion tokens."""
+    avg, tokens = _float(choice, "avg_decoded_tokens_per_iter"), _int(usage, "completion_tokens")
+    if avg is None or avg < 1.0 or not tokens:
+        return None
+    steps = max(1, round(tokens / avg))
+    return EngineAcceptance(SOURCES["trtllm_request"], steps, None, max(tokens - steps, 0),
+                            reported_tau=avg)
 
 
 def from_perf_metrics(entries: Sequence[Any]) -> EngineAcceptance | None:

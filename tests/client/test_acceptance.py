@@ -127,3 +127,18 @@ def test_pool_and_flags() -> None:
     none = EngineAcceptance("s", 0, 0, 0)
     assert "no drafted tokens" in acceptance_flags(none, "spec")[0]
     assert acceptance_flags(none, "baseline") == []
+
+
+def test_trtllm_serve_per_request_average_is_read_with_the_usage() -> None:
+    """trtllm-serve's CompletionResponseChoice.avg_decoded_tokens_per_iter (1.2.1's PyTorch
+    path): 24 tokens at 3.0 per iteration = 8 steps, 16 accepted drafts; tau 3.0."""
+    from specserve.client.acceptance import SOURCES, from_response
+
+    body = {"choices": [{"index": 0, "text": "x", "avg_decoded_tokens_per_iter": 3.0}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 24, "total_tokens": 29}}
+    acc = from_response(body)
+    assert acc is not None and acc.source == SOURCES["trtllm_request"]
+    assert (acc.steps, acc.accepted_draft_tokens, acc.tau) == (8, 16, 3.0)
+    assert from_response({**body, "usage": {}}) is None          # no token count: nothing
+    assert from_response({"choices": [{"avg_decoded_tokens_per_iter": None}],
+                          "usage": body["usage"]}) is None       # not speculating
