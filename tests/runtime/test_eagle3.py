@@ -201,3 +201,20 @@ def test_each_first_draft_is_the_heads_prediction_from_the_target_states(
                 assert first[b] == int(ids[step0[lens[b] - 2].argmax()]), (b, lens[b])
                 checked += 1
     assert checked >= 10
+
+
+def test_a_qwen3_target_with_its_own_head_dim_decodes_losslessly(
+        tiny_models: TinyModels, tmp_path: Path) -> None:
+    """Qwen3 (q/k norms, head_dim 16 != hidden 48 / 4 heads), the family most public EAGLE-3
+    heads are trained for: the head takes the target's head_dim; greedy equals plain."""
+    from specserve.runtime.model import load_model
+    from tests.helpers.tiny import make_qwen3
+
+    target = load_model(make_qwen3(tmp_path / "qwen3", tiny_models.ckpt.tokenizer))
+    head = random_head(target, seed=6, scale=0.2)
+    assert head.cfg.head_dim == 16 and head.cfg.hidden_size == 48
+    params = SamplingParams(max_tokens=16)
+    plain = SpecDecoder(target).generate(PROMPTS[:2], params)
+    got = SpecDecoder(target, Eagle3Proposer(head, max_draft_len=3)).generate(PROMPTS[:2], params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+    assert sum(r.stats.draft_tokens for r in got) > 0
