@@ -116,11 +116,13 @@ class Eagle3Proposer(ChainProposer):
         sampled = [i for i, p in enumerate(params) if p.temperature > 0 and limits[i] > 0]
         feat = self._catch_up(seqs)  # [B, H]
         base = list(self.cache.lengths)
+        ids = self.head.target_ids()  # [Vd]
         tokens, probs = [], []
         for i in range(k):
-            logits = self.head.to_target(self.head.draft_logits(feat))  # [B, V]
-            tok = logits.argmax(dim=-1)  # [B]
+            draft = self.head.draft_logits(feat)  # [B, Vd]
+            tok = ids[draft.argmax(dim=-1)]  # [B] target ids (argmax: greedy rows)
             if sampled:
+                logits = self.head.to_target(draft)  # [B, V], -inf outside the draft vocab
                 q = torch.zeros_like(logits)
                 for b in sampled:
                     if i >= limits[b]:
