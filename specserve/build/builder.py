@@ -216,14 +216,7 @@ def _llm_api_summary(cfg: BuildConfig) -> dict[str, Any]:
 def _build_pytorch(prep: Prepared, stage: Path, console: Console | None) -> dict[str, Any]:
     """Run the ModelOpt step (if any), then write the YAML; the record names both."""
     if prep.plan.steps:
-        log = stage / "build.log"
-        try:
-            run_plan(prep.plan, log, console)
-        except BaseException:
-            if log.exists():
-                shutil.copyfile(log, Path(prep.cfg.out).parent / f"{Path(prep.cfg.out).name}"
-                                                                 ".build-failed.log")
-            raise
+        _run_logged(prep, stage, console)
     write_text(stage / llmapi.LLMAPI_FILE, llmapi.render_options(prep.cfg))
     copy_tokenizer(Path(prep.cfg.model), stage / "tokenizer")
     info = _llm_api_summary(prep.cfg)
@@ -253,7 +246,9 @@ def _build_torch(prep: Prepared, stage: Path) -> dict[str, Any]:
     return make_record(prep.cfg, [cli_argv(prep.cfg)], extra)
 
 
-def _build_trtllm(prep: Prepared, stage: Path, console: Console | None) -> dict[str, Any]:
+def _run_logged(prep: Prepared, stage: Path, console: Console | None) -> None:
+    """Run the plan's steps into ``stage/build.log``; on failure the log is kept beside the
+    output (``NAME.build-failed.log``) before the staging directory goes."""
     log = stage / "build.log"
     try:
         run_plan(prep.plan, log, console)
@@ -262,6 +257,10 @@ def _build_trtllm(prep: Prepared, stage: Path, console: Console | None) -> dict[
             shutil.copyfile(log, Path(prep.cfg.out).parent / f"{Path(prep.cfg.out).name}"
                                                              ".build-failed.log")
         raise
+
+
+def _build_trtllm(prep: Prepared, stage: Path, console: Console | None) -> dict[str, Any]:
+    _run_logged(prep, stage, console)
     shutil.rmtree(stage / "_checkpoints", ignore_errors=True)
     copy_tokenizer(Path(prep.cfg.model), stage / "tokenizer")
     extra: dict[str, Any] = {"trtllm": {**prep.plan.pin,

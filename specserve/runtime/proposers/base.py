@@ -28,10 +28,11 @@ import torch
 
 from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
+from specserve.spec.sampling import logits_to_probs, sample
 from specserve.spec.tree import TreeBuffers
 
 __all__ = ["ChainProposal", "ChainProposer", "Proposal", "ProposalRequest", "Proposer",
-           "SlotProposer", "StepOutcome", "TreeProposal", "pad_drafts"]
+           "SlotProposer", "StepOutcome", "TreeProposal", "pad_drafts", "sample_rows"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,22 @@ class SlotProposer(Protocol):
 
     def evict(self, row: int) -> None:
         """The sequence at ``row`` leaves; the last row moves into its place."""
+
+
+def sample_rows(logits: torch.Tensor, tok: torch.Tensor, rows: list[int], limits: list[int],
+                step: int, params: list[SamplingParams],
+                generators: list[torch.Generator]) -> torch.Tensor:
+    """Draft ``step`` of the sampled ``rows``: q [B, V] from each row's params (zero for the
+    other rows and for rows past their limit), and ``tok`` [B] overwritten in place by a draw
+    from q with the row's own generator (randomness of row b depends only on row b)."""
+    q = torch.zeros_like(logits)
+    for b in rows:
+        if step >= limits[b]:  # beyond this row's limit or stop: no randomness
+            continue
+        p = params[b]
+        q[b] = logits_to_probs(logits[b], p.temperature, p.top_k, p.top_p)
+        tok[b] = sample(q[b:b + 1], generators[b])[0]
+    return q
 
 
 def pad_drafts(rows: list[list[int]], k: int, device: torch.device | str) -> torch.Tensor:

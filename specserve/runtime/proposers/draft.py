@@ -12,8 +12,13 @@ import torch
 
 from specserve.runtime.model import KVCache, Transformer
 from specserve.runtime.params import SamplingParams
-from specserve.runtime.proposers.base import ChainProposal, ChainProposer, StepOutcome, pad_drafts
-from specserve.spec.sampling import logits_to_probs, sample
+from specserve.runtime.proposers.base import (
+    ChainProposal,
+    ChainProposer,
+    StepOutcome,
+    pad_drafts,
+    sample_rows,
+)
 
 
 class DraftModelProposer(ChainProposer):
@@ -97,14 +102,7 @@ class DraftModelProposer(ChainProposer):
             logits = self.model.logits(hidden)  # [B, V]
             tok = logits.argmax(dim=-1)  # [B]
             if sampled:
-                q = torch.zeros_like(logits)
-                for b in sampled:
-                    if i >= counts[b]:  # beyond this row's limit or stop: no randomness
-                        continue
-                    p = params[b]
-                    q[b] = logits_to_probs(logits[b], p.temperature, p.top_k, p.top_p)
-                    tok[b] = sample(q[b:b + 1], generators[b])[0]
-                probs.append(q)
+                probs.append(sample_rows(logits, tok, sampled, counts, i, params, generators))
             tokens.append(tok)
             if self.min_confidence > 0 and self._stop_unsure(logits, tok, i, counts):
                 break

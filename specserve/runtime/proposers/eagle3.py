@@ -17,8 +17,13 @@ import torch
 from specserve.runtime.eagle3 import Eagle3Head
 from specserve.runtime.model import KVCache, Transformer
 from specserve.runtime.params import SamplingParams
-from specserve.runtime.proposers.base import ChainProposal, ChainProposer, StepOutcome, pad_drafts
-from specserve.spec.sampling import logits_to_probs, sample
+from specserve.runtime.proposers.base import (
+    ChainProposal,
+    ChainProposer,
+    StepOutcome,
+    pad_drafts,
+    sample_rows,
+)
 
 
 class Eagle3Proposer(ChainProposer):
@@ -121,16 +126,9 @@ class Eagle3Proposer(ChainProposer):
         for i in range(k):
             draft = self.head.draft_logits(feat)  # [B, Vd]
             tok = ids[draft.argmax(dim=-1)]  # [B] target ids (argmax: greedy rows)
-            if sampled:
-                logits = self.head.to_target(draft)  # [B, V], -inf outside the draft vocab
-                q = torch.zeros_like(logits)
-                for b in sampled:
-                    if i >= limits[b]:
-                        continue
-                    p = params[b]
-                    q[b] = logits_to_probs(logits[b], p.temperature, p.top_k, p.top_p)
-                    tok[b] = sample(q[b:b + 1], generators[b])[0]
-                probs.append(q)
+            if sampled:  # q over the target vocabulary: 0 outside the draft vocabulary
+                probs.append(sample_rows(self.head.to_target(draft), tok, sampled, limits, i,
+                                         params, generators))
             tokens.append(tok)
             if i < k - 1:  # the head's own output and this draft give the next one
                 out = self.head(tok[:, None], feat[:, None], self.cache)  # [B, 1, H]
