@@ -85,7 +85,8 @@ class BuildConfig(JsonConfig):
         data = super().to_dict()
         if self.flow == "engine":
             for name in PYTORCH_FIELDS:
-                data.pop(name, None)
+                if not (name == "eagle3" and self.spec_mode == "eagle3"):  # torch EAGLE-3
+                    data.pop(name, None)
             data.pop("flow", None)
         return data
 

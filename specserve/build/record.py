@@ -38,7 +38,8 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
 def input_hashes(cfg: BuildConfig) -> dict[str, str]:
     """sha256 of the files each input directory contributes, keyed ``role/file``."""
     out: dict[str, str] = {}
-    roles = {"model": cfg.model, "medusa": cfg.medusa, "draft": cfg.draft, "eagle": cfg.eagle}
+    roles = {"model": cfg.model, "medusa": cfg.medusa, "draft": cfg.draft, "eagle": cfg.eagle,
+             "eagle3": cfg.eagle3}
     for role, d in roles.items():
         if d is None:
             continue

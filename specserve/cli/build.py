@@ -121,10 +121,11 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--backend", type=click.Choice(["trtllm", "torch", "auto"]), default="auto",
               show_default=True, help="auto = trtllm when tensorrt_llm imports and a GPU is "
               "present, else torch (with --flow pytorch: trtllm).")
-@click.option("--flow", type=click.Choice(["engine", "pytorch"]), default="engine",
-              show_default=True, help="TensorRT-LLM route: engine = trtllm-build engines; "
+@click.option("--flow", type=click.Choice(["engine", "pytorch"]), default=None,
+              help="TensorRT-LLM route: engine = trtllm-build engines; "
               "pytorch = the LLM API YAML (extra_llm_api_options.yaml) for trtllm-serve, "
-              "trtllm-bench and Triton's llmapi model.")
+              "trtllm-bench and Triton's llmapi model. [default: pytorch for --eagle3/--mtp "
+              "with --backend trtllm (they have no engine-flow path), else engine]")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]),
               default="float16", show_default=True)
 @click.option("--quantize", type=click.Choice(["fp8"]), help="FP8 weights (Hopper+ for trtllm; "
@@ -170,7 +171,7 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @FORMAT_OPTION
 def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
-            eagle3: str | None, mtp: bool, backend: str, flow: str, dtype: str,
+            eagle3: str | None, mtp: bool, backend: str, flow: str | None, dtype: str,
             quantize: str | None, kv_cache_dtype: str | None,
             tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
             max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
@@ -187,10 +188,14 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
 
     if flow == "pytorch" and backend == "auto":
         backend = "trtllm"  # the PyTorch route is TensorRT-LLM's; plans need no GPU here
+    mode = _spec_mode(medusa, draft, ngram, eagle, eagle3, mtp)
+    resolved = resolve_backend(backend)
+    if flow is None:  # EAGLE-3 and MTP exist only on TensorRT-LLM's PyTorch route
+        flow = "pytorch" if resolved == "trtllm" and mode in ("eagle3", "mtp") else "engine"
     cfg = BuildConfig(
-        model=model, out=out, spec_mode=_spec_mode(medusa, draft, ngram, eagle, eagle3, mtp),
+        model=model, out=out, spec_mode=mode,
         medusa=medusa, draft=draft, eagle=eagle, eagle3=eagle3, flow=flow,
-        backend=resolve_backend(backend), dtype=dtype,
+        backend=resolved, dtype=dtype,
         quantize=quantize, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, pp_size=pp_size,
         max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices),

@@ -210,3 +210,27 @@ def test_public_medusa_heads_with_a_wrong_config_count_are_accepted(
         f"warning: {heads / 'medusa_lm_head.pt'}: holds 5 heads but config.json says "
         "medusa_num_heads=2; using 5 (the count in the weights, passed to the converter as "
         "--num_medusa_heads)"]
+
+
+def test_eagle3_on_trtllm_plans_the_pytorch_route_unless_the_engine_flow_is_asked(
+        tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    """EAGLE-3 has no engine-flow path in 1.2.1: --backend trtllm --eagle3 picks --flow pytorch;
+    an explicit --flow engine is one line, exit 2; --backend torch builds the reference engine."""
+    from specserve.runtime.eagle3 import save_eagle3
+    from specserve.runtime.model import load_model
+    from tests.runtime.test_eagle3 import random_head
+
+    head = save_eagle3(random_head(load_model(tiny_ckpt.target)), tmp_path / "eagle3")
+    base = ["--model", str(tiny_ckpt.target), "--eagle3", str(head), "--dry-run"]
+    out = _json(run(*base, "--backend", "trtllm", "--out", str(tmp_path / "e"), "--format",
+                    "json"))
+    assert out["config"]["flow"] == "pytorch"
+    assert out["llm_api"]["options"]["speculative_config"]["decoding_type"] == "Eagle3"
+    refused = CliRunner().invoke(cli, ["build", *base, "--backend", "trtllm", "--flow", "engine",
+                                       "--out", str(tmp_path / "e2")])
+    assert refused.exit_code == 2 and "no EAGLE-3 path" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+    torch_plan = _json(run(*base, "--backend", "torch", "--out", str(tmp_path / "e3"),
+                           "--format", "json"))
+    assert torch_plan["config"]["backend"] == "torch" and "flow" not in torch_plan["config"]
+    assert torch_plan["config"]["eagle3"] == str(head)  # recorded: make engine sees a change
