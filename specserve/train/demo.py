@@ -69,7 +69,7 @@ class DemoConfig(JsonConfig):
     medusa_steps: int = 150
     medusa_batch_tokens: int = 1024
     medusa_lr: float = 3e-3
-    eagle3_steps: int = 200
+    eagle3_steps: int = 300
     eagle3_batch_seqs: int = 8
     eagle3_lr: float = 3e-3
     eagle3_draft_vocab: int = 2048

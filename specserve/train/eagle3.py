@@ -186,7 +186,7 @@ def init_head(head: Eagle3Head, target: Transformer, ids: torch.Tensor, seed: in
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-        head.lm_head.weight.copy_(_dense(target.lm_head.weight)[ids.to(target.device)])
+        head.lm_head.weight.copy_(_dense(target.lm_head.weight)[ids.cpu()])
         head.norm.weight.copy_(_dense(target.norm.weight))
         head.d2t.copy_(d2t)
         head.t2d.copy_(t2d)
@@ -221,7 +221,8 @@ class _Trainer:
     cfg: Eagle3TrainConfig
 
     def __post_init__(self) -> None:
-        self.index = draft_index(self.head.cfg.vocab_size, self.ids)
+        self.ids = self.ids.to(self.target.device)
+        self.index = draft_index(self.head.cfg.vocab_size, self.ids.cpu()).to(self.target.device)
         self.weights = step_weights(self.cfg.ttt_steps, self.cfg.step_decay)
 
     def batch(self, g: torch.Generator) -> torch.Tensor:
@@ -328,14 +329,14 @@ def make_sequences(cfg: Eagle3TrainConfig, g: torch.Generator, rep: Reporter) ->
 # --- evaluation ----------------------------------------------------------------------------
 
 def decode_eval(model_dir: Path, head_dir: Path, prompts: list[list[int]], max_tokens: int,
-                k: int) -> dict[str, Any]:
+                k: int, device: str = "cpu") -> dict[str, Any]:
     """Plain vs EAGLE-3 decoding of ``prompts`` at T = 0 through the reference decoder."""
     from specserve.runtime.loader import build_decoder
     from specserve.train.decoder_eval import compare, run_greedy
 
-    base = run_greedy(build_decoder(model_dir), prompts, max_tokens)
-    spec = run_greedy(build_decoder(model_dir, eagle3_dir=head_dir, max_draft_len=k), prompts,
-                      max_tokens)
+    base = run_greedy(build_decoder(model_dir, device=device), prompts, max_tokens)
+    spec = run_greedy(build_decoder(model_dir, eagle3_dir=head_dir, max_draft_len=k,
+                                    device=device), prompts, max_tokens)
     return {"baseline_tokens_per_s": round(base["tokens_per_s"], 2), "k": k,
             "prompts": len(prompts), "max_tokens": max_tokens, **compare(spec, base)}
 
@@ -400,7 +401,8 @@ def run_train_eagle3(cfg: Eagle3TrainConfig, reporter: Reporter | None = None, *
         if n_eval:
             rep.log(f"decoding {n_eval} held-out prompts, plain and with the head")
             prompts = held[:n_eval, :cfg.prompt_len].tolist()
-            ev = decode_eval(Path(cfg.model), work, prompts, cfg.eval_gen_len, cfg.max_draft_len)
+            ev = decode_eval(Path(cfg.model), work, prompts, cfg.eval_gen_len, cfg.max_draft_len,
+                             cfg.device)
             write_json_atomic(work / "eval.json", ev)
     return Eagle3Result(out, steps, losses[0], final, train, ev)
 

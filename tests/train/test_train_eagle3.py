@@ -172,3 +172,19 @@ def test_bad_input_is_one_line_and_writes_nothing(sharp_target: Path, tmp_path: 
     assert not (tmp_path / "a").exists() and not list(tmp_path.glob(".a*"))
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
     assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_minutes_set_the_steps_and_data_prompts_work(sharp_target: Path, tmp_path: Path
+                                                      ) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"text": "def add(a, b):\n    return a + b\n" * 8})
+                              for _ in range(3)))
+    cfg = Eagle3TrainConfig(model=str(sharp_target), out=str(tmp_path / "m"), samples=6,
+                            prompt_len=4, gen_len=8, minutes=0.005, data=str(data),
+                            heldout_fraction=0.2, eval_prompts=0)
+    res = run_train_eagle3(cfg)
+    info = json.loads((tmp_path / "m" / "train_info.json").read_text())
+    # 0.3 s of training at the tiny size: the probe-timed count, never below 10
+    assert res.steps == info["steps"] >= 10 and info["config"]["minutes"] == 0.005
+    assert info["train_sequences"] == [5, 12]
+    assert len(info["heldout"]["top1_per_step"]) == 3  # the 6th sequence is held out
