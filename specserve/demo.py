@@ -86,6 +86,36 @@ def expected_tau(engine_dir: str | None, eval_json: str | None) -> tuple[float |
     return (float(tau) if tau is not None else None), mode
 
 
+OFFLINE_METHODS = ("medusa", "medusa_tuned", "draft", "eagle3", "ngram")
+
+
+def offline_methods(eval_json: str | None) -> dict[str, Any]:
+    """tau and tokens/s per method as ``specserve demo-model`` measured them with the reference
+    decoder (eval.json), side by side, and the fastest; empty without eval.json."""
+    if not eval_json or not Path(eval_json).is_file():
+        return {}
+    ev = read_json(eval_json)
+    rows = {m: {k: ev[m][k] for k in ("tau", "tokens_per_s") if k in ev[m]}
+            for m in OFFLINE_METHODS if isinstance(ev.get(m), dict) and "tau" in ev[m]
+            and "tokens_per_s" in ev[m]}
+    if not rows:
+        return {}
+    return {"baseline_tokens_per_s": ev.get("baseline_tokens_per_s"), "methods": rows,
+            "fastest_method": ev.get("fastest_method")}
+
+
+def offline_lines(offline: dict[str, Any]) -> list[str]:
+    """The offline table (one line a method) for the summary and the report."""
+    if not offline:
+        return []
+    out = [f"offline (eval.json, reference decoder, T=0; plain "
+           f"{offline.get('baseline_tokens_per_s') or float('nan'):.0f} tok/s):"]
+    for m, row in offline["methods"].items():
+        mark = "  <- fastest" if m == offline.get("fastest_method") else ""
+        out.append(f"  {m:13s} tau {row['tau']:.2f}  {row['tokens_per_s']:7.1f} tok/s{mark}")
+    return out
+
+
 def _same_tree(a: Any, b: Any) -> bool:
     if not isinstance(a, list) or not isinstance(b, list):
         return False
@@ -106,6 +136,14 @@ def tau_check(summary: dict[str, Any], engine: str | None, eval_json: str | None
     out["relative_difference"] = abs(measured - expected) / expected
     out["ok"] = out["relative_difference"] <= tolerance
     return out
+
+
+def _append_offline(readme: Path, offline: dict[str, Any]) -> None:
+    if offline and readme.is_file():
+        lines = offline_lines(offline)
+        text = readme.read_text(encoding="utf-8").rstrip("\n")
+        readme.write_text(text + "\n\n## Methods measured offline\n\n```\n"
+                          + "\n".join(lines) + "\n```\n", encoding="utf-8")
 
 
 def summary_lines(summary: dict[str, Any], check: dict[str, Any]) -> list[str]:
@@ -139,6 +177,7 @@ def summary_lines(summary: dict[str, Any], check: dict[str, Any]) -> list[str]:
         tau_line,
         f"speedup TPOT           {speed('tpot_s')}",
         f"speedup tokens/s/user  {speed('per_user_tok_s')}",
+        *offline_lines(check.get("offline") or {}),
         "",
     ]
 
@@ -169,6 +208,8 @@ def run_demo(cfg: DemoRunConfig, progress: bool | None = None) -> DemoOutcome:
         finally:
             server.stop()
     check = tau_check(outcome.summary, cfg.engine, cfg.eval_json, cfg.tau_tolerance)
+    check["offline"] = offline_methods(cfg.eval_json)
+    _append_offline(Path(cfg.out) / "README.md", check["offline"])
     check["server_startup_s"] = round(startup_s, 2)
     check["total_s"] = round(time.monotonic() - started, 2)
     write_json_atomic(Path(cfg.out) / "demo_check.json", check)

@@ -1,5 +1,5 @@
 """``specserve demo-model``: build the embedded demo checkpoint (tokenizer, target, draft, Medusa
-heads, eval.json) from the Python standard library, offline, on CPU."""
+heads, EAGLE-3 head, eval.json) from the Python standard library, offline, on CPU."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import click
 from specserve.cli._output import FORMAT_OPTION, emit
 from specserve.config import read_json
 
-PHASES = ("data", "target", "distill", "draft", "medusa", "eval", "decoder-eval", "total")
+PHASES = ("data", "target", "distill", "draft", "medusa", "eagle3", "eval", "decoder-eval",
+          "total")
+METHODS = ("medusa", "medusa_tuned", "draft", "eagle3", "ngram")
 
 
 def _summary(data: dict[str, Any]) -> str:
@@ -25,6 +27,13 @@ def _summary(data: dict[str, Any]) -> str:
     if dr:
         lines.append(f"draft   greedy agreement {dr.get('greedy_agreement')}  tau {_tau(dr)}"
                      f" (K={dr.get('k')})")
+    measured = [m for m in METHODS if "tokens_per_s" in ev.get(m, {})]
+    if measured:
+        lines.append(f"decoder T=0, K=4 (plain {ev.get('baseline_tokens_per_s', 0):.0f} tok/s): "
+                     + "  ".join(f"{m} tau {ev[m]['tau']:.2f} {ev[m]['tokens_per_s']:.0f} tok/s"
+                                 for m in measured))
+    if ev.get("fastest_method"):
+        lines.append(f"fastest {ev['fastest_method']} (measured; `make engine METHOD=fastest`)")
     times = ev.get("timings_s", {})
     if times:
         order = [p for p in PHASES if p in times] + sorted(set(times) - set(PHASES))
@@ -38,9 +47,11 @@ def _tau(section: dict[str, Any]) -> str:
     return f"{section.get('tau_replay', float('nan')):.2f} (replay)"
 
 
-@click.command("demo-model", short_help="Build the demo target, draft and Medusa heads on CPU.")
+@click.command("demo-model",
+               short_help="Build the demo target, draft, Medusa and EAGLE-3 heads on CPU.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("checkpoints/demo"),
-              show_default=True, help="Output directory (tokenizer/, target/, draft/, medusa/).")
+              show_default=True,
+              help="Output directory (tokenizer/, target/, draft/, medusa/, eagle3/).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for everything.")
 @click.option("--minutes", type=float, default=5.0, show_default=True,
               help="Training budget; step counts scale with it (calibrated on 2 cores).")
@@ -50,8 +61,9 @@ def _tau(section: dict[str, Any]) -> str:
 @FORMAT_OPTION
 def command(out: Path, seed: int, minutes: float, threads: int, force: bool, fmt: str) -> None:
     """Train a small Llama code model on the standard library's .py files, a distilled draft on
-    the same tokenizer, and Medusa-1 heads (self-distillation), then evaluate them on held-out
-    files. Deterministic for a seed and budget. An existing OUT/eval.json is reused.
+    the same tokenizer, Medusa-1 heads and an EAGLE-3 head (self-distillation), then measure
+    them and n-gram lookup on held-out files (tau and tokens/s; eval.json names the fastest).
+    Deterministic for a seed and budget. An existing OUT/eval.json is reused.
 
     \b
     Example:

@@ -1,9 +1,11 @@
 """Measured evaluation of a demo checkpoint with the project's reference decoder
-(:mod:`specserve.runtime`): tau (mean tokens emitted per target forward) and acceptance rate for
-Medusa with the default tree and the draft model at K, plus tokens/s with and without
-speculation, one request at a time at T=0 (Leviathan et al. 2023 report speedups the same way).
-At T=0 speculation is lossless, so every output must equal the baseline's; the fraction that
-does is reported as a check.
+(:mod:`specserve.runtime`): tau (mean tokens emitted per target forward), acceptance rate and
+per-position acceptance for Medusa (the default tree and a small CPU-tuned one), the draft model,
+an EAGLE-3 head and n-gram lookup (prompt lookup decoding, Saxena 2023) at K, plus tokens/s with
+and without speculation, one request at a time at T=0 (Leviathan et al. 2023 report speedups the
+same way). At T=0 speculation is lossless, so every output must equal the baseline's; the
+fraction that does is reported as a check. ``fastest_method`` names the method with the highest
+measured tokens/s (what ``make engine METHOD=fastest`` builds).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 from specserve.config import write_json_atomic
 
 CPU_TREE_NODES = 15  # verify cost on CPU grows with the tree: a small tuned tree wins there
+METHODS = ("medusa", "medusa_tuned", "draft", "eagle3", "ngram")
 
 
-def _run(decoder: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+def run_greedy(decoder: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
     from specserve.runtime.params import SamplingParams
     from specserve.spec.stats import AcceptanceStats
 
@@ -37,36 +40,58 @@ def _run(decoder: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, A
     return {"outputs": outputs, "stats": stats, "tokens_per_s": tokens / max(seconds, 1e-9)}
 
 
+def compare(run: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """A :func:`run_greedy` result against the plain decoder's: tau, acceptance, tokens/s."""
+    same = sum(a == b for a, b in zip(run["outputs"], base["outputs"], strict=True))
+    stats = run["stats"]
+    return {
+        "tau": round(stats.tau, 4),
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "per_position_acceptance": [round(a, 4) for a in stats.per_position_acceptance],
+        "tokens_per_s": round(run["tokens_per_s"], 2),
+        "speedup": round(run["tokens_per_s"] / max(base["tokens_per_s"], 1e-9), 3),
+        "matches_baseline": same / max(len(base["outputs"]), 1),
+    }
+
+
+def fastest(out: dict[str, Any], methods: tuple[str, ...]) -> str:
+    """The measured method with the highest tokens/s (``"none"`` when none beats plain)."""
+    best = max(methods, key=lambda m: out[m]["tokens_per_s"])
+    return best if out[best]["tokens_per_s"] > out["baseline_tokens_per_s"] else "none"
+
+
 def decoder_eval(root: Path, prompts: list[list[int]], max_tokens: int,
                  k: int = 4) -> dict[str, Any]:
-    """Run baseline, Medusa (mc_sim_7b_63 cut to the heads' depth) and draft (K=``k``) over
-    ``prompts`` with checkpoints under ``root`` (target/, medusa/, draft/)."""
+    """Run baseline, Medusa (mc_sim_7b_63 cut to the heads' depth, then a tuned
+    :data:`CPU_TREE_NODES`-node tree), draft, EAGLE-3 (when ``root/eagle3`` exists) and n-gram
+    (chains of K=``k``) over ``prompts`` with checkpoints under ``root`` (target/, medusa/,
+    draft/, eagle3/)."""
     from specserve.runtime.loader import build_decoder
 
     target = root / "target"
     runs = {
-        "baseline": _run(build_decoder(target), prompts, max_tokens),
-        "medusa": _run(build_decoder(target, medusa_dir=root / "medusa"), prompts, max_tokens),
-        "draft": _run(build_decoder(target, draft_dir=root / "draft", max_draft_len=k),
-                      prompts, max_tokens),
+        "baseline": run_greedy(build_decoder(target), prompts, max_tokens),
+        "medusa": run_greedy(build_decoder(target, medusa_dir=root / "medusa"), prompts,
+                             max_tokens),
+        "draft": run_greedy(build_decoder(target, draft_dir=root / "draft", max_draft_len=k),
+                            prompts, max_tokens),
+        "ngram": run_greedy(build_decoder(target, ngram=True, max_draft_len=k), prompts,
+                            max_tokens),
     }
+    if (root / "eagle3").is_dir():
+        runs["eagle3"] = run_greedy(build_decoder(target, eagle3_dir=root / "eagle3",
+                                                  max_draft_len=k), prompts, max_tokens)
     tuned = tuned_tree(runs["medusa"]["stats"], root / "medusa", CPU_TREE_NODES)
-    runs["medusa_tuned"] = _run(
+    runs["medusa_tuned"] = run_greedy(
         build_decoder(target, medusa_dir=root / "medusa", medusa_choices=tuned), prompts,
         max_tokens)
     write_json_atomic(root / "medusa_tree_cpu.json", tuned)
     base = runs["baseline"]
     out: dict[str, Any] = {"baseline_tokens_per_s": round(base["tokens_per_s"], 2)}
-    for mode in ("medusa", "draft", "medusa_tuned"):
-        r = runs[mode]
-        same = sum(a == b for a, b in zip(r["outputs"], base["outputs"], strict=True))
-        out[mode] = {
-            "tau": round(r["stats"].tau, 4),
-            "acceptance_rate": round(r["stats"].acceptance_rate, 4),
-            "tokens_per_s": round(r["tokens_per_s"], 2),
-            "speedup": round(r["tokens_per_s"] / max(base["tokens_per_s"], 1e-9), 3),
-            "matches_baseline": same / len(prompts),
-        }
+    methods = tuple(m for m in METHODS if m in runs)
+    for mode in methods:
+        out[mode] = compare(runs[mode], base)
+    out["fastest_method"] = fastest(out, methods)
     out["medusa_tuned"]["choices"] = tuned
     out["medusa_tuned"]["nodes"] = len(tuned)
     return out

@@ -1,10 +1,11 @@
 """The embedded demo model: a small Llama code model trained on the running interpreter's
-standard library, a distilled draft on the same tokenizer, and Medusa-1 heads, built offline on
-CPU in a few minutes (``specserve demo-model``).
+standard library, a distilled draft on the same tokenizer, Medusa-1 heads and an EAGLE-3 head,
+built offline on CPU in a few minutes (``specserve demo-model``).
 
 Recipe: byte-level BPE; target trained on the corpus (AdamW, cosine); the target's own greedy
-continuations of corpus prompts (self-distillation) train both the draft (DistillSpec, Zhou et al.
-2024) and the Medusa heads (Cai et al. 2024, §2.3.2). Step counts are a pure function of
+continuations of corpus prompts (self-distillation) train the draft (DistillSpec, Zhou et al.
+2024), the Medusa heads (Cai et al. 2024, §2.3.2) and the EAGLE-3 head (Li et al. 2025, with the
+training-time test: :mod:`specserve.train.eagle3`). Step counts are a pure function of
 ``--minutes`` (calibrated on 2 cores, bf16 autocast), so a run is deterministic for a seed and a
 budget; a slower or busier machine takes longer rather than training less.
 """
@@ -68,6 +69,11 @@ class DemoConfig(JsonConfig):
     medusa_steps: int = 150
     medusa_batch_tokens: int = 1024
     medusa_lr: float = 3e-3
+    eagle3_steps: int = 300
+    eagle3_batch_seqs: int = 8
+    eagle3_lr: float = 3e-3
+    eagle3_draft_vocab: int = 2048
+    eagle3_ttt_steps: int = 3
     eval_prompts: int = 16
     eval_gen_len: int = 128
     decoder_eval: bool = True
@@ -92,7 +98,8 @@ class DemoConfig(JsonConfig):
         cfg = replace(base, seed=seed, minutes=minutes,
                       target_steps=max(10, round(base.target_steps * f)),
                       draft_steps=max(10, round(base.draft_steps * f)),
-                      medusa_steps=max(10, round(base.medusa_steps * f)))
+                      medusa_steps=max(10, round(base.medusa_steps * f)),
+                      eagle3_steps=max(10, round(base.eagle3_steps * f)))
         return replace(cfg, **overrides)
 
 
@@ -172,6 +179,7 @@ def heldout_prompts(docs: list[torch.Tensor], n: int, length: int,
 def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer) -> dict[str, Any]:
     from specserve.spec.tree import MC_SIM_7B_63
     from specserve.train.distill import greedy_continue, sample_prompts
+    from specserve.train.eagle3 import Eagle3TrainConfig, run_train_eagle3
     from specserve.train.evaluate import evaluate_models
     from specserve.train.medusa import load_medusa
     from specserve.train.medusa_train import MedusaTrainConfig, run_train_medusa
@@ -202,10 +210,23 @@ def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer) -> dict[st
         lr=cfg.medusa_lr, seed=cfg.seed, heldout_fraction=0.0)
     run_train_medusa(mcfg, rep, sequences=seqs, base_model_name="target")
     timer.done("medusa")
+    ecfg = Eagle3TrainConfig(
+        model=str(work / "target"), out=str(work / "eagle3"),
+        draft_vocab=min(cfg.eagle3_draft_vocab, len(tok)), ttt_steps=cfg.eagle3_ttt_steps,
+        samples=cfg.distill_samples, prompt_len=cfg.prompt_len, gen_len=cfg.gen_len,
+        steps=cfg.eagle3_steps, batch_seqs=cfg.eagle3_batch_seqs, lr=cfg.eagle3_lr,
+        seed=cfg.seed, heldout_fraction=0.0, eval_prompts=0)
+    e3 = run_train_eagle3(ecfg, rep, sequences=seqs)
+    timer.done("eagle3", f"loss {e3.first_loss:.3f} -> {e3.final_loss:.3f}")
     eval_prompts = heldout_prompts(held, cfg.eval_prompts, cfg.prompt_len, g)
     result = evaluate_models(target, draft, load_medusa(work / "medusa"), eval_prompts,
                              cfg.eval_gen_len, MC_SIM_7B_63, k=4)
-    result["train"] = {"target_loss": t_loss, "draft_loss": d_loss}
+    result["train"] = {"target_loss": t_loss, "draft_loss": d_loss,
+                       "eagle3_loss": e3.final_loss}
+    result["eagle3"] = {"k": 4, "ttt_steps": cfg.eagle3_ttt_steps,
+                        "draft_vocab": e3.train["draft_vocab"],
+                        "draft_vocab_coverage": e3.train["draft_vocab_coverage"]}
+    result["ngram"] = {"k": 4}
     timer.done("eval")
     if cfg.decoder_eval:
         _add_decoder_eval(result, work, eval_prompts.tolist(), cfg.eval_gen_len)
@@ -227,11 +248,16 @@ def _add_decoder_eval(result: dict[str, Any], work: Path, prompts: list[list[int
     result["medusa"].update(dec["medusa"])
     result["draft"].update(dec["draft"])
     result["medusa_tuned"] = dec["medusa_tuned"]
+    for mode in ("eagle3", "ngram"):
+        if mode in dec:
+            result[mode].update(dec[mode])
+    result["fastest_method"] = dec["fastest_method"]
 
 
 def build_demo(cfg: DemoConfig, out: Path, reporter: Reporter | None = None,
                force: bool = False) -> DemoResult:
-    """Build tokenizer, target, draft, Medusa heads and eval.json into ``out`` (atomically)."""
+    """Build tokenizer, target, draft, Medusa heads, EAGLE-3 head and eval.json into ``out``
+    (atomically)."""
     cfg.validate()
     rep = reporter or NullReporter()
     torch.set_num_threads(cfg.threads)

@@ -29,7 +29,8 @@ def tiny_config(root: Path, seed: int = 0) -> DemoConfig:
         target_heads=2, draft_hidden=16, draft_layers=1, draft_heads=2, target_steps=4,
         target_batch=4, seq_len=32, distill_samples=8, prompt_len=8, gen_len=8,
         draft_steps=4, draft_batch=4, medusa_heads=3, medusa_steps=4, medusa_batch_tokens=16,
-        eval_prompts=2, eval_gen_len=8, threads=1)
+        eagle3_steps=3, eagle3_batch_seqs=4, eagle3_draft_vocab=128, eval_prompts=2,
+        eval_gen_len=8, threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,22 @@ def test_eval_json_and_reference_decoder(built: Path) -> None:
         replay = _steps(n * g, ev[mode]["tau_replay"])
         decoder = _steps(n * (g - 1), ev[mode]["tau"])
         assert decoder <= replay <= decoder + n, (mode, replay, decoder)
+    for mode in ("medusa", "medusa_tuned", "draft", "eagle3", "ngram"):  # side by side
+        assert ev[mode]["matches_baseline"] == 1.0, mode
+        assert ev[mode]["tokens_per_s"] > 0 and 1.0 <= ev[mode]["tau"] <= 5.0, mode
+    assert ev["eagle3"]["draft_vocab"] == 128
+    fast = ev["fastest_method"]
+    best = max(("medusa", "medusa_tuned", "draft", "eagle3", "ngram"),
+               key=lambda m: ev[m]["tokens_per_s"])
+    assert fast == (best if ev[best]["tokens_per_s"] > ev["baseline_tokens_per_s"] else "none")
+
+
+def test_eagle3_head_loads_and_fits_the_target(built: Path) -> None:
+    from specserve.runtime.eagle3 import load_eagle3
+    from specserve.runtime.model import load_model
+
+    head = load_eagle3(built / "eagle3", load_model(built / "target").cfg)
+    assert int(head.t2d.sum()) == head.cfg.draft_vocab_size == 128
 
 
 def _tensors(root: Path) -> dict[str, Any]:
@@ -118,7 +135,7 @@ def _tensors(root: Path) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for f in ("target/model.safetensors", "draft/model.safetensors",
-              "medusa/medusa_lm_head.safetensors"):
+              "medusa/medusa_lm_head.safetensors", "eagle3/model.safetensors"):
         out.update({f"{f}:{k}": v for k, v in load_file(str(root / f)).items()})
     return out
 
