@@ -36,7 +36,8 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
-from specserve.runtime.model import KVCache, Transformer
+from specserve.runtime.kvcache import KVCache
+from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import (
     ChainProposal,

@@ -91,7 +91,7 @@ def build_decoder(
         proposer = MedusaProposer(heads.to(device=device, dtype=torch_dtype), tree,
                                   medusa_acceptance)
     elif eagle3_dir is not None:
-        from specserve.runtime.eagle3 import load_eagle3
+        from specserve.runtime.eagle3_dir import load_eagle3
         from specserve.runtime.proposers.eagle3 import Eagle3Proposer
 
         head = load_eagle3(eagle3_dir, target.cfg, torch_dtype, device)

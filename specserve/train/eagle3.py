@@ -54,7 +54,8 @@ import torch.nn.functional as F
 from specserve.config import JsonConfig, write_json_atomic
 from specserve.errors import SpecserveError
 from specserve.outputs import check_replaceable, staged_output
-from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head, save_eagle3, ttt_forward
+from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head, ttt_forward
+from specserve.runtime.eagle3_dir import save_eagle3
 from specserve.runtime.model import Transformer
 from specserve.train.lm import Schedule, lr_at
 from specserve.train.progress import NullReporter, Reporter

@@ -216,7 +216,7 @@ def test_eagle3_on_trtllm_plans_the_pytorch_route_unless_the_engine_flow_is_aske
         tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
     """EAGLE-3 has no engine-flow path in 1.2.1: --backend trtllm --eagle3 picks --flow pytorch;
     an explicit --flow engine is one line, exit 2; --backend torch builds the reference engine."""
-    from specserve.runtime.eagle3 import save_eagle3
+    from specserve.runtime.eagle3_dir import save_eagle3
     from specserve.runtime.model import load_model
     from tests.runtime.test_eagle3 import random_head
 

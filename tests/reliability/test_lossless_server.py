@@ -101,7 +101,7 @@ def lossless_server(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) ->
 
 def _eagle3_head(target: Path, out: Path) -> Path:
     """A random EAGLE-3 head for ``target`` (half the vocabulary; peaked q, often rejected)."""
-    from specserve.runtime.eagle3 import save_eagle3
+    from specserve.runtime.eagle3_dir import save_eagle3
     from specserve.runtime.model import load_model
     from tests.runtime.test_eagle3 import random_head
 

@@ -12,7 +12,8 @@ import torch
 
 from specserve.runtime.checkpoint import load_medusa_heads
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
-from specserve.runtime.model import KVCache, Transformer
+from specserve.runtime.kvcache import KVCache
+from specserve.runtime.model import Transformer
 from specserve.runtime.proposers import (
     ChainProposer,
     DraftModelProposer,

@@ -13,13 +13,8 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
-from specserve.runtime.eagle3 import (
-    Eagle3Config,
-    Eagle3Head,
-    load_eagle3,
-    save_eagle3,
-    ttt_forward,
-)
+from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head, ttt_forward
+from specserve.runtime.eagle3_dir import load_eagle3, save_eagle3
 from specserve.runtime.model import Transformer
 from specserve.runtime.proposers.eagle3 import Eagle3Proposer
 from tests.runtime.conftest import TinyModels

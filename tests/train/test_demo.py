@@ -123,7 +123,7 @@ def test_eval_json_and_reference_decoder(built: Path) -> None:
 
 
 def test_eagle3_head_loads_and_fits_the_target(built: Path) -> None:
-    from specserve.runtime.eagle3 import load_eagle3
+    from specserve.runtime.eagle3_dir import load_eagle3
     from specserve.runtime.model import load_model
 
     head = load_eagle3(built / "eagle3", load_model(built / "target").cfg)

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from specserve.cli.main import cli
-from specserve.runtime.eagle3 import load_eagle3
+from specserve.runtime.eagle3_dir import load_eagle3
 from specserve.runtime.model import load_model
 from specserve.train.eagle3 import (
     Eagle3Result,

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from specserve.runtime.eagle3 import Eagle3Head
-from specserve.runtime.model import KVCache, Transformer
+from specserve.runtime.kvcache import KVCache
+from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers.base import (
     ChainProposal,

@@ -1,0 +1,148 @@
+"""What one forward of a transformer with a static KV cache needs besides its weights: the
+cache (:class:`KVCache`: per-layer K/V buffers [B, n_kv, S_max, D] and per-row lengths, row views
+for in-flight batching), the attention mask of new tokens over it (:func:`step_mask`: chains and
+tree attention, Medusa, Cai et al. 2024), and the RoPE rows and write slots of a forward
+(:class:`RopeModel`, shared by :class:`~specserve.runtime.model.Transformer` and the EAGLE-3
+head). Rotary embeddings: Su et al. 2021, "RoFormer".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from specserve.errors import SpecserveError
+
+if TYPE_CHECKING:
+    from specserve.runtime.model import ModelConfig
+
+
+class KVCache:
+    """Static per-layer K/V buffers [B, n_kv, S_max, D] and per-row valid lengths."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.batch, self.max_len = batch, max_len
+        self.lengths: list[int] = [0] * batch
+
+    def view(self, start: int, stop: int) -> KVCache:
+        """Rows ``start..stop-1`` as a cache of their own that shares this one's storage
+        (tensor slices are views: a forward on it writes here). Lengths are the caller's."""
+        v = KVCache.__new__(KVCache)
+        v.k = [buf[start:stop] for buf in self.k]
+        v.v = [buf[start:stop] for buf in self.v]
+        v.batch, v.max_len = stop - start, self.max_len
+        v.lengths = [0] * (stop - start)
+        return v
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of row ``src`` into row ``dst`` (slot reuse)."""
+        for buf in (*self.k, *self.v):
+            buf[dst, :, :length] = buf[src, :, :length]
+
+    def keep_nodes(self, row: int, nodes: list[int]) -> None:
+        """Move the K/V of tree nodes ``nodes`` (written at length+node) to length+0..n-1."""
+        if nodes == list(range(len(nodes))):
+            return
+        base = self.lengths[row]
+        src = torch.tensor([base + n for n in nodes], device=self.k[0].device)
+        dst = torch.arange(base, base + len(nodes), device=src.device)
+        for buf in (*self.k, *self.v):
+            buf[row, :, dst] = buf[row, :, src]
+
+
+def step_mask(lengths: torch.Tensor, node_mask: torch.Tensor, span: int) -> torch.Tensor:
+    """Attention mask [B, 1, T, span] for T new tokens written at ``lengths[b] + t``.
+
+    lengths: [B] int64 valid cache length per row; node_mask: [T, T] bool (new i sees new j).
+    """
+    t = node_mask.shape[0]
+    keys = torch.arange(span, device=lengths.device)
+    rel = keys[None, :] - lengths[:, None]  # [B, S]
+    past = rel < 0
+    in_new = (rel >= 0) & (rel < t)
+    new = node_mask[:, rel.clamp(0, t - 1)].permute(1, 0, 2)  # [B, T, S]
+    return (past[:, None, :] | (in_new[:, None, :] & new))[:, None]
+
+
+@dataclass
+class _Step:
+    """Per-forward inputs shared by all layers."""
+
+    cos: torch.Tensor  # [B or 1, T, 1, D] in the model dtype
+    sin: torch.Tensor  # [B or 1, T, 1, D], signed: [-sin, sin]
+    write: torch.Tensor | int  # common write offset, or [B, T] absolute slots
+    span: int  # keys attended: cache[:, :, :span]
+    mask: torch.Tensor | None  # [B, 1, T, span] bool, None when every key is visible
+
+
+class RopeModel(nn.Module):
+    """What a transformer with a RoPE KV cache shares (the target and draft LMs, an EAGLE-3
+    head): ``inv_freq``, ``_rope``, ``dtype`` and ``device`` come from the subclass."""
+
+    inv_freq: torch.Tensor
+    _rope: tuple[torch.Tensor, torch.Tensor] | None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin [>= n, D] in the model dtype for positions 0.. (cached, grown on
+        demand); the sin table is ``[-sin, sin]`` so that rotate_half is a roll."""
+        tab = self._rope
+        if tab is None or tab[0].shape[0] < n or tab[0].dtype != self.dtype \
+                or tab[0].device != self.device:
+            size = max(n, 2 * (tab[0].shape[0] if tab is not None else 1024))
+            ang = torch.arange(size, device=self.device).float()[:, None] * self.inv_freq
+            sin = ang.sin()
+            tab = self._rope = (torch.cat([ang, ang], dim=-1).cos().to(self.dtype),  # [S, D]
+                                torch.cat([-sin, sin], dim=-1).to(self.dtype))
+        return tab
+
+    def step_inputs(self, tokens: torch.Tensor, cache: KVCache,
+                    lengths: torch.Tensor | None = None, depth: torch.Tensor | None = None,
+                    node_mask: torch.Tensor | None = None) -> _Step:
+        """RoPE rows, cache write slots and the attention mask of one forward (the arguments
+        of :meth:`Transformer.forward`), shared by all its layers."""
+        b, t = tokens.shape
+        lens = cache.lengths
+        span = max(lens) + t
+        if span > cache.max_len:
+            raise SpecserveError(f"sequence length {span} exceeds the KV cache ({cache.max_len})")
+        uniform = all(x == lens[0] for x in lens)
+        cos_t, sin_t = self.rope_tables(span)
+        causal = uniform and depth is None and node_mask is None  # a chain at one offset
+        if lengths is None and not (causal or (uniform and depth is None and t == 1)):
+            lengths = torch.tensor(lens, device=tokens.device)
+        if uniform and depth is None:  # positions L..L+T-1 for every row: views, no gather
+            cos, sin = cos_t[lens[0]:span][None, :, None], sin_t[lens[0]:span][None, :, None]
+        else:
+            assert lengths is not None
+            off = depth if depth is not None else torch.arange(t, device=tokens.device)
+            pos = lengths[:, None] + off[None, :]  # [B, T]
+            cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]  # [B, T, 1, D]
+        write: torch.Tensor | int = lens[0]
+        if not uniform:
+            assert lengths is not None
+            write = lengths[:, None] + torch.arange(t, device=tokens.device)  # [B, T]
+        mask = None
+        if causal and t > 1:  # new token i sees keys 0..L+i: one op instead of step_mask
+            mask = torch.ones(t, span, dtype=torch.bool, device=tokens.device).tril_(lens[0])
+            mask = mask[None, None]  # [1, 1, T, span]
+        elif not (t == 1 and uniform):
+            assert lengths is not None
+            if node_mask is None:
+                node_mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
+            mask = step_mask(lengths, node_mask, span)
+        return _Step(cos, sin, write, span, mask)
