@@ -24,10 +24,8 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specserve.triton.llm_io import (
@@ -41,66 +39,20 @@ from specserve.triton.llm_io import (
     token_arrays,
 )
 from specserve.triton.models.bls_lib.detok import TokenHoldBack
+from specserve.triton.models.llm_common import (
+    _error,
+    _inputs,
+    _Pending,
+    _response,
+    _send,
+)
+from specserve.triton.models.llm_inflight import InflightBatching
 
 if TYPE_CHECKING:
     from specserve.engine_record import EngineRecord
 
 _OFF = ("off", "false", "0")
 DEFAULT_MAX_PENDING = 4096  # queued requests (parameter specserve_max_pending)
-
-
-@dataclass
-class _Pending:
-    req: LlmRequest
-    params: Any  # SamplingParams
-    sender: Any
-    arrival: int
-    first_scheduled: int = 0
-    first_token: int = 0
-    last_token: int = 0
-    done: bool = False  # final sent, or the client went away
-    hold: TokenHoldBack | None = None  # streaming: tokens held back while they end mid-character
-    handle: Any = None  # in-flight batching: its scheduler Handle
-    final_sent: bool = False  # in-flight batching: the COMPLETE_FINAL flag went out
-
-
-def _send(sender: Any, response: Any, final: bool) -> bool:
-    """Send one response; False when the client is gone (cancelled stream, closed sender)."""
-    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-    try:
-        if sender.is_cancelled():
-            if final:
-                sender.send(flags=flags)
-            return False
-        if response is None:
-            sender.send(flags=flags)
-        else:
-            sender.send(response, flags=flags)
-        return True
-    except Exception:
-        return False
-
-
-def _gone(sender: Any) -> bool:
-    """The client cancelled (a sender that cannot tell counts as still there)."""
-    try:
-        return bool(sender.is_cancelled())
-    except Exception:
-        return False
-
-
-def _inputs(request: Any) -> dict[str, np.ndarray[Any, Any]]:
-    """Every input of a request as a numpy copy (valid after execute() returns)."""
-    return {t.name(): t.as_numpy().copy() for t in request.inputs()}
-
-
-def _response(arrays: dict[str, np.ndarray[Any, Any]]) -> Any:
-    return pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
-
-
-def _error(message: str) -> Any:
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
 
 
 def load_decoder(engine_dir: str, speculation: bool, checkpoint: str = "target"
@@ -145,7 +97,7 @@ def _load_draft(engine_dir: str) -> tuple[Any, Any, EngineRecord]:
     return SpecDecoder(model, None), loader.load_tokenizer(tok_dir), rec
 
 
-class TritonPythonModel:
+class TritonPythonModel(InflightBatching):
     def initialize(self, args: dict[str, Any]) -> None:
         import torch
 
@@ -233,108 +185,6 @@ class TritonPythonModel:
                         _send(p.sender, _error(f"tensorrt_llm: {e!r}"), final=True)
             if stop:
                 return
-
-    def _inflight_loop(self) -> None:
-        """In-flight batching (:class:`~specserve.runtime.scheduler.Scheduler`): queued requests
-        go to the scheduler between steps and from inside a step (its ``intake``), where they
-        are prefilled at once and join the running batch when the step ends; draft_input_ids
-        requests run their own verify call between steps."""
-        from specserve.runtime.scheduler import Scheduler
-
-        sch = Scheduler(self.decoder, self.max_batch, self.max_seq_len or
-                        self.decoder.target.cfg.max_position_embeddings,
-                        prefill_chunk=self.prefill_chunk)
-        live: dict[int, tuple[_Pending, Any]] = {}
-        later: list[_Pending] = []   # draft_input_ids requests: their own call, between steps
-        stop = False
-
-        def intake(block: bool = False) -> None:
-            """Queued requests to the scheduler (also from inside a step: Scheduler.intake)."""
-            nonlocal stop
-            if not block and self.queue.empty():
-                return  # the common case inside a step: nothing arrived
-            # backpressure: past max_pending in the scheduler, leave requests in the bounded
-            # queue (execute() then answers "server busy")
-            room = sch.waiting + len(sch.running) < self.max_pending
-            for p in self._take(block=block) if room else []:
-                if p is None:
-                    stop = True
-                elif p.req.draft_ids is not None:
-                    later.append(p)
-                else:
-                    try:
-                        h = p.handle = sch.submit(p.req.prompt, p.params, self._on_tokens(p),
-                                                  self._on_done(p),
-                                                  p.req.return_generation_logits)
-                        live[id(h)] = (p, h)
-                    except Exception as e:  # this request only
-                        self._fail(p, f"tensorrt_llm: {e}")
-
-        sch.intake = intake
-        while not (stop and sch.idle and not later):
-            intake(block=sch.idle and not stop and not later)
-            for p in later:
-                try:
-                    self._run([p])
-                except Exception as e:  # this request only
-                    self._fail(p, f"tensorrt_llm: {e}")
-            later.clear()
-            try:
-                sch.step()
-            except Exception as e:  # fail what was in flight, go on with a fresh pool
-                for h in sch.drain():
-                    p = live.pop(id(h))[0]
-                    self._fail(p, f"tensorrt_llm: generation failed: {e}")
-            for key, (p, h) in list(live.items()):
-                if h.result is not None:
-                    del live[key]
-                elif p.done or _gone(p.sender):
-                    sch.cancel(h)  # the client went away: its slot goes at the next step
-
-    def _fail(self, p: _Pending, message: str) -> None:
-        """Answer ``p`` with an error (or, when its client is gone, just the final flag)."""
-        if not p.done:
-            _send(p.sender, _error(message), final=True)
-        elif not p.final_sent:
-            _send(p.sender, None, final=True)
-        p.done = p.final_sent = True
-
-    def _take(self, block: bool) -> list[_Pending | None]:
-        """Everything queued now; waits for one first when ``block`` (nothing running)."""
-        out: list[_Pending | None] = []
-        try:
-            out.append(self.queue.get() if block else self.queue.get_nowait())
-            while True:
-                out.append(self.queue.get_nowait())
-        except queue.Empty:
-            pass
-        return out
-
-    def _on_tokens(self, p: _Pending) -> Any:
-        def on_tokens(new_tokens: list[int]) -> None:
-            now = time.monotonic_ns()
-            p.first_token = p.first_token or now
-            p.last_token = now
-            try:
-                self._stream(p, new_tokens)
-            except Exception as e:  # this request only; the batch goes on (cancelled next)
-                self._fail(p, f"tensorrt_llm: streaming failed: {e}")
-        return on_tokens
-
-    def _on_done(self, p: _Pending) -> Any:
-        def on_done(result: Any) -> None:
-            p.first_scheduled = getattr(p.handle, "admitted_ns", 0) or p.first_token
-            try:
-                if p.done:
-                    self._fail(p, "")  # client gone: only the final flag, once
-                elif result.finish_reason == "cancelled":
-                    self._fail(p, "tensorrt_llm: cancelled")
-                else:
-                    _send(p.sender, _response(self._final_arrays(p, result)), final=True)
-                    p.done = p.final_sent = True
-            except Exception as e:
-                self._fail(p, f"tensorrt_llm: {e}")
-        return on_done
 
     def _stream(self, p: _Pending, new_tokens: list[int]) -> None:
         """Each chunk is decoded on its own by postprocessing: send it only once it ends on a
