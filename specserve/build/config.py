@@ -27,6 +27,8 @@ PYTORCH_ONLY_MODES = ("eagle3", "mtp")
 PYTORCH_FIELDS = ("eagle3", "eagle_choices", "dynamic_tree_top_k", "max_total_draft_tokens",
                   "ngram_size", "max_num_tokens", "kv_cache_fraction", "block_reuse",
                   "cuda_graph_batch_sizes", "max_concurrency", "spec_options")
+#: PyTorch-route fields the torch backend's EAGLE-3 engine reads too (its head, a static tree).
+TORCH_EAGLE3_FIELDS = ("eagle3", "eagle_choices")
 DTYPES = ("float16", "bfloat16", "float32")
 DEFAULT_CHAIN_DRAFT_LEN = 4  # draft model / n-gram tokens per step
 EAGLE_MAX_DRAFT_LEN = 63  # examples/eagle/convert_checkpoint.py default (asserted <= 256)
@@ -85,8 +87,8 @@ class BuildConfig(JsonConfig):
         data = super().to_dict()
         if self.flow == "engine":
             for name in PYTORCH_FIELDS:
-                if not (name == "eagle3" and self.spec_mode == "eagle3"):  # torch EAGLE-3
-                    data.pop(name, None)
+                if not (name in TORCH_EAGLE3_FIELDS and self.spec_mode == "eagle3"):
+                    data.pop(name, None)  # (the torch EAGLE-3 engine keeps its head and tree)
             data.pop("flow", None)
         return data
 
@@ -156,7 +158,9 @@ class BuildConfig(JsonConfig):
                 self.spec_mode == "eagle3" and self.backend != "trtllm"):
             raise SpecserveError(f"--{self.spec_mode}: only on TensorRT-LLM's PyTorch route; "
                                  "use --backend trtllm --flow pytorch")
-        set_ = [n for n in PYTORCH_FIELDS if n != "eagle3" and getattr(self, n) not in (None, ())]
+        torch_e3 = TORCH_EAGLE3_FIELDS if self.spec_mode == "eagle3" else ("eagle3",)
+        set_ = [n for n in PYTORCH_FIELDS if n not in torch_e3
+                and getattr(self, n) not in (None, ())]
         if set_:
             raise SpecserveError(f"--{set_[0].replace('_', '-')}: a --flow pytorch option "
                                  "(LLM API YAML); the engine flow does not read it")
@@ -246,6 +250,13 @@ def resolve(cfg: BuildConfig, target_cfg: dict[str, Any],
         draft_len = draft_len or tree.num_nodes
     elif cfg.spec_mode == "eagle":
         draft_len = draft_len or EAGLE_MAX_DRAFT_LEN
+    elif cfg.spec_mode == "eagle3" and cfg.eagle_choices is not None and cfg.flow == "engine":
+        depth = MedusaTree.from_choices(cfg.eagle_choices).depth  # the torch EAGLE-3 tree
+        if draft_len is not None and draft_len != depth:
+            raise SpecserveError(f"--max-draft-len {draft_len}: the --eagle-choices tree is "
+                                 f"{depth} deep (the chain length at T > 0; give {depth} or "
+                                 "leave it out)")
+        draft_len = depth
     else:
         draft_len = draft_len or _schedule_top(cfg) or (
             int(target_cfg.get("num_nextn_predict_layers") or 1) if cfg.spec_mode == "mtp"

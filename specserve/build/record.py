@@ -84,10 +84,11 @@ def cli_argv(cfg: BuildConfig) -> list[str]:
 
 
 def _pytorch_argv(cfg: BuildConfig) -> list[str]:
-    """The PyTorch route's own flags (none on the engine flow)."""
-    if cfg.flow != "pytorch":
-        return []
+    """The PyTorch route's own flags (on the engine flow: the torch EAGLE-3 tree only)."""
     from specserve.spec.tree import to_brace
+
+    if cfg.flow != "pytorch":
+        return ["--eagle-choices", to_brace(cfg.eagle_choices)] if cfg.eagle_choices else []
 
     argv: list[str] = []
     values = {"--eagle-choices": to_brace(cfg.eagle_choices) if cfg.eagle_choices else None,
@@ -129,6 +130,8 @@ def make_record(cfg: BuildConfig, commands: list[list[str]],
         "pp_size": cfg.pp_size,
         "world_size": cfg.world_size,
         "config": cfg.to_dict(),
+        **({"eagle_choices": [list(p) for p in cfg.eagle_choices]}  # torch EAGLE-3 tree
+           if cfg.eagle_choices is not None and cfg.flow == "engine" else {}),
         "input_hashes": input_hashes(cfg),
         "versions": package_versions(),
         "command": cli_argv(cfg),

@@ -146,8 +146,9 @@ def _text(summary: dict[str, Any]) -> str:
               help="Load-aware speculation (torch backend): draft budget by running batch size, "
                    "each key a lower bound from 1, e.g. 1:4,8:2,16:0 (chain K, or Medusa tree "
                    "nodes; 0 = no speculation). See `specserve bench --sweep`.")
-@click.option("--eagle-choices", help="--flow pytorch, EAGLE-3: static tree, '{0}, {0, 0}' "
-              "or a file holding it.")
+@click.option("--eagle-choices", help="EAGLE-3: a static tree, '{0}, {0, 0}' or a file "
+              "holding it (--flow pytorch: eagle_choices; --backend torch: the reference "
+              "decoder's tree at T = 0) [default: a chain of --max-draft-len].")
 @click.option("--dynamic-tree-top-k", type=int, help="--flow pytorch, EAGLE-3: dynamic tree "
               "top-K per layer (with --max-total-draft-tokens).")
 @click.option("--max-total-draft-tokens", type=int, help="--flow pytorch: dynamic tree size.")

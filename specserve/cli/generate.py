@@ -52,6 +52,9 @@ def _render(d: dict[str, Any]) -> str:
                    "probability than this (lossless; pair with a large --num-draft-tokens).")
 @click.option("--medusa-choices", default=None,
               help="Tree as '{0}, {0, 0}, {1}' (default: mc_sim_7b_63 up to the head count).")
+@click.option("--eagle-choices", default=None,
+              help="--eagle3: a static tree '{0}, {1}, {0, 0}' at T = 0 (default: a chain of "
+                   "--num-draft-tokens; sampled requests always get the chain).")
 @click.option("--typical", is_flag=True,
               help="LOSSY Medusa typical acceptance at temperature > 0 (never the default).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
@@ -64,7 +67,7 @@ def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | Non
             min_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
             ignore_eos: bool, num_draft_tokens: int, adaptive_k: bool,
             draft_min_confidence: float, medusa_choices: str | None,
-            typical: bool, dtype: str, device: str, fmt: str) -> None:
+            eagle_choices: str | None, typical: bool, dtype: str, device: str, fmt: str) -> None:
     """Generate from --model (with --medusa, --draft, --eagle3 or --ngram) or from --engine.
 
     \b
@@ -73,6 +76,8 @@ def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | Non
           --max-tokens 64 --format json
       specserve generate --model ckpt/target --medusa ckpt/medusa --prompt "import os"
       specserve generate --model ckpt/target --eagle3 ckpt/eagle3 --prompt "def add("
+      specserve generate --model ckpt/target --eagle3 ckpt/eagle3 \
+          --eagle-choices "{0}, {1}, {0, 0}, {0, 0, 0}" --prompt "def add("
       specserve generate --model ckpt/target --draft ckpt/draft --num-draft-tokens 32 \\
           --draft-min-confidence 0.6 --prompt "class Stack:"
       specserve generate --engine engines/demo --prompt "for i in" --temperature 0.8 --seed 1
@@ -93,7 +98,8 @@ def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | Non
             model_dir, medusa_dir=None if no_spec else medusa_dir,
             draft_dir=None if no_spec else draft_dir, ngram=ngram and not no_spec,
             eagle3_dir=None if no_spec else eagle3_dir,
-            max_draft_len=num_draft_tokens, medusa_choices=medusa_choices,
+            eagle_choices=None if no_spec else eagle_choices, max_draft_len=num_draft_tokens,
+            medusa_choices=medusa_choices,
             medusa_acceptance="typical" if typical else "greedy", dtype=dtype, device=device,
             adaptive_draft_len=adaptive_k, draft_min_confidence=draft_min_confidence)
         tokenizer = loader.load_tokenizer(model_dir)

@@ -33,6 +33,10 @@ def _summary(data: dict[str, Any]) -> str:
 @click.option("--draft-vocab", type=int, default=None,
               help="Draft vocabulary: the N most frequent target ids in the training data "
                    "[default: min(vocab, 32000)].")
+@click.option("--intermediate-size", type=click.IntRange(1), default=None,
+              help="The head's MLP width [default: the target's]; smaller is a cheaper step.")
+@click.option("--num-heads", type=click.IntRange(1), default=None,
+              help="The head's attention heads (as many KV heads) [default: the target's].")
 @click.option("--ttt-steps", type=click.IntRange(1, 16), default=3, show_default=True,
               help="Training-time-test steps (EAGLE-3 uses 7 at scale).")
 @click.option("--data", type=click.Path(path_type=Path), default=None,
@@ -60,7 +64,8 @@ def _summary(data: dict[str, Any]) -> str:
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
 @click.option("--force", is_flag=True, help="Replace OUT if a previous train-eagle3 wrote it.")
 @FORMAT_OPTION
-def command(model_dir: Path, out: Path, draft_vocab: int | None, ttt_steps: int,
+def command(model_dir: Path, out: Path, draft_vocab: int | None,
+            intermediate_size: int | None, num_heads: int | None, ttt_steps: int,
             data: Path | None, samples: int, prompt_len: int, gen_len: int, steps: int,
             minutes: float | None, batch_seqs: int, lr: float, eval_prompts: int,
             eval_gen_len: int, max_draft_len: int, seed: int, device: str,
@@ -76,6 +81,8 @@ def command(model_dir: Path, out: Path, draft_vocab: int | None, ttt_steps: int,
       specserve train-eagle3 --model checkpoints/demo/target --out heads/eagle3
       specserve train-eagle3 --model ./my-llama --out e3/ --minutes 30 --draft-vocab 32000
       specserve train-eagle3 --model ./my-llama --out e3/ --data prompts.jsonl --ttt-steps 7
+      specserve train-eagle3 --model checkpoints/demo/target --out e3-slim/ \
+          --intermediate-size 256 --num-heads 2 --draft-vocab 1024
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -89,7 +96,8 @@ def command(model_dir: Path, out: Path, draft_vocab: int | None, ttt_steps: int,
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = Eagle3TrainConfig(
-        model=str(model_dir), out=str(out), draft_vocab=draft_vocab, ttt_steps=ttt_steps,
+        model=str(model_dir), out=str(out), draft_vocab=draft_vocab,
+        intermediate_size=intermediate_size, num_heads=num_heads, ttt_steps=ttt_steps,
         data=str(data) if data else None, samples=samples, prompt_len=prompt_len,
         gen_len=gen_len, steps=steps, minutes=minutes, batch_seqs=batch_seqs, lr=lr,
         eval_prompts=eval_prompts, eval_gen_len=eval_gen_len, max_draft_len=max_draft_len,

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from specserve.errors import SpecserveError
 from specserve.runtime.cpu_linear import Linear, lay_out, linear
-from specserve.runtime.kvcache import KVCache, RopeModel
+from specserve.runtime.kvcache import KVCache, RopeModel, _Step
 from specserve.runtime.model import (
     Attention,
     ModelConfig,
@@ -78,11 +78,16 @@ class Eagle3Config:
     @classmethod
     def for_target(cls, target: ModelConfig, draft_vocab_size: int,
                    aux_layer_ids: tuple[int, ...] | None = None,
-                   intermediate_size: int | None = None) -> Eagle3Config:
-        """A head shaped like one layer of ``target``."""
+                   intermediate_size: int | None = None,
+                   num_heads: int | None = None) -> Eagle3Config:
+        """A head shaped like one layer of ``target``; a slimmer MLP (``intermediate_size``)
+        or fewer attention heads (``num_heads``, as many KV heads) make each draft step
+        cheaper where the target is shallow."""
         ids = aux_layer_ids or default_aux_layers(target.num_layers)
+        nh = num_heads or target.num_heads
+        nkv = target.num_kv_heads if num_heads is None else num_heads
         return cls(target.hidden_size, intermediate_size or target.intermediate_size,
-                   target.num_heads, target.num_kv_heads, target.head_dim, target.rms_norm_eps,
+                   nh, nkv, target.head_dim, target.rms_norm_eps,
                    target.rope_theta, target.rope_scaling, target.max_position_embeddings,
                    target.vocab_size, draft_vocab_size, target.hidden_size, tuple(ids))
 
@@ -219,11 +224,12 @@ class Eagle3Head(RopeModel):
         return x + linear(F.silu(g) * u, self.down)
 
     def forward(self, tokens: torch.Tensor, feats: torch.Tensor, cache: KVCache,
-                lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, T], feats [B, T, H] at positions ``cache.lengths[b] + t`` -> the next
-        features (prenorm) [B, T, H]; the cache is written, ``cache.lengths`` left to the
-        caller (as :meth:`Transformer.forward`)."""
-        st = self.step_inputs(tokens, cache, lengths)
+                lengths: torch.Tensor | None = None, step: _Step | None = None) -> torch.Tensor:
+        """tokens [B, T], feats [B, T, H] at positions ``cache.lengths[b] + t`` (or where
+        ``step``, e.g. :meth:`level_inputs`, puts them) -> the next features (prenorm)
+        [B, T, H]; the cache is written, ``cache.lengths`` left to the caller (as
+        :meth:`Transformer.forward`)."""
+        st = step if step is not None else self.step_inputs(tokens, cache, lengths)
         x = feats + _attention(self.embed_and_norm(tokens, feats), self.attn, cache.k[0],
                                cache.v[0], st)
         return self.mlp(x)

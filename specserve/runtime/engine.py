@@ -48,6 +48,7 @@ def load_engine(engine_dir: str | Path, device: str = "cpu") -> LoadedEngine:
         ngram=mode == "ngram",
         max_draft_len=rec.max_draft_len,
         medusa_choices=rec.medusa_choices_list,
+        eagle_choices=rec.get("eagle_choices") if mode == "eagle3" else None,  # static tree
         dtype=rec.dtype,
         device=device,
         # optional: end draft chains at unsure drafts (loader.build_decoder; 0 = off)

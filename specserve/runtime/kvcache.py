@@ -58,16 +58,18 @@ class KVCache:
 
 
 def step_mask(lengths: torch.Tensor, node_mask: torch.Tensor, span: int) -> torch.Tensor:
-    """Attention mask [B, 1, T, span] for T new tokens written at ``lengths[b] + t``.
+    """Attention mask [B, 1, T, span] for T new tokens whose keys sit at ``lengths[b] + w``.
 
-    lengths: [B] int64 valid cache length per row; node_mask: [T, T] bool (new i sees new j).
+    lengths: [B] int64 valid cache length per row; node_mask: [T, W] bool (new i sees slot w
+    after the valid length; W = T for one forward's own tokens, more when earlier forwards of a
+    draft tree wrote slots there too). Keys before ``lengths[b]`` are all visible.
     """
-    t = node_mask.shape[0]
+    w = node_mask.shape[1]
     keys = torch.arange(span, device=lengths.device)
     rel = keys[None, :] - lengths[:, None]  # [B, S]
     past = rel < 0
-    in_new = (rel >= 0) & (rel < t)
-    new = node_mask[:, rel.clamp(0, t - 1)].permute(1, 0, 2)  # [B, T, S]
+    in_new = (rel >= 0) & (rel < w)
+    new = node_mask[:, rel.clamp(0, w - 1)].permute(1, 0, 2)  # [B, T, S]
     return (past[:, None, :] | (in_new[:, None, :] & new))[:, None]
 
 
@@ -146,3 +148,27 @@ class RopeModel(nn.Module):
                 node_mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
             mask = step_mask(lengths, node_mask, span)
         return _Step(cos, sin, write, span, mask)
+
+    def level_inputs(self, cache: KVCache, pos: int, first_slot: int,
+                     visible: torch.Tensor) -> _Step:
+        """One level of a draft tree (:class:`specserve.spec.tree.TreeLevel`): T new tokens, all
+        at position ``cache.lengths[b] + pos``, written at slots ``cache.lengths[b] +
+        first_slot + t``, seeing every valid key and the tree slots ``visible [T, W]`` marks."""
+        t, w = visible.shape
+        lens = cache.lengths
+        span = max(lens) + w
+        if span > cache.max_len:
+            raise SpecserveError(f"sequence length {span} exceeds the KV cache ({cache.max_len})")
+        cos_t, sin_t = self.rope_tables(span)
+        dev, n = cos_t.device, lens[0]
+        if all(x == n for x in lens):  # one offset: views and one mask for the batch
+            cos, sin = cos_t[n + pos:n + pos + 1][None, :, None], \
+                sin_t[n + pos:n + pos + 1][None, :, None]  # [1, 1, 1, D]
+            past = torch.ones(t, n, dtype=torch.bool, device=dev)
+            mask = torch.cat([past, visible.to(dev)], dim=1)[None, None]  # [1, 1, T, span]
+            return _Step(cos, sin, n + first_slot, span, mask)
+        lengths = torch.tensor(lens, device=dev)  # [B]
+        at = lengths + pos  # [B]
+        cos, sin = cos_t[at][:, None, None], sin_t[at][:, None, None]  # [B, 1, 1, D]
+        write = lengths[:, None] + first_slot + torch.arange(t, device=dev)  # [B, T]
+        return _Step(cos, sin, write, span, step_mask(lengths, visible.to(dev), span))

@@ -48,6 +48,19 @@ def medusa_tree(num_heads: int, choices: str | list[list[int]] | None = None) ->
     return MedusaTree.from_choices(choices, num_heads)
 
 
+def _eagle_tree(choices: str | list[list[int]] | None) -> list[list[int]] | None:
+    """``--eagle-choices`` (brace or list form) as a validated list, or one error line."""
+    if choices is None:
+        return None
+    try:
+        tree = MedusaTree.from_brace(choices) if isinstance(choices, str) else \
+            MedusaTree.from_choices(choices)
+    except SpecserveError as e:
+        raise SpecserveError(f"--eagle-choices: {str(e).removeprefix('medusa_choices: ')}") \
+            from e
+    return tree.to_list()
+
+
 def build_decoder(
     model_dir: str | Path,
     *,
@@ -64,6 +77,7 @@ def build_decoder(
     draft_dtype: str | None = None,
     draft_len_schedule: str | None = None,
     eagle3_dir: str | Path | None = None,
+    eagle_choices: str | list[list[int]] | None = None,
 ) -> SpecDecoder:
     """A decoder over ``model_dir`` with at most one of Medusa heads, a draft model, n-gram.
 
@@ -73,11 +87,14 @@ def build_decoder(
     ``dtype``) runs the draft model in another dtype: its proposals only steer acceptance, so any
     dtype is lossless (on CPU a float32 draft beside a bfloat16 target is ~1.5x faster here).
     ``draft_len_schedule`` ("1:4,8:2,16:0"): load-aware draft budget by batch size
-    (:mod:`specserve.spec.schedule`)."""
+    (:mod:`specserve.spec.schedule`). ``eagle_choices`` (brace or list form): a static EAGLE-3
+    tree instead of the chain of ``max_draft_len``."""
     if not 0.0 <= draft_min_confidence <= 1.0:
         raise SpecserveError(f"draft_min_confidence must be in [0, 1], got {draft_min_confidence}")
     if sum([medusa_dir is not None, draft_dir is not None, ngram, eagle3_dir is not None]) > 1:
         raise SpecserveError("choose at most one of --medusa, --draft, --ngram, --eagle3")
+    if eagle_choices is not None and eagle3_dir is None:
+        raise SpecserveError("--eagle-choices: only with --eagle3")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SpecserveError(f"device {device!r}: CUDA is not available")
     torch_dtype = parse_dtype(dtype)
@@ -95,7 +112,7 @@ def build_decoder(
         from specserve.runtime.proposers.eagle3 import Eagle3Proposer
 
         head = load_eagle3(eagle3_dir, target.cfg, torch_dtype, device)
-        proposer = Eagle3Proposer(head, max_draft_len)
+        proposer = Eagle3Proposer(head, max_draft_len, _eagle_tree(eagle_choices))
     elif draft_dir is not None:
         ddtype = torch_dtype if draft_dtype is None else parse_dtype(draft_dtype)
         draft = DraftModelProposer(load_model(draft_dir, ddtype, device), max_draft_len)

@@ -233,3 +233,60 @@ def tree_greedy_verify(
     tokens = torch.where(cols < (best_len - 1)[:, None], tokens, torch.full_like(tokens, -1))
     tokens[rows, best_len - 1] = best[rows, last]
     return TreeVerifyResult(tokens=tokens, num_emitted=best_len, accepted_nodes=accepted)
+
+
+@dataclass(frozen=True)
+class TreeLevel:
+    """One expansion of a draft tree grown by an autoregressive drafter (EAGLE's static tree:
+    the choices' ranks are top-k ranks of the drafter's distribution *after its parent*, not of
+    independent heads as in Medusa; TensorRT-LLM's ``eagle_choices`` use the same paths).
+
+    Level d (0-based) feeds the ``nodes`` at depth d that have children (d = 0: the root alone,
+    which the drafter has already run) and fills their children: child ``children[i]`` takes
+    rank ``ranks[i]`` of the distribution at ``nodes[parent_slot[i]]``. ``feed_parent[j]`` is
+    the index, in the previous level's ``nodes``, of node j's parent (the drafter's output there
+    is node j's input feature); ``visible [len(nodes), slots]`` says which drafter cache slots of
+    this and the earlier levels' fed nodes node j attends to (its ancestors and itself); the
+    nodes of level d are written at slots ``first_slot..first_slot + len(nodes) - 1``."""
+
+    nodes: tuple[int, ...]
+    feed_parent: tuple[int, ...]
+    first_slot: int
+    visible: torch.Tensor  # [len(nodes), first_slot + len(nodes)] bool
+    children: tuple[int, ...]
+    parent_slot: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+
+def tree_levels(tree: MedusaTree) -> list[TreeLevel]:
+    """The expansion plan of ``tree`` for an autoregressive drafter: level 0 (the root) and one
+    level per depth whose nodes have children (pure; node indices as :func:`build_tree_buffers`)."""
+    index = {p: i + 1 for i, p in enumerate(tree.choices)}
+    path_of = {0: ()} | {i: p for p, i in index.items()}
+    fed: dict[int, int] = {}  # node -> drafter cache slot (levels >= 1)
+    levels: list[TreeLevel] = []
+    prev: tuple[int, ...] = (0,)
+    prev_local: dict[int, int] = {0: 0}
+    for depth in range(tree.depth):
+        nodes = prev if depth == 0 else tuple(
+            index[p] for p in tree.choices if len(p) == depth and
+            any(len(c) == depth + 1 and c[:-1] == p for c in tree.choices))
+        first = len(fed)
+        if depth:
+            for j, node in enumerate(nodes):
+                fed[node] = first + j
+        vis = torch.zeros(len(nodes), len(fed), dtype=torch.bool)
+        for j, node in enumerate(nodes if depth else ()):
+            p = path_of[node]
+            for d in range(1, len(p) + 1):
+                vis[j, fed[index[p[:d]]]] = True
+        kids = [p for p in tree.choices if len(p) == depth + 1]
+        local = {n: j for j, n in enumerate(nodes)}
+        feed_parent = tuple(prev_local[index[path_of[n][:-1]]] if depth > 1 else 0
+                            for n in nodes)
+        levels.append(TreeLevel(nodes, feed_parent, first, vis, tuple(index[c] for c in kids),
+                                tuple(local[index[c[:-1]] if len(c) > 1 else 0] for c in kids),
+                                tuple(c[-1] for c in kids)))
+        prev_local = local
+        prev = nodes
+    return levels

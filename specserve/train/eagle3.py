@@ -71,6 +71,8 @@ class Eagle3TrainConfig(JsonConfig):
     model: str
     out: str
     draft_vocab: int | None = None  # None: min(vocab, 32000)
+    intermediate_size: int | None = None  # None: the target's
+    num_heads: int | None = None  # attention heads (as many KV heads); None: the target's
     ttt_steps: int = 3
     step_decay: float = 0.8
     data: str | None = None
@@ -96,6 +98,11 @@ class Eagle3TrainConfig(JsonConfig):
                 raise SpecserveError(f"train-eagle3: --{name.replace('_', '-')} must be >= 1")
         if self.eval_prompts < 0 or self.eval_gen_len < 1:
             raise SpecserveError("train-eagle3: --eval-prompts must be >= 0, --eval-gen-len >= 1")
+        for name in ("intermediate_size", "num_heads"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise SpecserveError(f"train-eagle3: --{name.replace('_', '-')} must be >= 1, "
+                                     f"got {v}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise SpecserveError(f"train-eagle3: --draft-vocab must be >= 1, got "
                                  f"{self.draft_vocab}")
@@ -381,7 +388,8 @@ def run_train_eagle3(cfg: Eagle3TrainConfig, reporter: Reporter | None = None, *
         train_seqs, held = seqs[:seqs.shape[0] - n_held], seqs[seqs.shape[0] - n_held:]
         ids = draft_vocabulary(train_seqs, target.cfg.vocab_size, size)
         coverage = float(torch.isin(train_seqs, ids).float().mean())
-        head = Eagle3Head(Eagle3Config.for_target(target.cfg, size))
+        head = Eagle3Head(Eagle3Config.for_target(
+            target.cfg, size, intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads))
         init_head(head, target, ids, cfg.seed)
         head.to(cfg.device).bind(target.embed.weight)
         target.capture = head.cfg.aux_layer_ids

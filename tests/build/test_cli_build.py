@@ -234,3 +234,31 @@ def test_eagle3_on_trtllm_plans_the_pytorch_route_unless_the_engine_flow_is_aske
                            "--format", "json"))
     assert torch_plan["config"]["backend"] == "torch" and "flow" not in torch_plan["config"]
     assert torch_plan["config"]["eagle3"] == str(head)  # recorded: make engine sees a change
+
+
+def test_a_torch_eagle3_engine_records_its_static_tree_and_loads_it(
+        tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    """--backend torch --eagle3 --eagle-choices: the tree is recorded (max_draft_len = its
+    depth) and the loaded engine proposes it; a --max-draft-len that is not the depth and a
+    tree without its prefixes are one line, exit 2, nothing written."""
+    from specserve.runtime.eagle3_dir import save_eagle3
+    from specserve.runtime.engine import load_engine
+    from specserve.runtime.model import load_model
+    from tests.runtime.test_eagle3 import random_head
+
+    head = save_eagle3(random_head(load_model(tiny_ckpt.target)), tmp_path / "eagle3")
+    base = ["build", "--model", str(tiny_ckpt.target), "--eagle3", str(head), "--backend",
+            "torch", "--dtype", "float32"]
+    res = CliRunner().invoke(cli, [*base, "--eagle-choices", "{0}, {1}, {0, 0}",
+                                   "--out", str(tmp_path / "e")])
+    assert res.exit_code == 0, res.output
+    rec = json.loads((tmp_path / "e" / "build_config.json").read_text())
+    assert rec["eagle_choices"] == [[0], [1], [0, 0]] and rec["max_draft_len"] == 2
+    assert "--eagle-choices" in rec["command"]
+    prop = load_engine(tmp_path / "e").decoder.proposer
+    assert prop is not None and prop.lookahead == 3 and prop.max_draft_len == 2
+    for extra, match in ((["--eagle-choices", "{0}, {0, 0}", "--max-draft-len", "4"],
+                          "2 deep"), (["--eagle-choices", "{0}, {0, 1, 1}"], "lacks its prefix")):
+        bad = CliRunner().invoke(cli, [*base, *extra, "--out", str(tmp_path / "bad")])
+        assert bad.exit_code == 2 and match in bad.output, bad.output
+        assert len(bad.output.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()

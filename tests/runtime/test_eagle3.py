@@ -16,12 +16,21 @@ from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head, ttt_forward
 from specserve.runtime.eagle3_dir import load_eagle3, save_eagle3
 from specserve.runtime.model import Transformer
+from specserve.runtime.proposers.base import (
+    ChainProposal,
+    ProposalRequest,
+    StepOutcome,
+    TreeProposal,
+)
 from specserve.runtime.proposers.eagle3 import Eagle3Proposer
+from specserve.spec.tree import MedusaTree
 from tests.runtime.conftest import TinyModels
 
 torch.set_num_threads(1)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39],
            [7, 100, 7, 100]]
+# a static tree: ranks 0-2 at depth 1, two branches below, a depth-4 spine
+TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0]]
 
 
 def random_head(target: Transformer, seed: int = 0, draft_vocab: int | None = None,
@@ -213,3 +222,98 @@ def test_a_qwen3_target_with_its_own_head_dim_decodes_losslessly(
     got = SpecDecoder(target, Eagle3Proposer(head, max_draft_len=3)).generate(PROMPTS[:2], params)
     assert [r.token_ids for r in got] == [r.token_ids for r in plain]
     assert sum(r.stats.draft_tokens for r in got) > 0
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_static_tree_equals_plain_decoding(tiny_models: TinyModels, batch: int) -> None:
+    """Greedy decoding with the tree keeps plain decoding's tokens (batch 1 and 4, rows at
+    different lengths) and accepts more than one draft per step somewhere."""
+    prompts = PROMPTS[:batch]
+    params = SamplingParams(max_tokens=20)
+    plain = SpecDecoder(tiny_models.target).generate(prompts, params)
+    for scale in (0.3, 0.05):
+        head = random_head(tiny_models.target_copy, seed=2, scale=scale)
+        got = SpecDecoder(tiny_models.target_copy, Eagle3Proposer(head, choices=TREE)).generate(
+            prompts, params)
+        assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+        assert sum(r.stats.draft_tokens for r in got) == sum(r.stats.steps for r in got) * len(TREE)
+
+
+def test_each_tree_node_is_the_heads_ranked_draft_after_its_path(
+        tiny_models: TinyModels) -> None:
+    """The tree's levels (which feature, position, cache slots and mask each node gets): node
+    p = [r1, .., rd] holds rank rd of the head's distribution after the drafts of its ancestors,
+    as the training-time test computes it over the context followed by those drafts."""
+    target = tiny_models.target_copy
+    head = random_head(target, seed=3, scale=0.3)
+    prop = Eagle3Proposer(head, choices=TREE)
+    calls: list[tuple[list[list[int]], list[list[int]]]] = []
+    inner = prop.tree_tokens
+
+    def recording(seqs, levels, topk):  # type: ignore[no-untyped-def]
+        out = inner(seqs, levels, topk)
+        calls.append(([list(s) for s in seqs], out.tolist()))
+        return out
+
+    prop.tree_tokens = recording  # type: ignore[method-assign]
+    SpecDecoder(target, prop).generate(PROMPTS[:3], SamplingParams(max_tokens=12))
+    tree, ids, checked = MedusaTree.from_choices(TREE), head.target_ids(), 0
+    index = {p: i + 1 for i, p in enumerate(tree.choices)}
+    for seqs, tokens in calls[:4]:
+        for seq, toks in zip(seqs, tokens, strict=True):
+            for path in tree.choices:
+                drafts = [toks[index[path[:d]]] for d in range(1, len(path))]
+                ext = seq + drafts
+                with torch.inference_mode():
+                    step = ttt_forward(head, _aux(target, head, ext), torch.tensor([ext]),
+                                       len(path))[len(path) - 1][0, len(seq) - 2]  # [Vd]
+                want = step.topk(path[-1] + 1).values[-1]
+                got = step[(ids == toks[index[path]]).nonzero()[0, 0]]
+                assert abs(float(got - want)) < 1e-4, (seq, path)
+                checked += 1
+    assert checked == 4 * 3 * len(TREE)
+
+
+def test_a_tree_proposer_gives_sampled_batches_the_chain(tiny_models: TinyModels) -> None:
+    """Trees are verified greedily; a batch with a sampled row gets the lossless chain (q =
+    the head's probabilities) of the tree's depth, and a schedule's budget cuts the tree."""
+    target = tiny_models.target_copy
+    prop = Eagle3Proposer(random_head(target, seed=5), choices=TREE)
+    greedy, hot = SamplingParams(max_tokens=8), SamplingParams(max_tokens=8, temperature=1.0)
+    g = [torch.Generator().manual_seed(0)]
+    assert prop.max_draft_len == 4 and prop.lookahead == len(TREE)
+    with torch.inference_mode():  # the proposer's state: after a 3-token generation
+        out = SpecDecoder(target, prop).generate([PROMPTS[0]], SamplingParams(max_tokens=3))
+        seqs = [list(PROMPTS[0]) + out[0].token_ids]
+        tree = prop.get_proposal(ProposalRequest(seqs, [4], [greedy], g))
+        chain = prop.get_proposal(ProposalRequest(seqs, [4], [hot], g))
+        cut = prop.get_proposal(ProposalRequest(seqs, [4], [greedy], g, tree_budget=4))
+    assert isinstance(tree, TreeProposal) and tree.tokens.shape == (1, len(TREE) + 1)
+    assert isinstance(chain, ChainProposal) and chain.probs is not None
+    assert chain.tokens.shape == (1, 4)
+    assert isinstance(cut, TreeProposal) and cut.tokens.shape == (1, 5)
+
+
+def test_after_a_tree_step_the_head_gets_the_kept_paths_states_in_order(
+        tiny_models: TinyModels) -> None:
+    """A tree step keeps nodes [0, 2, 5] (root, then two accepted drafts): the head's pending
+    features are the fused target states of exactly those nodes, in path order."""
+    target = tiny_models.target_copy
+    head = random_head(target, seed=6)
+    prop = Eagle3Proposer(head, choices=TREE)
+    prop.bind(target)
+    prompt, width = PROMPTS[0], len(head.cfg.aux_layer_ids) * target.cfg.hidden_size
+    g = torch.Generator().manual_seed(0)
+    prop.start([prompt], 64)
+    with torch.inference_mode():
+        prefill = torch.randn(1, len(prompt), width, generator=g)
+        prop.update(StepOutcome(torch.zeros(1, len(prompt), 1), [len(prompt) - 1], [0],
+                                [prompt + [9]], aux=prefill))
+        assert prop.feats[0] is not None
+        assert torch.equal(prop.feats[0], head.fuse(prefill[0]))
+        assert prop.cache is not None
+        prop.cache.lengths, prop.feats = [len(prompt)], [None]  # as after a catch-up
+        aux = torch.randn(1, len(TREE) + 1, width, generator=g)
+        prop.update(StepOutcome(torch.zeros(1, len(TREE) + 1, 1), [5], [2],
+                                [prompt + [9, 40, 41, 42]], paths=[[0, 2, 5]], aux=aux))
+        assert torch.equal(prop.feats[0], head.fuse(aux[0, [0, 2, 5]]))

@@ -30,7 +30,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 3
 MAX_TOKENS = [24, 9, 17, 30, 5, 21, 12]
 ARRIVE = [0, 0, 0, 1, 1, 2, 6]      # the scheduler step at which request i is submitted
 TREE = MedusaTree.from_choices([[0], [1], [0, 0], [1, 0], [1, 1], [1, 0, 0], [0, 1]])
-KINDS = ["none", "draft_same", "draft_random", "ngram", "medusa", "eagle3"]
+KINDS = ["none", "draft_same", "draft_random", "ngram", "medusa", "eagle3", "eagle3_tree"]
 
 
 def _proposer(kind: str, m: TinyModels) -> Proposer | None:
@@ -45,6 +45,9 @@ def _proposer(kind: str, m: TinyModels) -> Proposer | None:
     if kind == "eagle3":
         from tests.runtime.test_eagle3 import random_head
         return Eagle3Proposer(random_head(m.target, seed=4, scale=0.05), max_draft_len=3)
+    if kind == "eagle3_tree":  # greedy rows: the static tree; sampled rows: the chain
+        from tests.runtime.test_eagle3 import random_head
+        return Eagle3Proposer(random_head(m.target, seed=4, scale=0.05), choices=TREE.choices)
     heads = load_medusa_heads(m.ckpt.medusa, 64, m.target.cfg.vocab_size)
     return MedusaProposer(heads, TREE)
 

@@ -118,6 +118,13 @@ def test_the_saved_directory_loads_and_decodes_like_plain(runs: tuple[Eagle3Resu
                                                                                   params)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
     assert sum(r.stats.accepted_tokens for r in spec) > 0
+    tree = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0]]  # a static tree of the same depth
+    got = build_decoder(sharp_target, eagle3_dir=out, eagle_choices=tree).generate(prompts,
+                                                                                   params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+    # a trained head keeps accepting with the tree (which holds the chain's first branch)
+    assert sum(r.stats.accepted_tokens for r in got) >= sum(r.stats.accepted_tokens
+                                                          for r in spec)
 
 
 def _invoke(args: list[str]) -> tuple[int, str]:
@@ -144,6 +151,13 @@ def test_cli_writes_the_portable_directory(sharp_target: Path, tmp_path: Path) -
     assert code == 0, text
     vocab = json.loads((sharp_target / "config.json").read_text())["vocab_size"]
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == vocab
+    code, text = _invoke(["train-eagle3", "--model", str(sharp_target), "--out", str(out),
+                          *FLAGS, "--force", "--intermediate-size", "24", "--num-heads", "1"])
+    assert code == 0, text  # a slimmer head: its own MLP width and head count, as vLLM reads
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["intermediate_size"], cfg["num_attention_heads"],
+            cfg["num_key_value_heads"]) == (24, 1, 1)
+    assert load_eagle3(out, load_model(sharp_target).cfg).cfg.num_heads == 1
 
 
 def test_bad_input_is_one_line_and_writes_nothing(sharp_target: Path, tmp_path: Path) -> None:
@@ -162,6 +176,8 @@ def test_bad_input_is_one_line_and_writes_nothing(sharp_target: Path, tmp_path: 
           str(vocab + 1)], f"--draft-vocab {vocab + 1} > the target's vocabulary ({vocab})"),
         (["--model", str(sharp_target), "--out", str(tmp_path / "a"), "--draft-vocab", "0"],
          "--draft-vocab must be >= 1"),
+        (["--model", str(sharp_target), "--out", str(tmp_path / "a"), "--num-heads", "0"],
+         "--num-heads"),
         (["--model", str(sharp_target), "--out", str(mine), "--force"], "not written by"),
         (["--model", str(sharp_target), "--out", str(mine)], "already exists"),
     ]

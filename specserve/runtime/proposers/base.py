@@ -192,7 +192,8 @@ class ChainProposer:
     def evict(self, row: int) -> None:
         """In-flight batching: nothing per row to keep."""
 
-    def get_proposal(self, request: ProposalRequest) -> ChainProposal | None:
+    def get_proposal(self, request: ProposalRequest) -> Proposal | None:
+        """The chain of :meth:`propose` (a subclass may return a tree, as EAGLE-3 does)."""
         if max(request.limits) == 0:
             return None
         return self.propose(request.seqs, request.limits, request.params, request.generators)

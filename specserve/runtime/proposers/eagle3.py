@@ -1,4 +1,6 @@
-"""EAGLE-3 chain proposals (Li et al. 2025, "EAGLE-3"; the head: :mod:`specserve.runtime.eagle3`).
+"""EAGLE-3 proposals (Li et al. 2025, "EAGLE-3"; the head: :mod:`specserve.runtime.eagle3`):
+a chain of K drafts, or a static tree (EAGLE-2's candidate tree with fixed shape, Li et al.
+2024; ``eagle_choices`` as in TensorRT-LLM's EagleDecodingConfig).
 
 The head reads the target's residual stream at a few layers from the verify forward the
 decoder runs anyway (``Transformer.capture``; :class:`StepOutcome` ``aux``). Each proposal
@@ -8,9 +10,19 @@ output at the last position gives draft 1, and each further draft feeds the head
 output with the previous draft's embedding, as vLLM's EAGLE proposer does. Drafts are argmax
 at T = 0 and sampled from q (the head's distribution mapped to the target vocabulary, zero
 outside the draft vocabulary) otherwise, so rejection sampling stays lossless.
+
+A static tree (greedy rows only; a batch with a sampled row gets the chain, as Medusa does)
+grows level by level (:func:`specserve.spec.tree.tree_levels`): the top-k of the head's output
+at the root fills depth 1; each depth's nodes that have children then go through the head in
+one forward (each node's input feature is its parent's output, all at the same position, each
+attending to the verified cache, its ancestors' slots and itself), and their top-k fill the
+next depth. The decoder verifies the tree in one target forward and keeps the longest accepted
+path, whose target states :meth:`Eagle3Proposer.update` takes in path order.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -21,20 +33,28 @@ from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers.base import (
     ChainProposal,
     ChainProposer,
+    ProposalRequest,
     StepOutcome,
+    TreeProposal,
     pad_drafts,
     sample_rows,
 )
+from specserve.spec.tree import MedusaTree, TreeBuffers, TreeLevel, build_tree_buffers, tree_levels
 
 
 class Eagle3Proposer(ChainProposer):
-    """An EAGLE-3 head over the target's captured layers; records q for rejection sampling."""
+    """An EAGLE-3 head over the target's captured layers; records q for rejection sampling.
+    ``choices``: a static tree (its depth is the chain length at T > 0), else a chain of
+    ``max_draft_len``."""
 
     name = "eagle3"
 
-    def __init__(self, head: Eagle3Head, max_draft_len: int = 4) -> None:
-        super().__init__(max_draft_len)
+    def __init__(self, head: Eagle3Head, max_draft_len: int = 4,
+                 choices: Sequence[Sequence[int]] | None = None) -> None:
+        self.tree = None if choices is None else MedusaTree.from_choices(choices)
+        super().__init__(max_draft_len if self.tree is None else self.tree.depth)
         self.head = head
+        self._plans: dict[int, tuple[TreeBuffers, list[TreeLevel], int]] = {}
         self.cache: KVCache | None = None
         self.pool: KVCache  # in-flight batching only (reserve)
         # per row: fused target features [n, H] of positions cache.lengths[b].. not fed yet
@@ -46,8 +66,12 @@ class Eagle3Proposer(ChainProposer):
         self.head.bind(target.embed.weight)
         target.capture = self.head.cfg.aux_layer_ids
 
+    @property
+    def lookahead(self) -> int:
+        return self.max_draft_len if self.tree is None else self.tree.num_nodes
+
     def _need(self, max_len: int) -> int:
-        return max_len + self.max_draft_len + 2
+        return max_len + self.lookahead + 2
 
     def start(self, prompts: list[list[int]], max_len: int) -> None:
         b = len(prompts)
@@ -80,18 +104,23 @@ class Eagle3Proposer(ChainProposer):
         self.cache.lengths = lens[:last]
 
     def update(self, outcome: StepOutcome) -> None:
-        """Keep the fused target states of the positions the head has not seen (the kept
-        tokens of this forward: index i along T is position ``len(seq) - 2 - last + i``)."""
+        """Keep the fused target states of the positions the head has not seen: the kept
+        tokens of this forward (a chain: indices 0..last along T; a tree: the kept path's
+        nodes), the i-th of n at position ``len(seq) - 1 - n + i``."""
         assert self.cache is not None and outcome.aux is not None
         for b, seq in enumerate(outcome.seqs):
             buf = self.feats[b]
+            n = outcome.last[b] + 1 if outcome.paths is None else len(outcome.paths[b])
             have = self.cache.lengths[b] + (0 if buf is None else buf.shape[0])
-            first = len(seq) - 2 - outcome.last[b]  # position of index 0
-            lo = have - first
+            lo = have - (len(seq) - 1 - n)  # kept tokens the head already has
             if lo < 0:
                 raise RuntimeError(f"eagle3: row {b} lacks target states for positions "
-                                   f"{have}..{first - 1}")
-            new = self.head.fuse(outcome.aux[b, lo:outcome.last[b] + 1])  # [n, H]
+                                   f"{have}..{len(seq) - 2 - n}")
+            if outcome.paths is None:
+                states = outcome.aux[b, lo:n]  # [n - lo, n_aux * Ht]
+            else:
+                states = outcome.aux[b, outcome.paths[b][lo:]]
+            new = self.head.fuse(states)  # [n - lo, H]
             self.feats[b] = new if buf is None else torch.cat([buf, new])
 
     def _catch_up(self, seqs: list[list[int]]) -> torch.Tensor:
@@ -114,6 +143,46 @@ class Eagle3Proposer(ChainProposer):
         last = torch.tensor([max(n - 1, 0) for n in counts], device=dev)
         picked: torch.Tensor = out[torch.arange(len(seqs), device=dev), last]  # [B, H]
         return picked
+
+    def get_proposal(self, request: ProposalRequest) -> ChainProposal | TreeProposal | None:
+        """The tree when one is set and every row is greedy, else the chain."""
+        if request.tree_budget == 0:
+            return None  # a load-aware schedule turned speculation off at this batch size
+        if self.tree is None or any(p.temperature > 0 for p in request.params):
+            return super().get_proposal(request)
+        buf, levels, topk = self._plan(request.tree_budget)
+        return TreeProposal(self.tree_tokens(request.seqs, levels, topk), buf)
+
+    def _plan(self, budget: int | None) -> tuple[TreeBuffers, list[TreeLevel], int]:
+        """The tree's first ``budget`` nodes (a prefix of the (depth, path) order is a tree)
+        as verify buffers, expansion levels and top-k; cached per budget."""
+        assert self.tree is not None
+        n = self.tree.num_nodes if budget is None else min(budget, self.tree.num_nodes)
+        if n not in self._plans:
+            sub = MedusaTree.from_choices(self.tree.choices[:n])
+            b = build_tree_buffers(sub)
+            dev = self.head.device
+            b = type(b)(*(getattr(b, f).to(dev) for f in b.__dataclass_fields__))
+            self._plans[n] = (b, tree_levels(sub), sub.max_topk())
+        return self._plans[n]
+
+    def tree_tokens(self, seqs: list[list[int]], levels: list[TreeLevel],
+                    topk: int) -> torch.Tensor:
+        """Every row's candidate tree [B, N+1] (node 0: the pending token), level by level."""
+        assert self.cache is not None
+        dev, nodes = self.head.device, sum(len(lv.children) for lv in levels)
+        ids = self.head.target_ids()  # [Vd]
+        tokens = torch.zeros(len(seqs), nodes + 1, dtype=torch.long, device=dev)
+        tokens[:, 0] = torch.tensor([s[-1] for s in seqs], device=dev)
+        out = self._catch_up(seqs)[:, None]  # [B, 1, H]: the root's output
+        for d, lv in enumerate(levels):
+            if d:  # feed this depth's inner nodes: token, parent's output, one position
+                feats = out[:, list(lv.feed_parent)]  # [B, n, H]
+                step = self.head.level_inputs(self.cache, d - 1, lv.first_slot, lv.visible)
+                out = self.head(tokens[:, list(lv.nodes)], feats, self.cache, step=step)
+            top = self.head.draft_logits(out).topk(topk, dim=-1).indices  # [B, n, k]
+            tokens[:, list(lv.children)] = ids[top[:, list(lv.parent_slot), list(lv.ranks)]]
+        return tokens
 
     def propose(self, seqs: list[list[int]], limits: list[int], params: list[SamplingParams],
                 generators: list[torch.Generator]) -> ChainProposal:
