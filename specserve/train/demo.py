@@ -69,11 +69,17 @@ class DemoConfig(JsonConfig):
     medusa_steps: int = 150
     medusa_batch_tokens: int = 1024
     medusa_lr: float = 3e-3
-    eagle3_steps: int = 300
+    # EAGLE-3: a slim head (MLP 256, 2 attention heads, 1024 draft ids: ~2.7 MB against the
+    # full-width layer's 6 MB): on this 4-layer target a head as wide as a target layer costs a
+    # quarter of a verify forward per draft token; the slim one reaches the same tau
+    # (docs/benchmarks.md, "EAGLE-3 heads")
+    eagle3_steps: int = 450
     eagle3_batch_seqs: int = 8
     eagle3_lr: float = 3e-3
-    eagle3_draft_vocab: int = 2048
-    eagle3_ttt_steps: int = 3
+    eagle3_draft_vocab: int = 1024
+    eagle3_ttt_steps: int = 4
+    eagle3_intermediate: int = 256
+    eagle3_heads: int = 2
     eval_prompts: int = 16
     eval_gen_len: int = 128
     decoder_eval: bool = True
@@ -213,6 +219,7 @@ def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer) -> dict[st
     ecfg = Eagle3TrainConfig(
         model=str(work / "target"), out=str(work / "eagle3"),
         draft_vocab=min(cfg.eagle3_draft_vocab, len(tok)), ttt_steps=cfg.eagle3_ttt_steps,
+        intermediate_size=cfg.eagle3_intermediate, num_heads=cfg.eagle3_heads,
         samples=cfg.distill_samples, prompt_len=cfg.prompt_len, gen_len=cfg.gen_len,
         steps=cfg.eagle3_steps, batch_seqs=cfg.eagle3_batch_seqs, lr=cfg.eagle3_lr,
         seed=cfg.seed, heldout_fraction=0.0, eval_prompts=0)
