@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: setup test test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
-  peer-aiperf test-peers bench-peers eagle3-vllm bench-methods aiperf-crosscheck trtllm-check \
+  peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
   clean help
 
 help:
@@ -156,6 +156,12 @@ eagle3-vllm: setup peer-vllm
 	$(BIN)/python benchmarks/peers.py --work reports/eagle3-vllm --concurrency 1 --requests 16 \
 	  --only "vllm eagle3 K=4,specserve eagle3 K=4,vllm medusa K=4,specserve medusa chain K=4" \
 	  $(PEERS_ARGS)
+
+# make bench-proposal: proposal cost per step and tau of the draft model and the demo's EAGLE-3
+# head (chain, and a static tree), in one process (benchmarks/proposal_cost.py)
+bench-proposal: setup
+	@test -f checkpoints/demo/eagle3/config.json || $(BIN)/specserve demo-model --out checkpoints/demo --force
+	$(BIN)/python benchmarks/proposal_cost.py --tree "{0}, {1}, {0, 0}, {0, 1}, {1, 0}, {0, 0, 0}, {0, 0, 1}, {0, 0, 0, 0}" $(PROPOSAL_ARGS)
 
 # make bench-methods: EAGLE-3 against no speculation, draft, n-gram and Medusa on one Triton
 # server, each pair in one interleaved run (benchmarks/methods.py; reports/methods)

@@ -6,8 +6,9 @@ speculation) plus an ensemble per other method (``ensemble_draft``, ``ensemble_n
 ``ensemble_medusa``: copies of the ``tensorrt_llm`` model pointed at that method's torch engine).
 Each comparison is one ``specserve bench`` run that interleaves the two variants request by
 request (``--model A --baseline-model B``), so both see the same machine state: its per-user
-speedup (A over B, with the bootstrap interval) is the figure, not the absolute tok/s. T = 0,
-``--end-id -1`` (every answer has ``--max-tokens`` tokens), builtin code prompts.
+speedup (A over B, with the bootstrap interval) is the figure, not the absolute tok/s. T = 0
+unless ``--temperature``, ``--end-id -1`` (every answer has ``--max-tokens`` tokens), builtin
+code prompts.
 
     .venv/bin/python benchmarks/methods.py --work reports/methods
 """
@@ -38,12 +39,12 @@ def _peers() -> Any:
     return mod
 
 
-def make_repo(work: Path, eagle3: Path) -> Path:
+def make_repo(work: Path, eagle3: Path, eagle3_k: int = 4) -> Path:
     """The EAGLE-3 engine's repository plus one tensorrt_llm model + ensemble per method."""
     peers = _peers()
     engines = {k: work / f"engine-{k}" for k in ("eagle3", *OTHERS)}
     for kind, path in engines.items():
-        peers.build_engine(kind, path, eagle3)
+        peers.build_engine(kind, path, eagle3, eagle3_k)
     repo = work / "repo"
     subprocess.run([sys.executable, "-m", "specserve.cli.main", "repo", "--engine",
                     str(engines["eagle3"]), "--out", str(repo), "--baseline", "--force"],
@@ -70,7 +71,8 @@ def compare(args: argparse.Namespace, url: str, a: str, b: str, out: Path) -> di
     cmd = [sys.executable, "-m", "specserve.cli.main", "bench", "--url", url, "--model", a,
            "--baseline-model", b, "--prompts", "builtin-code", "--concurrency",
            str(args.concurrency), "--requests", str(args.requests), "--warmup", "4",
-           "--max-tokens", str(args.max_tokens), "--temperature", "0", "--end-id", "-1",
+           "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature),
+           "--seed", "0", "--end-id", "-1",
            "--out", str(out), "--format", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode not in (0, 1):
@@ -97,10 +99,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="T > 0: every method's lossless sampled path (Medusa: its chain)")
+    ap.add_argument("--eagle3-k", type=int, default=4, help="EAGLE-3 chain length (others: 4)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.work.mkdir(parents=True, exist_ok=True)
-    repo = make_repo(args.work, args.eagle3)
+    repo = make_repo(args.work, args.eagle3, args.eagle3_k)
     srv = TritonServer(repo, log_path=args.work / "triton.log").start(timeout_s=300)
     rows = []
     try:

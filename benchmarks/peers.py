@@ -74,11 +74,11 @@ def vllm(args: argparse.Namespace, spec: dict[str, Any] | None, log: Path) -> It
         yield srv.base_url
 
 
-def build_engine(kind: str, out: Path, eagle3: Path) -> None:
+def build_engine(kind: str, out: Path, eagle3: Path, eagle3_k: int = 4) -> None:
     if (out / "build_config.json").exists():
         return
     extra = {"draft": ["--draft", str(DEMO / "draft"), "--max-draft-len", "4"],
-             "eagle3": ["--eagle3", str(eagle3), "--max-draft-len", "4"],
+             "eagle3": ["--eagle3", str(eagle3), "--max-draft-len", str(eagle3_k)],
              "ngram": ["--ngram", "--max-draft-len", "4"],
              "medusa": ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
                         str(DEMO / "medusa_tree_cpu.json")],

@@ -164,8 +164,10 @@ class RopeModel(nn.Module):
         if all(x == n for x in lens):  # one offset: views and one mask for the batch
             cos, sin = cos_t[n + pos:n + pos + 1][None, :, None], \
                 sin_t[n + pos:n + pos + 1][None, :, None]  # [1, 1, 1, D]
-            past = torch.ones(t, n, dtype=torch.bool, device=dev)
-            mask = torch.cat([past, visible.to(dev)], dim=1)[None, None]  # [1, 1, T, span]
+            mask = None  # every key visible (a chain of inner nodes: a tree's spine)
+            if not bool(visible.all()):
+                past = torch.ones(t, n, dtype=torch.bool, device=dev)
+                mask = torch.cat([past, visible.to(dev)], dim=1)[None, None]  # [1, 1, T, span]
             return _Step(cos, sin, n + first_slot, span, mask)
         lengths = torch.tensor(lens, device=dev)  # [B]
         at = lengths + pos  # [B]

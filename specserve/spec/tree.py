@@ -249,13 +249,17 @@ class TreeLevel:
     this and the earlier levels' fed nodes node j attends to (its ancestors and itself); the
     nodes of level d are written at slots ``first_slot..first_slot + len(nodes) - 1``."""
 
-    nodes: tuple[int, ...]
-    feed_parent: tuple[int, ...]
+    nodes: torch.Tensor        # [n] int64
+    feed_parent: torch.Tensor  # [n] int64
     first_slot: int
-    visible: torch.Tensor  # [len(nodes), first_slot + len(nodes)] bool
-    children: tuple[int, ...]
-    parent_slot: tuple[int, ...]
-    ranks: tuple[int, ...]
+    visible: torch.Tensor      # [n, first_slot + n] bool
+    children: torch.Tensor     # [c] int64
+    parent_slot: torch.Tensor  # [c] int64
+    ranks: torch.Tensor        # [c] int64
+
+    def to(self, device: torch.device | str) -> TreeLevel:
+        return TreeLevel(*(getattr(self, f).to(device) if f != "first_slot" else self.first_slot
+                           for f in self.__dataclass_fields__))
 
 
 def tree_levels(tree: MedusaTree) -> list[TreeLevel]:
@@ -284,9 +288,14 @@ def tree_levels(tree: MedusaTree) -> list[TreeLevel]:
         local = {n: j for j, n in enumerate(nodes)}
         feed_parent = tuple(prev_local[index[path_of[n][:-1]]] if depth > 1 else 0
                             for n in nodes)
-        levels.append(TreeLevel(nodes, feed_parent, first, vis, tuple(index[c] for c in kids),
-                                tuple(local[index[c[:-1]] if len(c) > 1 else 0] for c in kids),
-                                tuple(c[-1] for c in kids)))
+        parent_slot = [local[index[c[:-1]] if len(c) > 1 else 0] for c in kids]
+        levels.append(TreeLevel(_long(nodes), _long(feed_parent), first, vis,
+                                _long([index[c] for c in kids]), _long(parent_slot),
+                                _long([c[-1] for c in kids])))
         prev_local = local
         prev = nodes
     return levels
+
+
+def _long(values: Sequence[int]) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.long)

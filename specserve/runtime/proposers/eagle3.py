@@ -163,25 +163,25 @@ class Eagle3Proposer(ChainProposer):
             b = build_tree_buffers(sub)
             dev = self.head.device
             b = type(b)(*(getattr(b, f).to(dev) for f in b.__dataclass_fields__))
-            self._plans[n] = (b, tree_levels(sub), sub.max_topk())
+            self._plans[n] = (b, [lv.to(dev) for lv in tree_levels(sub)], sub.max_topk())
         return self._plans[n]
 
     def tree_tokens(self, seqs: list[list[int]], levels: list[TreeLevel],
                     topk: int) -> torch.Tensor:
         """Every row's candidate tree [B, N+1] (node 0: the pending token), level by level."""
         assert self.cache is not None
-        dev, nodes = self.head.device, sum(len(lv.children) for lv in levels)
+        dev, nodes = self.head.device, sum(lv.children.numel() for lv in levels)
         ids = self.head.target_ids()  # [Vd]
         tokens = torch.zeros(len(seqs), nodes + 1, dtype=torch.long, device=dev)
         tokens[:, 0] = torch.tensor([s[-1] for s in seqs], device=dev)
         out = self._catch_up(seqs)[:, None]  # [B, 1, H]: the root's output
         for d, lv in enumerate(levels):
             if d:  # feed this depth's inner nodes: token, parent's output, one position
-                feats = out[:, list(lv.feed_parent)]  # [B, n, H]
+                feats = out[:, lv.feed_parent]  # [B, n, H]
                 step = self.head.level_inputs(self.cache, d - 1, lv.first_slot, lv.visible)
-                out = self.head(tokens[:, list(lv.nodes)], feats, self.cache, step=step)
+                out = self.head(tokens[:, lv.nodes], feats, self.cache, step=step)
             top = self.head.draft_logits(out).topk(topk, dim=-1).indices  # [B, n, k]
-            tokens[:, list(lv.children)] = ids[top[:, list(lv.parent_slot), list(lv.ranks)]]
+            tokens[:, lv.children] = ids[top[:, lv.parent_slot, lv.ranks]]
         return tokens
 
     def propose(self, seqs: list[list[int]], limits: list[int], params: list[SamplingParams],
