@@ -258,8 +258,9 @@ class TreeLevel:
     ranks: torch.Tensor        # [c] int64
 
     def to(self, device: torch.device | str) -> TreeLevel:
-        return TreeLevel(*(getattr(self, f).to(device) if f != "first_slot" else self.first_slot
-                           for f in self.__dataclass_fields__))
+        return TreeLevel(self.nodes.to(device), self.feed_parent.to(device), self.first_slot,
+                         self.visible.to(device), self.children.to(device),
+                         self.parent_slot.to(device), self.ranks.to(device))
 
 
 def tree_levels(tree: MedusaTree) -> list[TreeLevel]:
