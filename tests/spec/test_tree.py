@@ -12,6 +12,7 @@ from specserve.spec.tree import (
     build_tree_buffers,
     build_tree_tokens,
     tree_greedy_verify,
+    tree_levels,
 )
 
 
@@ -111,3 +112,23 @@ def test_tree_verify_matches_plain_greedy_chain() -> None:
         tr = tree_greedy_verify(tokens, logits, b)
         gr = greedy_verify(draft, logits)
         assert torch.equal(tr.tokens, gr.tokens) and torch.equal(tr.num_emitted, gr.num_emitted)
+
+
+def test_tree_levels_feed_each_depths_inner_nodes_with_their_ancestors_slots() -> None:
+    """[0] [1] [0,0] [0,1] [1,0] [0,0,0] [0,1,0] (nodes 1..7): level 0 fills depth 1 from the
+    root; level 1 feeds nodes 1, 2 (both have children) at slots 0, 1, each seeing itself;
+    level 2 feeds nodes 3, 4 at slots 2, 3, each seeing its parent (node 1, slot 0) and itself;
+    node 5 = [1, 0] is a leaf, never fed."""
+    lv = tree_levels(MedusaTree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0],
+                                              [0, 1, 0]]))
+    assert len(lv) == 3
+    assert lv[0].nodes.tolist() == [0] and lv[0].children.tolist() == [1, 2]
+    assert lv[0].ranks.tolist() == [0, 1] and lv[0].parent_slot.tolist() == [0, 0]
+    assert lv[1].nodes.tolist() == [1, 2] and lv[1].first_slot == 0
+    assert lv[1].visible.tolist() == [[True, False], [False, True]]
+    assert lv[1].children.tolist() == [3, 4, 5] and lv[1].parent_slot.tolist() == [0, 0, 1]
+    assert lv[1].ranks.tolist() == [0, 1, 0]
+    assert lv[2].nodes.tolist() == [3, 4] and lv[2].first_slot == 2
+    assert lv[2].feed_parent.tolist() == [0, 0]  # both children of node 1 (level 1's first)
+    assert lv[2].visible.tolist() == [[True, False, True, False], [True, False, False, True]]
+    assert lv[2].children.tolist() == [6, 7] and lv[2].parent_slot.tolist() == [0, 1]
