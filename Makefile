@@ -161,7 +161,9 @@ eagle3-vllm: setup peer-vllm
 # head (chain, and a static tree), in one process (benchmarks/proposal_cost.py)
 bench-proposal: setup
 	@test -f checkpoints/demo/eagle3/config.json || $(BIN)/specserve demo-model --out checkpoints/demo --force
-	$(BIN)/python benchmarks/proposal_cost.py --tree "{0}, {1}, {0, 0}, {0, 1}, {1, 0}, {0, 0, 0}, {0, 0, 1}, {0, 0, 0, 0}" $(PROPOSAL_ARGS)
+	$(BIN)/python benchmarks/proposal_cost.py \
+	  --tree "{0}, {1}, {0, 0}, {0, 1}, {0, 0, 0}, {0, 0, 1}, {0, 0, 0, 0}, {0, 0, 0, 1}" \
+	  --tree "{0}, {1}, {0, 0}, {0, 1}, {1, 0}, {0, 0, 0}, {0, 0, 1}, {0, 0, 0, 0}" $(PROPOSAL_ARGS)
 
 # make bench-methods: EAGLE-3 against no speculation, draft, n-gram and Medusa on one Triton
 # server, each pair in one interleaved run (benchmarks/methods.py; reports/methods)

@@ -9,7 +9,7 @@ catch-up, the draft steps and fusing the kept target states), timed with ``perf_
 the table gives its median, the tau (tokens per verify step) and tokens/s of each method.
 
     .venv/bin/python benchmarks/proposal_cost.py --eagle3 checkpoints/demo/eagle3 \\
-        --tree "{0}, {1}, {0, 0}, {0, 1}, {1, 0}, {0, 0, 0}, {0, 0, 1}, {0, 0, 0, 0}"
+        --tree "{0}, {1}, {0, 0}, {0, 1}, {0, 0, 0}, {0, 0, 1}, {0, 0, 0, 0}, {0, 0, 0, 1}"
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--eagle3", type=Path, default=DEMO / "eagle3")
-    ap.add_argument("--tree", default=None, help="also an EAGLE-3 static tree (brace form)")
+    ap.add_argument("--tree", action="append", default=[],
+                    help="also an EAGLE-3 static tree (brace form; repeatable)")
     ap.add_argument("--k", type=int, default=4, help="chain length of draft and EAGLE-3")
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -72,8 +73,8 @@ def main() -> None:
     methods: dict[str, dict[str, Any]] = {
         f"draft K={args.k}": {"draft_dir": DEMO / "draft", "max_draft_len": args.k},
         f"eagle3 K={args.k}": {"eagle3_dir": args.eagle3, "max_draft_len": args.k}}
-    if args.tree:
-        methods["eagle3 tree"] = {"eagle3_dir": args.eagle3, "eagle_choices": args.tree}
+    for i, tree in enumerate(args.tree):
+        methods[f"eagle3 tree {i + 1}"] = {"eagle3_dir": args.eagle3, "eagle_choices": tree}
     decs = {k: loader.build_decoder(DEMO / "target", **kw) for k, kw in methods.items()}
     costs: dict[str, list[tuple[str, float]]] = {k: [] for k in decs}
     tok = loader.load_tokenizer(DEMO / "tokenizer")
@@ -96,7 +97,7 @@ def main() -> None:
         n, steps, sec = totals[name]
         rows.append({"method": name, "tau": round(n / steps, 2), "proposal_p50_ms": round(
             statistics.median(_step_costs(costs[name])) * 1e3, 2), "tok_s": round(n / sec, 1)})
-        print(f"{name:14s} tau {rows[-1]['tau']:.2f}  proposal p50 "
+        print(f"{name:16s} tau {rows[-1]['tau']:.2f}  proposal p50 "
               f"{rows[-1]['proposal_p50_ms']:.2f} ms/step  {rows[-1]['tok_s']:.0f} tok/s")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
