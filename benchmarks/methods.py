@@ -39,12 +39,13 @@ def _peers() -> Any:
     return mod
 
 
-def make_repo(work: Path, eagle3: Path, eagle3_k: int = 4) -> Path:
+def make_repo(work: Path, eagle3: Path, eagle3_k: int = 4, demo: Path = DEMO,
+              chain_k: int = 4) -> Path:
     """The EAGLE-3 engine's repository plus one tensorrt_llm model + ensemble per method."""
     peers = _peers()
     engines = {k: work / f"engine-{k}" for k in ("eagle3", *OTHERS)}
     for kind, path in engines.items():
-        peers.build_engine(kind, path, eagle3, eagle3_k)
+        peers.build_engine(kind, path, eagle3, eagle3_k, demo, chain_k)
     repo = work / "repo"
     subprocess.run([sys.executable, "-m", "specserve.cli.main", "repo", "--engine",
                     str(engines["eagle3"]), "--out", str(repo), "--baseline", "--force"],
@@ -95,17 +96,21 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=ROOT / "reports" / "methods")
-    ap.add_argument("--eagle3", type=Path, default=DEMO / "eagle3")
+    ap.add_argument("--demo", type=Path, default=DEMO,
+                    help="the demo checkpoint (target/, draft/, medusa/, eagle3/)")
+    ap.add_argument("--eagle3", type=Path, default=None, help="[default: DEMO/eagle3]")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="T > 0: every method's lossless sampled path (Medusa: its chain)")
-    ap.add_argument("--eagle3-k", type=int, default=4, help="EAGLE-3 chain length (others: 4)")
+    ap.add_argument("--eagle3-k", type=int, default=4, help="EAGLE-3 chain length")
+    ap.add_argument("--chain-k", type=int, default=4, help="the draft model's and n-gram's K")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.work.mkdir(parents=True, exist_ok=True)
-    repo = make_repo(args.work, args.eagle3, args.eagle3_k)
+    repo = make_repo(args.work, args.eagle3 or args.demo / "eagle3", args.eagle3_k, args.demo,
+                     args.chain_k)
     srv = TritonServer(repo, log_path=args.work / "triton.log").start(timeout_s=300)
     rows = []
     try:

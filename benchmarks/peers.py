@@ -74,19 +74,22 @@ def vllm(args: argparse.Namespace, spec: dict[str, Any] | None, log: Path) -> It
         yield srv.base_url
 
 
-def build_engine(kind: str, out: Path, eagle3: Path, eagle3_k: int = 4) -> None:
+def build_engine(kind: str, out: Path, eagle3: Path, eagle3_k: int = 4,
+                 demo: Path = DEMO, chain_k: int = 4) -> None:
+    """The torch engine of ``kind`` over the demo pair in ``demo`` (``checkpoints/demo``);
+    ``chain_k``: the draft model's and n-gram's K."""
     if (out / "build_config.json").exists():
         return
-    extra = {"draft": ["--draft", str(DEMO / "draft"), "--max-draft-len", "4"],
+    extra = {"draft": ["--draft", str(demo / "draft"), "--max-draft-len", str(chain_k)],
              "eagle3": ["--eagle3", str(eagle3), "--max-draft-len", str(eagle3_k)],
-             "ngram": ["--ngram", "--max-draft-len", "4"],
-             "medusa": ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
-                        str(DEMO / "medusa_tree_cpu.json")],
+             "ngram": ["--ngram", "--max-draft-len", str(chain_k)],
+             "medusa": ["--medusa", str(demo / "medusa"), "--medusa-choices",
+                        str(demo / "medusa_tree_cpu.json")],
              # vLLM's Medusa: one chain, head h's top-1 (the comparable tree of ours)
-             "medusa_chain": ["--medusa", str(DEMO / "medusa"), "--medusa-choices",
+             "medusa_chain": ["--medusa", str(demo / "medusa"), "--medusa-choices",
                               "{0}, {0, 0}, {0, 0, 0}, {0, 0, 0, 0}"]}[kind]
     subprocess.run([sys.executable, "-m", "specserve.cli.main", "build", "--model",
-                    str(DEMO / "target"), *extra, "--backend", "torch", "--dtype", "float32",
+                    str(demo / "target"), *extra, "--backend", "torch", "--dtype", "float32",
                     "--max-batch-size", "16", "--out", str(out), "--force"], check=True)
 
 
