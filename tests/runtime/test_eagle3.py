@@ -239,8 +239,9 @@ def test_a_static_tree_equals_plain_decoding(tiny_models: TinyModels, batch: int
         assert sum(r.stats.draft_tokens for r in got) == sum(r.stats.steps for r in got) * len(TREE)
 
 
-def test_each_tree_node_is_the_heads_ranked_draft_after_its_path(
-        tiny_models: TinyModels) -> None:
+@pytest.mark.parametrize("batch", [1, 3])  # one offset for the batch (views, spine levels
+def test_each_tree_node_is_the_heads_ranked_draft_after_its_path(  # unmasked) / per-row ones
+        tiny_models: TinyModels, batch: int) -> None:
     """The tree's levels (which feature, position, cache slots and mask each node gets): node
     p = [r1, .., rd] holds rank rd of the head's distribution after the drafts of its ancestors,
     as the training-time test computes it over the context followed by those drafts."""
@@ -256,7 +257,7 @@ def test_each_tree_node_is_the_heads_ranked_draft_after_its_path(
         return out
 
     prop.tree_tokens = recording  # type: ignore[method-assign]
-    SpecDecoder(target, prop).generate(PROMPTS[:3], SamplingParams(max_tokens=12))
+    SpecDecoder(target, prop).generate(PROMPTS[:batch], SamplingParams(max_tokens=12))
     tree, ids, checked = MedusaTree.from_choices(TREE), head.target_ids(), 0
     index = {p: i + 1 for i, p in enumerate(tree.choices)}
     for seqs, tokens in calls[:4]:
@@ -271,7 +272,7 @@ def test_each_tree_node_is_the_heads_ranked_draft_after_its_path(
                 got = step[(ids == toks[index[path]]).nonzero()[0, 0]]
                 assert abs(float(got - want)) < 1e-4, (seq, path)
                 checked += 1
-    assert checked == 4 * 3 * len(TREE)
+    assert checked == 4 * batch * len(TREE)
 
 
 def test_a_tree_proposer_gives_sampled_batches_the_chain(tiny_models: TinyModels) -> None:
