@@ -49,17 +49,17 @@ demo: setup
 #   METHOD=medusa|draft|eagle3|ngram|fastest] [OUT=engines/x]
 # Reuses OUT when its build_config.json records the same resolved options, input hashes and
 # package versions (specserve.build.uptodate); otherwise rebuilds it (--force, atomic).
-# METHOD=fastest builds the method `specserve demo-model` measured fastest (eval.json
-# "fastest_method"; Medusa when it records none). The default stays Medusa: on this machine
-# n-gram measured fastest, but its tau depends on the prompts (3.30 on eval.json's held-out
-# prompts, 3.74 on the served builtin-code prompts), outside `specserve demo`'s 10% tau check.
+# METHOD=fastest (the default for the demo model without DRAFT/EAGLE3/MEDUSA) builds the method `specserve demo-model`
+# measured fastest (eval.json "fastest_method"; Medusa when it records none). eval.json also
+# holds that method's tau on the prompts `specserve demo` serves ("tau_served_prompts"): n-gram
+# lookup's tau depends on the prompts (3.30 on the held-out ones, 3.74 on the served code).
 engine: BACKEND = torch
 engine: MODEL = checkpoints/demo/target
 engine: MEDUSA = checkpoints/demo/medusa
 engine: DRAFT =
 engine: EAGLE3 =
 engine: OUT = engines/demo
-engine: METHOD = $(if $(DRAFT),draft,$(if $(EAGLE3),eagle3,medusa))
+engine: METHOD = $(if $(DRAFT),draft,$(if $(EAGLE3),eagle3,$(if $(strip $(filter command,$(origin MEDUSA)) $(filter-out checkpoints/demo/target,$(MODEL))),medusa,fastest)))
 engine: FASTEST = $(shell $(BIN)/python -c 'import json; m = json.load(open("checkpoints/demo/eval.json")).get("fastest_method"); print(m if m in ("draft", "eagle3", "ngram") else "medusa")' 2>/dev/null)
 engine: SPEC = $(if $(filter fastest,$(METHOD)),$(or $(FASTEST),medusa),$(METHOD))
 engine: SPEC_ARGS = $(if $(filter draft,$(SPEC)),--draft "$(or $(DRAFT),checkpoints/demo/draft)",$(if $(filter eagle3,$(SPEC)),--eagle3 "$(or $(EAGLE3),checkpoints/demo/eagle3)" --max-draft-len 4,$(if $(filter ngram,$(SPEC)),--ngram --max-draft-len 4,--medusa "$(MEDUSA)" $(if $(MEDUSA_CHOICES),--medusa-choices "$(MEDUSA_CHOICES)"))))

@@ -63,9 +63,13 @@ def engine_record(engine_dir: str | None) -> EngineRecord | None:
     return read_engine_record(engine_dir)
 
 
-def expected_tau(engine_dir: str | None, eval_json: str | None) -> tuple[float | None, str]:
+def expected_tau(engine_dir: str | None, eval_json: str | None,
+                 served: dict[str, Any] | None = None) -> tuple[float | None, str]:
     """tau measured offline (``eval.json``) for the engine's proposer and, for Medusa, its tree:
-    ``medusa_tuned`` when the engine was built with that tree, else ``medusa`` (default tree)."""
+    ``medusa_tuned`` when the engine was built with that tree, else ``medusa`` (default tree).
+    When ``served`` (requests, warmup, max_tokens of this run) is what eval.json's
+    ``served_prompts`` records, the method's ``tau_served_prompts`` (the same prompts, offline)
+    is the one to compare with; else its tau on the held-out prompts."""
     if not eval_json or not Path(eval_json).is_file():
         return None, "no eval.json"
     ev = read_json(eval_json)
@@ -80,10 +84,16 @@ def expected_tau(engine_dir: str | None, eval_json: str | None) -> tuple[float |
     ):
         mode = "medusa_tuned"
     block = ev.get(mode) or {}
-    tau = block.get("tau") if isinstance(block, dict) else None
+    key = "tau"
+    same = ev.get("served_prompts")
+    if served is not None and isinstance(same, dict) and isinstance(block, dict) and all(
+            same.get(k) == v for k, v in served.items()) and "tau_served_prompts" in block:
+        key = "tau_served_prompts"
+    tau = block.get(key) if isinstance(block, dict) else None
     if tau is not None and (isinstance(tau, bool) or not isinstance(tau, int | float)):
-        raise SpecserveError(f"{eval_json}: {mode}.tau {tau!r:.40}: expected a number")
-    return (float(tau) if tau is not None else None), mode
+        raise SpecserveError(f"{eval_json}: {mode}.{key} {tau!r:.40}: expected a number")
+    return (float(tau) if tau is not None else None), mode + (
+        " (served prompts)" if key == "tau_served_prompts" else "")
 
 
 OFFLINE_METHODS = ("medusa", "medusa_tuned", "draft", "eagle3", "ngram")
@@ -123,11 +133,11 @@ def _same_tree(a: Any, b: Any) -> bool:
 
 
 def tau_check(summary: dict[str, Any], engine: str | None, eval_json: str | None,
-              tolerance: float) -> dict[str, Any]:
+              tolerance: float, served: dict[str, Any] | None = None) -> dict[str, Any]:
     """Compare the served tau with the offline one (relative difference within tolerance)."""
     acc = summary["variants"]["spec"].get("acceptance") or {}
     measured = acc.get("tau_server") or acc.get("tau_stream")
-    expected, mode = expected_tau(engine, eval_json)
+    expected, mode = expected_tau(engine, eval_json, served)
     out: dict[str, Any] = {"mode": mode, "tau_served": measured, "tau_eval": expected,
                            "tolerance": tolerance}
     if measured is None or expected is None:
@@ -163,7 +173,8 @@ def summary_lines(summary: dict[str, Any], check: dict[str, Any]) -> list[str]:
 
     tau_line = f"tau (tokens/step)      {acc.get('tau_server', float('nan')):.2f}"
     if check.get("tau_eval") is not None:
-        tau_line += (f"   offline eval.json {check['tau_eval']:.2f} "
+        where = " on these prompts" if "served prompts" in str(check.get("mode")) else ""
+        tau_line += (f"   offline eval.json{where} {check['tau_eval']:.2f} "
                      f"({'within' if check['ok'] else 'OUTSIDE'} "
                      f"{check['tolerance']:.0%})")
     return [
@@ -207,7 +218,9 @@ def run_demo(cfg: DemoRunConfig, progress: bool | None = None) -> DemoOutcome:
             outcome = run_benchmark(bench, progress=progress)
         finally:
             server.stop()
-    check = tau_check(outcome.summary, cfg.engine, cfg.eval_json, cfg.tau_tolerance)
+    check = tau_check(outcome.summary, cfg.engine, cfg.eval_json, cfg.tau_tolerance,
+                      {"prompts": "builtin-code", "seed": 0, "warmup": cfg.warmup,
+                       "requests": cfg.requests, "max_tokens": cfg.max_tokens})
     check["offline"] = offline_methods(cfg.eval_json)
     _append_offline(Path(cfg.out) / "README.md", check["offline"])
     check["server_startup_s"] = round(startup_s, 2)

@@ -127,3 +127,24 @@ def test_demo_model_reuse_with_a_bad_eval_json_is_one_line(tmp_path: Path) -> No
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "eval.json: invalid JSON" in lines[0], \
         r.output
+
+
+def test_expected_tau_compares_like_with_like(tmp_path: Path) -> None:
+    """eval.json's tau on the served prompts is the reference when its recorded served set is
+    this run's (n-gram's tau depends on the prompts); another run shape falls back to the
+    held-out tau."""
+    from tests.helpers.server import trtllm_build_config
+
+    (tmp_path / "build_config.json").write_text(json.dumps(
+        trtllm_build_config("medusa") | {"spec_mode": "ngram", "medusa_choices": None}))
+    served = {"prompts": "builtin-code", "seed": 0, "warmup": 2, "requests": 24,
+              "max_tokens": 96}
+    ev = tmp_path / "eval.json"
+    ev.write_text(json.dumps({"ngram": {"tau": 3.3, "tau_served_prompts": 3.74},
+                              "served_prompts": served}))
+    assert expected_tau(str(tmp_path), str(ev), served) == (3.74, "ngram (served prompts)")
+    assert expected_tau(str(tmp_path), str(ev), served | {"requests": 8}) == (3.3, "ngram")
+    assert expected_tau(str(tmp_path), str(ev)) == (3.3, "ngram")
+    summary = {"variants": {"spec": {"acceptance": {"tau_server": 3.7}}}}
+    assert tau_check(summary, str(tmp_path), str(ev), 0.1, served)["ok"] is True
+    assert tau_check(summary, str(tmp_path), str(ev), 0.1)["ok"] is False  # 12% off 3.3

@@ -5,7 +5,10 @@ an EAGLE-3 head and n-gram lookup (prompt lookup decoding, Saxena 2023) at K, pl
 and without speculation, one request at a time at T=0 (Leviathan et al. 2023 report speedups the
 same way). At T=0 speculation is lossless, so every output must equal the baseline's; the
 fraction that does is reported as a check. ``fastest_method`` names the method with the highest
-measured tokens/s (what ``make engine METHOD=fastest`` builds).
+measured tokens/s (what ``make engine METHOD=fastest`` builds). The fastest method and the
+CPU-tuned Medusa tree are also run on the prompts ``specserve demo`` serves (:data:`SERVED`),
+their tau recorded as ``tau_served_prompts``: a method whose acceptance depends on the prompts
+(n-gram lookup copies from them) is then checked against the server like with like.
 """
 
 from __future__ import annotations
@@ -19,6 +22,25 @@ from specserve.config import write_json_atomic
 
 CPU_TREE_NODES = 15  # verify cost on CPU grows with the tree: a small tuned tree wins there
 METHODS = ("medusa", "medusa_tuned", "draft", "eagle3", "ngram")
+#: What ``specserve demo`` serves by default (its DemoRunConfig): builtin code prompts, seed 0,
+#: 2 warmup + 24 measured requests of up to 96 tokens, each stopping at the tokenizer's EOS.
+SERVED = {"prompts": "builtin-code", "seed": 0, "warmup": 2, "requests": 24, "max_tokens": 96}
+
+
+def served_tau(decoder: Any, tokenizer: Any, served: dict[str, Any] = SERVED) -> float:
+    """tau of ``decoder`` on the measured requests of ``served`` (greedy, one at a time)."""
+    from specserve.client.datasets import builtin_code_prompts
+    from specserve.runtime.params import SamplingParams
+    from specserve.spec.stats import AcceptanceStats
+
+    texts = builtin_code_prompts(served["warmup"] + served["requests"], served["seed"])
+    params = SamplingParams(max_tokens=served["max_tokens"], temperature=0.0,
+                            end_id=tokenizer.eos_token_id)
+    stats = AcceptanceStats()
+    for p in texts[served["warmup"]:]:
+        (res,) = decoder.generate([tokenizer.encode(p.text)], params)
+        stats = stats.merge(res.stats)
+    return round(stats.tau, 4)
 
 
 def run_greedy(decoder: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
@@ -66,25 +88,20 @@ def decoder_eval(root: Path, prompts: list[list[int]], max_tokens: int,
     :data:`CPU_TREE_NODES`-node tree), draft, EAGLE-3 (when ``root/eagle3`` exists) and n-gram
     (chains of K=``k``) over ``prompts`` with checkpoints under ``root`` (target/, medusa/,
     draft/, eagle3/)."""
-    from specserve.runtime.loader import build_decoder
+    from specserve.runtime.loader import build_decoder, load_tokenizer
 
     target = root / "target"
-    runs = {
-        "baseline": run_greedy(build_decoder(target), prompts, max_tokens),
-        "medusa": run_greedy(build_decoder(target, medusa_dir=root / "medusa"), prompts,
-                             max_tokens),
-        "draft": run_greedy(build_decoder(target, draft_dir=root / "draft", max_draft_len=k),
-                            prompts, max_tokens),
-        "ngram": run_greedy(build_decoder(target, ngram=True, max_draft_len=k), prompts,
-                            max_tokens),
-    }
+    decs = {"baseline": build_decoder(target),
+            "medusa": build_decoder(target, medusa_dir=root / "medusa"),
+            "draft": build_decoder(target, draft_dir=root / "draft", max_draft_len=k),
+            "ngram": build_decoder(target, ngram=True, max_draft_len=k)}
     if (root / "eagle3").is_dir():
-        runs["eagle3"] = run_greedy(build_decoder(target, eagle3_dir=root / "eagle3",
-                                                  max_draft_len=k), prompts, max_tokens)
+        decs["eagle3"] = build_decoder(target, eagle3_dir=root / "eagle3", max_draft_len=k)
+    runs = {m: run_greedy(d, prompts, max_tokens) for m, d in decs.items()}
     tuned = tuned_tree(runs["medusa"]["stats"], root / "medusa", CPU_TREE_NODES)
-    runs["medusa_tuned"] = run_greedy(
-        build_decoder(target, medusa_dir=root / "medusa", medusa_choices=tuned), prompts,
-        max_tokens)
+    decs["medusa_tuned"] = build_decoder(target, medusa_dir=root / "medusa",
+                                         medusa_choices=tuned)
+    runs["medusa_tuned"] = run_greedy(decs["medusa_tuned"], prompts, max_tokens)
     write_json_atomic(root / "medusa_tree_cpu.json", tuned)
     base = runs["baseline"]
     out: dict[str, Any] = {"baseline_tokens_per_s": round(base["tokens_per_s"], 2)}
@@ -94,6 +111,11 @@ def decoder_eval(root: Path, prompts: list[list[int]], max_tokens: int,
     out["fastest_method"] = fastest(out, methods)
     out["medusa_tuned"]["choices"] = tuned
     out["medusa_tuned"]["nodes"] = len(tuned)
+    tok = load_tokenizer(root / "tokenizer" if (root / "tokenizer").is_dir() else target)
+    for mode in dict.fromkeys((out["fastest_method"], "medusa_tuned")):
+        if mode in decs:  # what `make engine` builds by default, and the tuned Medusa tree
+            out[mode]["tau_served_prompts"] = served_tau(decs[mode], tok)
+    out["served_prompts"] = dict(SERVED)
     return out
 
 

@@ -259,6 +259,7 @@ def _add_decoder_eval(result: dict[str, Any], work: Path, prompts: list[list[int
         if mode in dec:
             result[mode].update(dec[mode])
     result["fastest_method"] = dec["fastest_method"]
+    result["served_prompts"] = dec["served_prompts"]
 
 
 def build_demo(cfg: DemoConfig, out: Path, reporter: Reporter | None = None,

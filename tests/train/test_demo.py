@@ -120,6 +120,15 @@ def test_eval_json_and_reference_decoder(built: Path) -> None:
     best = max(("medusa", "medusa_tuned", "draft", "eagle3", "ngram"),
                key=lambda m: ev[m]["tokens_per_s"])
     assert fast == (best if ev[best]["tokens_per_s"] > ev["baseline_tokens_per_s"] else "none")
+    # what `make engine` builds (the fastest) and the tuned Medusa tree, also on the prompts
+    # `specserve demo` serves: the tau its served run is checked against
+    from specserve.demo import DemoRunConfig
+
+    d = DemoRunConfig(repo="r", out="o")
+    assert ev["served_prompts"] == {"prompts": "builtin-code", "seed": 0, "warmup": d.warmup,
+                                    "requests": d.requests, "max_tokens": d.max_tokens}
+    for mode in {fast, "medusa_tuned"} - {"none"}:
+        assert 1.0 <= ev[mode]["tau_served_prompts"] <= 5.0, mode
 
 
 def test_eagle3_head_loads_and_fits_the_target(built: Path) -> None:
