@@ -33,7 +33,7 @@ def _summary(data: dict[str, Any]) -> str:
                      + "  ".join(f"{m} tau {ev[m]['tau']:.2f} {ev[m]['tokens_per_s']:.0f} tok/s"
                                  for m in measured))
     if ev.get("fastest_method"):
-        lines.append(f"fastest {ev['fastest_method']} (measured; `make engine METHOD=fastest`)")
+        lines.append(f"fastest {ev['fastest_method']} (measured; what `make engine` builds)")
     times = ev.get("timings_s", {})
     if times:
         order = [p for p in PHASES if p in times] + sorted(set(times) - set(PHASES))

@@ -5,7 +5,7 @@ an EAGLE-3 head and n-gram lookup (prompt lookup decoding, Saxena 2023) at K, pl
 and without speculation, one request at a time at T=0 (Leviathan et al. 2023 report speedups the
 same way). At T=0 speculation is lossless, so every output must equal the baseline's; the
 fraction that does is reported as a check. ``fastest_method`` names the method with the highest
-measured tokens/s (what ``make engine METHOD=fastest`` builds). The fastest method and the
+measured tokens/s (what ``make engine`` builds for the demo model). The fastest method and the
 CPU-tuned Medusa tree are also run on the prompts ``specserve demo`` serves (:data:`SERVED`),
 their tau recorded as ``tau_served_prompts``: a method whose acceptance depends on the prompts
 (n-gram lookup copies from them) is then checked against the server like with like.
