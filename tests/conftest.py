@@ -1,9 +1,13 @@
-"""Shared fixtures. Tiny random checkpoints are made once per session (seconds, offline)."""
+"""Shared fixtures. Tiny random checkpoints are made once per session (seconds, offline); one
+tiny reference deployment (``tiny_server``) serves every module that needs the default
+repository (tests/triton/test_triton_serving.py, tests/reliability/test_server_bad_input.py)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,3 +56,18 @@ def writable_ckpt(tiny_ckpt, tmp_path: Path):  # type: ignore[no-untyped-def]
     shutil.copytree(tiny_ckpt.root, root)
     return TinyCheckpoint(root=root, target=root / "target", draft=root / "draft",
                           medusa=root / "medusa", tokenizer=root / "tokenizer")
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_ckpt, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    """A TinyDeployment: the tiny reference engine drafting with the target itself, its
+    repository (with the baseline pipeline) and a started tritonserver on free loopback ports,
+    shared by the whole run (one start-up instead of one per module); stopped at the end.
+    Tests must leave it serving: a test that kills or reconfigures a server starts its own."""
+    from tests.helpers.server import TEARDOWN_STOP_S, serve_tiny
+
+    dep = serve_tiny(tmp_path_factory.mktemp("served"), ckpt=tiny_ckpt)
+    try:
+        yield dep
+    finally:
+        dep.server.stop(timeout_s=TEARDOWN_STOP_S)

@@ -13,6 +13,7 @@ import pytest
 
 from specserve.client.config import BenchmarkConfig
 from specserve.client.run import run_benchmark
+from tests.helpers.server import TEARDOWN_STOP_S
 
 pytestmark = pytest.mark.server
 
@@ -32,7 +33,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, tiny_ckpt) -> Iterator[
     try:
         yield dep
     finally:
-        dep.server.stop()
+        dep.server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers.server import TEARDOWN_STOP_S
 from tests.reliability.helpers import (
     Job,
     copy_bls_model,
@@ -96,7 +97,7 @@ def lossless_server(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) ->
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
 def _eagle3_head(target: Path, out: Path) -> Path:

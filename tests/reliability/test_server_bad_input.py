@@ -2,14 +2,13 @@
 tritonclient gRPC (ensemble, streaming) and the HTTP generate extension. Each: an error response
 with a message; then the server is still ready and the next good request gives the reference
 text. Also: a bad request in the same dynamic batch as good ones fails alone.
-One server for the module (tiny reference engine, draft = target)."""
+The run-wide tiny server (tests/conftest.py ``tiny_server``: reference engine, draft = target)."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,16 +23,13 @@ GOOD = "def add(a, b):"
 
 
 @pytest.fixture(scope="module")
-def srv(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.helpers.server import serve_tiny
-
-    dep = serve_tiny(tmp_path_factory.mktemp("badserve"), ckpt=tiny_ckpt)
-    dep.server.reference = text_of(  # type: ignore[attr-defined]
-        grpc_stream(dep.server.grpc_url, "ensemble", request(GOOD, 8, stream=True)))
-    try:
-        yield dep.server
-    finally:
-        dep.server.stop()
+def srv(tiny_server: Any) -> Any:
+    """The run-wide tiny deployment's server (tests/conftest.py), with the reference text of
+    GOOD taken before any bad request."""
+    server = tiny_server.server
+    server.reference = text_of(
+        grpc_stream(server.grpc_url, "ensemble", request(GOOD, 8, stream=True)))
+    return server
 
 
 def _healthy(server: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.server import TEARDOWN_STOP_S
 from tests.reliability.helpers import Job, copy_llm_model, run_jobs, run_jobs_tolerant
 
 pytestmark = pytest.mark.server
@@ -46,7 +47,7 @@ def busy_server(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
 def test_llm_queue_full_answers_busy(busy_server: Any) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from specserve.triton.repository import RepoOptions, write_repository
 from tests.helpers.server import (
+    TEARDOWN_STOP_S,
     StreamError,
     grpc_stream,
     grpc_stream_many,
@@ -203,7 +204,7 @@ def dt_server(tiny_ckpt: TinyCheckpoint,
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +220,7 @@ def ngram_server(tiny_ckpt: TinyCheckpoint,
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
 @pytest.fixture(params=["dt", "ngram"])

@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers.server import StreamError, grpc_stream, grpc_stream_many, infer_inputs
+from tests.helpers.server import (
+    TEARDOWN_STOP_S,
+    StreamError,
+    grpc_stream,
+    grpc_stream_many,
+    infer_inputs,
+)
 from tests.reliability.helpers import copy_llm_model
 
 pytestmark = pytest.mark.server
@@ -132,7 +138,7 @@ def served(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield Served(server.grpc_url, load_model(tiny_ckpt.target).cfg.vocab_size,
                      tiny_ckpt.target, tiny_ckpt.draft, greedy)
     finally:
-        server.stop()
+        server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
 def wrong_at(g: list[int], j: int, vocab: int) -> list[int]:

@@ -19,7 +19,14 @@ import numpy as np
 import pytest
 
 from specserve.triton.models.bls_lib.detok import REPLACEMENT, TokenHoldBack
-from tests.helpers.server import TinyDeployment, grpc_stream, request, scalar, serve_tiny
+from tests.helpers.server import (
+    TEARDOWN_STOP_S,
+    TinyDeployment,
+    grpc_stream,
+    request,
+    scalar,
+    serve_tiny,
+)
 from tests.helpers.tiny import (
     MULTILINGUAL_TEXT,
     chars_split_across,
@@ -49,7 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyDeployment]
     try:
         yield dep
     finally:
-        dep.server.stop()
+        dep.server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
 def _greedy_steps(decoder: Any, ids: list[int]) -> list[list[int]]:

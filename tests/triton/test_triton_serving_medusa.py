@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.server import (
+    TEARDOWN_STOP_S,
     grpc_stream,
     grpc_stream_many,
     request,
@@ -56,7 +57,7 @@ def medusa_server(tiny_ckpt: TinyCheckpoint,
     try:
         yield dep
     finally:
-        dep.server.stop()
+        dep.server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
 def test_medusa_streaming_with_perf(medusa_server: Any) -> None:
