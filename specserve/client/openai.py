@@ -8,6 +8,11 @@
   every chunk, which gives each chunk's token count exactly (one chunk carries a whole verify
   step's tokens, so chunks are never counted as tokens). The request's total is always
   ``usage.completion_tokens``.
+- A chunk may carry new tokens and no text: vLLM holds back the bytes of an incomplete UTF-8
+  character (byte-fallback tokens) and sends the chunk anyway (``vllm/entrypoints/openai/
+  serving_completion.py`` ``completion_stream_generator`` skips only chunks with neither text nor
+  token ids). Those tokens count with the next chunk that has text, the one that shows them
+  (at the end of the stream: with the last chunk).
 - Per-request acceptance, where the engine sends it (vLLM ``metrics.speculative_decoding``,
   SGLang ``meta_info``), is read by :func:`specserve.client.acceptance.from_response`.
 - ``GET /v1/models`` checks that the server speaks the protocol and serves the model.
@@ -48,12 +53,13 @@ class _Stream:
 
     raw: RawResult
     cumulative: int = 0
-    pending: int = 0    # tokens counted before any text arrived (held-back detokenization)
+    pending: int = 0    # tokens counted in chunks without text (held-back detokenization)
     done: bool = False
 
     def event(self, payload: str, t: float) -> bool:
         """Parse one ``data:`` payload; False when the stream is over (``[DONE]`` or error)."""
         if payload == "[DONE]":
+            self._flush()
             self.done = True
             return False
         data = json.loads(payload)
@@ -77,12 +83,15 @@ class _Stream:
             self.raw.chunk_num_tokens.append(None if n is None else n + self.pending)
             self.pending = 0
         elif n:
-            last = self.raw.chunk_num_tokens[-1] if self.raw.chunk_num_tokens else None
-            if last is not None:
-                self.raw.chunk_num_tokens[-1] = last + n  # counted now, text sent before
-            elif not self.raw.chunk_num_tokens:
-                self.pending += n
+            self.pending += n   # their text comes with a later chunk
         return True
+
+    def _flush(self) -> None:
+        """Tokens whose text never came (the stream ended inside a character): the last chunk."""
+        counts = self.raw.chunk_num_tokens
+        last = counts[-1] if counts else None
+        if self.pending and last is not None:
+            counts[-1], self.pending = last + self.pending, 0
 
 
 def _choice_text(data: dict[str, Any]) -> str:

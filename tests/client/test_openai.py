@@ -15,7 +15,7 @@ import pytest
 from specserve.client.config import BenchmarkConfig
 from specserve.client.run import run_benchmark
 from specserve.errors import ServerError
-from tests.helpers.openai_server import Script, ScriptedOpenAI, plan
+from tests.helpers.openai_server import Script, ScriptedOpenAI, chunk_texts, plan
 
 MAX = 23
 
@@ -66,6 +66,36 @@ def test_stream_counts_tokens_from_usage_and_reads_vllm_acceptance(tmp_path: Pat
     sent = script.requests[-1]
     assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert ("messages" in sent) == (endpoint == "chat") and sent["temperature"] == 0.0
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.parametrize("split, want", [
+    ((0,), [6, 3, 1, 4, 5, 3, 1]),        # the prefill token starts a character
+    ((2, 6), [1, 5, 4, 4, 5, 4]),         # 3 byte tokens of a 4-byte character, twice
+    ((3,), [1, 5, 3, 5, 5, 3, 1]),        # one byte token of a 2-byte character
+    ((7,), [1, 5, 3, 1, 4, 5, 4]),        # the stream ends inside a character: the last chunk
+])
+def test_chunks_without_text_count_with_the_chunk_that_shows_them(
+        tmp_path: Path, endpoint: str, split: tuple[int, ...], want: list[int]) -> None:
+    """vLLM holds back an incomplete character: a chunk carries tokens (in usage) but no text,
+    the next one completes the character. Those tokens count with it, exactly: per-chunk
+    tokens, tau_stream and one ITL value per token after the first chunk; the counts are the
+    server's (no rescaling to usage)."""
+    script = Script(split_chars=split)
+    with ScriptedOpenAI(script) as srv:
+        outcome = run_benchmark(_cfg(tmp_path, srv.url, endpoint=endpoint), progress=False,
+                                plots=False)
+    assert outcome.exit_code == 0
+    assert plan(MAX, script.steps) == [1, 5, 3, 1, 4, 5, 3, 1]
+    text = "".join(chunk_texts(plan(MAX, script.steps), split))
+    for r in _records(Path(outcome.out)):
+        assert r["chunk_tokens"] == want and r["output_tokens"] == MAX
+        assert r["token_count_source"] == "usage"
+        assert len(r["chunk_times_s"]) == len(want) == 8 - len(split)
+        assert len(r["itl_token_s"]) == MAX - want[0]
+        assert r["output_text"] == text and "\ufffd" not in text
+    acc = outcome.summary["variants"]["spec"]["acceptance"]
+    assert acc["tau_stream"] == pytest.approx((MAX - want[0]) / (len(want) - 1))
 
 
 def test_trtllm_perf_metrics_give_the_phase_acceptance(tmp_path: Path) -> None:
