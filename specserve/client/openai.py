@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.client.acceptance import from_response
-from specserve.client.transport import AiohttpClient, GenParams, RawResult, _error_text
+from specserve.client.transport import AiohttpClient, GenParams, RawResult, error_text
 from specserve.errors import ServerError
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -66,7 +66,7 @@ class _Stream:
         if not isinstance(data, dict):
             raise ValueError(f"unexpected event: {payload[:200]}")
         if "error" in data or data.get("object") == "error":
-            self.raw.error = f"server error in stream: {_error_text(payload)}"
+            self.raw.error = f"server error in stream: {error_text(payload)}"
             return False
         acc = from_response(data)
         if acc is not None:
@@ -137,7 +137,7 @@ class OpenAITransport(AiohttpClient):
         status, body = await self.get_text("/v1/models")
         not_openai = f"{self.url} does not answer as an OpenAI-compatible server (GET /v1/models"
         if status != 200:
-            raise ServerError(f"{not_openai}: HTTP {status} {_error_text(body)[:120]})")
+            raise ServerError(f"{not_openai}: HTTP {status} {error_text(body)[:120]})")
         try:
             ids = [str(m["id"]) for m in json.loads(body)["data"]]
         except (ValueError, KeyError, TypeError) as e:
@@ -163,7 +163,7 @@ class OpenAITransport(AiohttpClient):
     async def _post(self, s: Any, body: dict[str, Any], raw: RawResult, t0: float) -> None:
         async with s.post(self.base + ENDPOINTS[self.endpoint], json=body) as r:
             if r.status != 200:
-                raw.error = f"HTTP {r.status}: {_error_text(await r.text())}"
+                raw.error = f"HTTP {r.status}: {error_text(await r.text())}"
                 return
             if not body["stream"]:
                 data = json.loads(await r.text())
@@ -187,7 +187,7 @@ class OpenAITransport(AiohttpClient):
 def _whole_body(data: Any, t: float, raw: RawResult) -> None:
     """A non-streamed answer: one chunk at its arrival carrying ``usage.completion_tokens``."""
     if not isinstance(data, dict) or "error" in data or data.get("object") == "error":
-        raw.error = f"server error: {_error_text(json.dumps(data))}"
+        raw.error = f"server error: {error_text(json.dumps(data))}"
         return
     n = _completion_tokens(data)
     raw.usage_tokens = n

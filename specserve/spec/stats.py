@@ -122,13 +122,14 @@ class AcceptanceStats:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AcceptanceStats:
+        """The counters of a ``to_dict`` (or ``spec_stats_json``) dict; missing or null: 0."""
         return cls(
-            draft_tokens=int(d.get("draft_tokens", 0)),
-            accepted_tokens=int(d.get("accepted_tokens", 0)),
-            emitted_tokens=int(d.get("emitted_tokens", 0)),
-            steps=int(d.get("steps", 0)),
-            per_position_drafted=[int(x) for x in d.get("per_position_drafted", [])],
-            per_position_accepted=[int(x) for x in d.get("per_position_accepted", [])],
-            accept_hist=[int(x) for x in d.get("accept_hist", [])],
-            accepted_nodes={str(k): int(v) for k, v in d.get("accepted_nodes", {}).items()},
+            draft_tokens=int(d.get("draft_tokens") or 0),
+            accepted_tokens=int(d.get("accepted_tokens") or 0),
+            emitted_tokens=int(d.get("emitted_tokens") or 0),
+            steps=int(d.get("steps") or 0),
+            per_position_drafted=[int(x) for x in d.get("per_position_drafted") or []],
+            per_position_accepted=[int(x) for x in d.get("per_position_accepted") or []],
+            accept_hist=[int(x) for x in d.get("accept_hist") or []],
+            accepted_nodes={str(k): int(v) for k, v in (d.get("accepted_nodes") or {}).items()},
         )

@@ -98,6 +98,30 @@ def test_chunks_without_text_count_with_the_chunk_that_shows_them(
     assert acc["tau_stream"] == pytest.approx((MAX - want[0]) / (len(want) - 1))
 
 
+@pytest.mark.parametrize("trtllm", [False, True], ids=["vllm-counters", "trtllm-perf"])
+def test_replicas_counters_are_read_on_each_and_summed(tmp_path: Path, trtllm: bool) -> None:
+    """--url A --url B: each replica's counters (or /perf_metrics) are read around the phase
+    and summed, so the run's engine acceptance covers every measured request (the warmup one,
+    served by A, excluded), wherever the balancer sent it."""
+    scripts = [Script(trtllm_perf=trtllm, per_request_metrics=not trtllm) for _ in range(2)]
+    with ScriptedOpenAI(scripts[0]) as a, ScriptedOpenAI(scripts[1]) as b:
+        outcome = run_benchmark(_cfg(tmp_path, a.url, replicas=(b.url,)), progress=False,
+                                plots=False)
+    assert outcome.exit_code == 0
+    assert [len(s.requests) for s in scripts] == [3, 3]   # warmup and 2 measured on A, 3 on B
+    want = plan(MAX, Script().steps)
+    steps, accepted = len(want) - 1, sum(c - 1 for c in want[1:])
+    cnt = outcome.summary["variants"]["spec"]["engine_counters"]
+    assert (cnt["draft_tokens"], cnt["accepted_draft_tokens"]) == (5 * steps * 4, 5 * accepted)
+    if trtllm:
+        assert cnt["source"] == "trtllm: /perf_metrics speculative_decoding"
+        return
+    assert cnt["source"] == "vllm: Prometheus vllm:spec_decode_* delta"
+    assert cnt["steps"] == 5 * steps
+    assert cnt["per_position_accepted"] == [
+        5 * sum(c - 1 > j for c in want[1:]) for j in range(4)]
+
+
 def test_trtllm_perf_metrics_give_the_phase_acceptance(tmp_path: Path) -> None:
     """trtllm-serve: no per-request field, /perf_metrics drained before and read after."""
     with ScriptedOpenAI(Script(trtllm_perf=True, per_request_metrics=False)) as srv:
