@@ -151,7 +151,9 @@ def test_non_streaming_one_chunk_with_usage(tmp_path: Path) -> None:
                                 progress=False, plots=False)
     recs = _records(Path(outcome.out))
     assert all(r["chunk_tokens"] == [MAX] and r["ttft_s"] == r["e2e_s"] for r in recs)
-    assert outcome.summary["variants"]["spec"]["acceptance"]["tau_server"] > 1
+    want = plan(MAX, Script().steps)   # the steps behind the one body: its metrics' tau
+    assert outcome.summary["variants"]["spec"]["acceptance"]["tau_server"] == pytest.approx(
+        1 + sum(c - 1 for c in want[1:]) / (len(want) - 1))
 
 
 def test_baseline_server_interleaved_and_speedup(tmp_path: Path) -> None:
