@@ -1,6 +1,6 @@
 """Typed, frozen configuration dataclasses, saved as JSON next to every artifact.
 
-Each config is a frozen dataclass with ``to_dict``/``from_dict``/``to_json``/``from_json`` and a
+Each config is a frozen dataclass with ``to_dict``/``from_dict``/``to_json`` and a
 ``validate`` that raises :class:`specserve.errors.SpecserveError` with one line naming the field.
 Unit-bearing names (``max_queue_delay_us``) say what a number means. Inspired by nanoGPT storing
 ``model_args`` with the checkpoint: a resolved config next to an artifact makes it repeatable.
@@ -43,13 +43,6 @@ class JsonConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls: type[T], path: str | Path) -> T:
-        data = read_json(path)
-        if not isinstance(data, dict):
-            raise SpecserveError(f"{path}: expected a JSON object")
-        return cls.from_dict(data)
 
 
 def read_json(path: str | Path) -> Any:

@@ -31,12 +31,21 @@ from specserve.client.acceptance import (
     Samples,
     counter_acceptance,
     from_perf_metrics,
+    pool,
 )
+from specserve.client.balance import PooledTransport
 from specserve.client.config import BenchmarkConfig
 from specserve.client.datasets import Prompt, load_prompts
 from specserve.client.metrics import RequestRecord, make_record
+from specserve.client.openai import OpenAITransport
 from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
-from specserve.client.transport import GenParams, RawResult, Transport, make_transport
+from specserve.client.transport import (
+    GenParams,
+    GrpcTransport,
+    HttpTransport,
+    RawResult,
+    Transport,
+)
 from specserve.errors import SpecserveError
 
 
@@ -202,12 +211,21 @@ class Runner:
                 task.cancel()
 
 
+def make_transport(protocol: str, url: str, endpoint: str = "completions") -> Transport:
+    """``grpc``, ``http`` (Triton) or ``openai`` (``endpoint``: completions | chat) to ``url``."""
+    if protocol == "grpc":
+        return GrpcTransport(url)
+    if protocol == "http":
+        return HttpTransport(url)
+    if protocol == "openai":
+        return OpenAITransport(url, endpoint)
+    raise ValueError(f"unknown protocol {protocol!r}")
+
+
 def _spread(cfg: BenchmarkConfig) -> Transport:
     """The spec variant's transport: one server, or a pool over ``--url A --url B ...``."""
     if not cfg.replicas:
         return make_transport(cfg.protocol, cfg.url, cfg.endpoint)
-    from specserve.client.balance import PooledTransport
-
     return PooledTransport([make_transport(cfg.protocol, u, cfg.endpoint) for u in cfg.urls],
                            cfg.balance)
 
@@ -284,32 +302,52 @@ class _Scrape:
     perf: list[Any] | None     # trtllm-serve /perf_metrics entries
 
 
-async def _scrape_all(cfg: BenchmarkConfig, targets: dict[str, Target]) -> dict[str, _Scrape]:
-    """Variant -> what its server's metrics say now; each server once, and only for a variant
-    that has a server of its own (a shared server's counters mix both variants)."""
-    from specserve.client.scrape import TextGetter, perf_entries, scrape_settled
+def _servers(tr: Transport) -> list[Transport]:
+    """The servers a variant's transport sends to: every replica of a pool, else its one."""
+    return list(tr.transports) if isinstance(tr, PooledTransport) else [tr]
 
+
+async def _scrape_all(cfg: BenchmarkConfig,
+                      targets: dict[str, Target]) -> dict[str, list[_Scrape]]:
+    """Variant -> what each of its servers' metrics say now (one entry per replica); only for
+    a variant whose servers are its own (a shared server's counters mix both variants)."""
     if cfg.protocol != "openai" or not cfg.scrape_metrics:
         return {}
-    urls = [t.transport.url for t in targets.values()]
-    out: dict[str, _Scrape] = {}
-    for variant, t in targets.items():
-        if urls.count(t.transport.url) == 1 and isinstance(t.transport, TextGetter):
-            out[variant] = _Scrape(await scrape_settled(t.transport),
-                                   await perf_entries(t.transport))
+    servers = {v: _servers(t.transport) for v, t in targets.items()}
+    out: dict[str, list[_Scrape]] = {}
+    for variant, mine in servers.items():
+        others = {s.url for v, theirs in servers.items() if v != variant for s in theirs}
+        if not any(s.url in others for s in mine):
+            out[variant] = [await _scrape_one(s) for s in mine]
     return out
 
 
-def _deltas(before: dict[str, _Scrape], after: dict[str, _Scrape]) -> dict[str, EngineAcceptance]:
-    """Variant -> acceptance over the phase: counter deltas, else the /perf_metrics entries."""
+async def _scrape_one(server: Transport) -> _Scrape:
+    from specserve.client.scrape import TextGetter, perf_entries, scrape_settled
+
+    if not isinstance(server, TextGetter):
+        raise SpecserveError(f"{server.url}: this transport cannot read the server's metrics")
+    return _Scrape(await scrape_settled(server), await perf_entries(server))
+
+
+def _deltas(before: dict[str, list[_Scrape]],
+            after: dict[str, list[_Scrape]]) -> dict[str, EngineAcceptance]:
+    """Variant -> acceptance over the phase: per server, counter deltas, else its /perf_metrics
+    entries; over replicas, their sum (none unless every replica reports)."""
     out: dict[str, EngineAcceptance] = {}
-    for variant, a in after.items():
-        b = before.get(variant)
-        acc = counter_acceptance(b.samples or {} if b else {}, a.samples) if a.samples else None
-        acc = acc or (from_perf_metrics(a.perf) if a.perf else None)
-        if acc is not None:
-            out[variant] = acc
+    for variant, ends in after.items():
+        starts: list[_Scrape | None] = [*before.get(variant, [None] * len(ends))]
+        accs = [_phase(b, a) for b, a in zip(starts, ends, strict=True)]
+        found = [a for a in accs if a is not None]
+        total = found[0] if len(found) == 1 else pool(found)
+        if total is not None and len(found) == len(accs):
+            out[variant] = total
     return out
+
+
+def _phase(b: _Scrape | None, a: _Scrape) -> EngineAcceptance | None:
+    acc = counter_acceptance(b.samples or {} if b else {}, a.samples) if a.samples else None
+    return acc or (from_perf_metrics(a.perf) if a.perf else None)
 
 
 def tokenizer_counter(path: str | None) -> Callable[[str], int] | None:

@@ -26,8 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-STATUSES = ("completed", "cancelled", "error")
-
 # Perf outputs of TensorRT-LLM >= 0.19 (``return_perf_metrics``), as the ensemble returns them.
 PERF_OUTPUTS = (
     "acceptance_rate",

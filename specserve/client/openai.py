@@ -8,6 +8,11 @@
   every chunk, which gives each chunk's token count exactly (one chunk carries a whole verify
   step's tokens, so chunks are never counted as tokens). The request's total is always
   ``usage.completion_tokens``.
+- A chunk may carry new tokens and no text: vLLM holds back the bytes of an incomplete UTF-8
+  character (byte-fallback tokens) and sends the chunk anyway (``vllm/entrypoints/openai/
+  serving_completion.py`` ``completion_stream_generator`` skips only chunks with neither text nor
+  token ids). Those tokens count with the next chunk that has text, the one that shows them
+  (at the end of the stream: with the last chunk).
 - Per-request acceptance, where the engine sends it (vLLM ``metrics.speculative_decoding``,
   SGLang ``meta_info``), is read by :func:`specserve.client.acceptance.from_response`.
 - ``GET /v1/models`` checks that the server speaks the protocol and serves the model.
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.client.acceptance import from_response
-from specserve.client.transport import AiohttpClient, GenParams, RawResult, _error_text
+from specserve.client.transport import AiohttpClient, GenParams, RawResult, error_text
 from specserve.errors import ServerError
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -48,19 +53,20 @@ class _Stream:
 
     raw: RawResult
     cumulative: int = 0
-    pending: int = 0    # tokens counted before any text arrived (held-back detokenization)
+    pending: int = 0    # tokens counted in chunks without text (held-back detokenization)
     done: bool = False
 
     def event(self, payload: str, t: float) -> bool:
         """Parse one ``data:`` payload; False when the stream is over (``[DONE]`` or error)."""
         if payload == "[DONE]":
+            self._flush()
             self.done = True
             return False
         data = json.loads(payload)
         if not isinstance(data, dict):
             raise ValueError(f"unexpected event: {payload[:200]}")
         if "error" in data or data.get("object") == "error":
-            self.raw.error = f"server error in stream: {_error_text(payload)}"
+            self.raw.error = f"server error in stream: {error_text(payload)}"
             return False
         acc = from_response(data)
         if acc is not None:
@@ -77,12 +83,15 @@ class _Stream:
             self.raw.chunk_num_tokens.append(None if n is None else n + self.pending)
             self.pending = 0
         elif n:
-            last = self.raw.chunk_num_tokens[-1] if self.raw.chunk_num_tokens else None
-            if last is not None:
-                self.raw.chunk_num_tokens[-1] = last + n  # counted now, text sent before
-            elif not self.raw.chunk_num_tokens:
-                self.pending += n
+            self.pending += n   # their text comes with a later chunk
         return True
+
+    def _flush(self) -> None:
+        """Tokens whose text never came (the stream ended inside a character): the last chunk."""
+        counts = self.raw.chunk_num_tokens
+        last = counts[-1] if counts else None
+        if self.pending and last is not None:
+            counts[-1], self.pending = last + self.pending, 0
 
 
 def _choice_text(data: dict[str, Any]) -> str:
@@ -128,7 +137,7 @@ class OpenAITransport(AiohttpClient):
         status, body = await self.get_text("/v1/models")
         not_openai = f"{self.url} does not answer as an OpenAI-compatible server (GET /v1/models"
         if status != 200:
-            raise ServerError(f"{not_openai}: HTTP {status} {_error_text(body)[:120]})")
+            raise ServerError(f"{not_openai}: HTTP {status} {error_text(body)[:120]})")
         try:
             ids = [str(m["id"]) for m in json.loads(body)["data"]]
         except (ValueError, KeyError, TypeError) as e:
@@ -154,7 +163,7 @@ class OpenAITransport(AiohttpClient):
     async def _post(self, s: Any, body: dict[str, Any], raw: RawResult, t0: float) -> None:
         async with s.post(self.base + ENDPOINTS[self.endpoint], json=body) as r:
             if r.status != 200:
-                raw.error = f"HTTP {r.status}: {_error_text(await r.text())}"
+                raw.error = f"HTTP {r.status}: {error_text(await r.text())}"
                 return
             if not body["stream"]:
                 data = json.loads(await r.text())
@@ -178,7 +187,7 @@ class OpenAITransport(AiohttpClient):
 def _whole_body(data: Any, t: float, raw: RawResult) -> None:
     """A non-streamed answer: one chunk at its arrival carrying ``usage.completion_tokens``."""
     if not isinstance(data, dict) or "error" in data or data.get("object") == "error":
-        raw.error = f"server error: {_error_text(json.dumps(data))}"
+        raw.error = f"server error: {error_text(json.dumps(data))}"
         return
     n = _completion_tokens(data)
     raw.usage_tokens = n

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 from specserve.client.acceptance import EngineAcceptance, acceptance_flags
 from specserve.client.metrics import Distribution, RequestRecord
 from specserve.errors import SpecserveError
+from specserve.spec.stats import AcceptanceStats
 
 
 @dataclass(frozen=True)
@@ -90,24 +91,6 @@ class Acceptance:
     sources: tuple[str, ...] = ()          # the server fields the per-request figures came from
 
 
-def _merge_spec_stats(stats: Iterable[dict[str, Any]]) -> tuple[int, int, list[int], list[int],
-                                                                 dict[str, int]]:
-    steps = emitted = 0
-    drafted: list[int] = []
-    accepted: list[int] = []
-    nodes: Counter[str] = Counter()
-    for s in stats:
-        steps += int(s.get("steps", 0))
-        emitted += int(s.get("emitted_tokens", 0))
-        for acc, key in ((drafted, "per_position_drafted"), (accepted, "per_position_accepted")):
-            for i, v in enumerate(s.get(key, []) or []):
-                if i >= len(acc):
-                    acc.append(0)
-                acc[i] += int(v)
-        nodes.update({str(k): int(v) for k, v in (s.get("accepted_nodes") or {}).items()})
-    return steps, emitted, drafted, accepted, dict(sorted(nodes.items()))
-
-
 def acceptance_of(records: Sequence[RequestRecord]) -> Acceptance:
     """Pool acceptance figures over completed requests."""
     done = [r for r in records if r.status == "completed"]
@@ -116,8 +99,13 @@ def acceptance_of(records: Sequence[RequestRecord]) -> Acceptance:
     rates = [float(r.server["acceptance_rate"]) for r in done
              if "acceptance_rate" in r.server and r.server.get("total_draft_tokens", 0) > 0]
     sizes = [k for r in done if r.streaming for k in r.tokens_per_step]
-    steps, emitted, pos_d, pos_a, nodes = _merge_spec_stats(
-        r.spec_stats for r in done if r.spec_stats)
+    merged = AcceptanceStats()
+    for r in done:
+        if r.spec_stats:
+            merged = merged.merge(AcceptanceStats.from_dict(r.spec_stats))
+    steps, emitted = merged.steps, merged.emitted_tokens
+    pos_d, pos_a = merged.per_position_drafted, merged.per_position_accepted
+    nodes = dict(sorted(merged.accepted_nodes.items()))
     per_pos = tuple(a / steps for a in pos_a) if steps else ()
     given = tuple(a / d for a, d in zip(pos_a, pos_d, strict=False) if d > 0)
     return Acceptance(

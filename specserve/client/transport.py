@@ -366,7 +366,7 @@ class HttpTransport(AiohttpClient):
     async def _post(s: Any, url: str, body: dict[str, Any], raw: RawResult, t0: float) -> None:
         async with s.post(url, json=body) as r:
             if r.status != 200:
-                raw.error = f"HTTP {r.status}: {_error_text(await r.text())}"
+                raw.error = f"HTTP {r.status}: {error_text(await r.text())}"
                 return
             if r.content_type == "text/event-stream":
                 while line := await r.content.readline():
@@ -381,7 +381,7 @@ class HttpTransport(AiohttpClient):
             raw.end_s = time.perf_counter() - t0
 
 
-def _error_text(body: str) -> str:
+def error_text(body: str) -> str:
     """The error message of a JSON or SSE error body (Triton's ``error``, OpenAI's
     ``error.message``, vLLM's ``message``), else the body itself (one line)."""
     text = body.strip().removeprefix("data:").strip()
@@ -411,16 +411,3 @@ def _http_event(payload: str, t: float, raw: RawResult) -> bool:
         outputs["text_output"] = "".join(map(str, outputs["text_output"]))
     raw.add_response(t, outputs)
     return True
-
-
-def make_transport(protocol: str, url: str, endpoint: str = "completions") -> Transport:
-    """``grpc``, ``http`` (Triton) or ``openai`` (``endpoint``: completions | chat) to ``url``."""
-    if protocol == "grpc":
-        return GrpcTransport(url)
-    if protocol == "http":
-        return HttpTransport(url)
-    if protocol == "openai":
-        from specserve.client.openai import OpenAITransport
-
-        return OpenAITransport(url, endpoint)
-    raise ValueError(f"unknown protocol {protocol!r}")

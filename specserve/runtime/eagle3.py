@@ -35,15 +35,15 @@ import torch.nn.functional as F
 
 from specserve.errors import SpecserveError
 from specserve.runtime.cpu_linear import Linear, lay_out, linear
-from specserve.runtime.kvcache import KVCache, RopeModel, _Step
+from specserve.runtime.kvcache import KVCache, RopeModel, StepInputs
 from specserve.runtime.model import (
     Attention,
-    ModelConfig,
     RMSNorm,
     _attention,
     _rms_norm,
     rope_inv_freq,
 )
+from specserve.runtime.model_config import ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 EAGLE12_ARCHITECTURES = ("LlamaForCausalLMEagle", "EAGLEModel", "EagleLlamaForCausalLM")
@@ -224,7 +224,8 @@ class Eagle3Head(RopeModel):
         return x + linear(F.silu(g) * u, self.down)
 
     def forward(self, tokens: torch.Tensor, feats: torch.Tensor, cache: KVCache,
-                lengths: torch.Tensor | None = None, step: _Step | None = None) -> torch.Tensor:
+                lengths: torch.Tensor | None = None,
+                step: StepInputs | None = None) -> torch.Tensor:
         """tokens [B, T], feats [B, T, H] at positions ``cache.lengths[b] + t`` (or where
         ``step``, e.g. :meth:`level_inputs`, puts them) -> the next features (prenorm)
         [B, T, H]; the cache is written, ``cache.lengths`` left to the caller (as

@@ -16,7 +16,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head
-from specserve.runtime.model import ModelConfig
+from specserve.runtime.model_config import ModelConfig
 
 WEIGHTS = "model.safetensors"
 

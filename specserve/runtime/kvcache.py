@@ -9,15 +9,12 @@ head). Rotary embeddings: Su et al. 2021, "RoFormer".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from specserve.errors import SpecserveError
-
-if TYPE_CHECKING:
-    from specserve.runtime.model import ModelConfig
+from specserve.runtime.model_config import ModelConfig
 
 
 class KVCache:
@@ -74,8 +71,8 @@ def step_mask(lengths: torch.Tensor, node_mask: torch.Tensor, span: int) -> torc
 
 
 @dataclass
-class _Step:
-    """Per-forward inputs shared by all layers."""
+class StepInputs:
+    """Per-forward inputs shared by all layers (:meth:`RopeModel.step_inputs` builds them)."""
 
     cos: torch.Tensor  # [B or 1, T, 1, D] in the model dtype
     sin: torch.Tensor  # [B or 1, T, 1, D], signed: [-sin, sin]
@@ -114,7 +111,7 @@ class RopeModel(nn.Module):
 
     def step_inputs(self, tokens: torch.Tensor, cache: KVCache,
                     lengths: torch.Tensor | None = None, depth: torch.Tensor | None = None,
-                    node_mask: torch.Tensor | None = None) -> _Step:
+                    node_mask: torch.Tensor | None = None) -> StepInputs:
         """RoPE rows, cache write slots and the attention mask of one forward (the arguments
         of :meth:`Transformer.forward`), shared by all its layers."""
         b, t = tokens.shape
@@ -147,10 +144,10 @@ class RopeModel(nn.Module):
             if node_mask is None:
                 node_mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
             mask = step_mask(lengths, node_mask, span)
-        return _Step(cos, sin, write, span, mask)
+        return StepInputs(cos, sin, write, span, mask)
 
     def level_inputs(self, cache: KVCache, pos: int, first_slot: int,
-                     visible: torch.Tensor) -> _Step:
+                     visible: torch.Tensor) -> StepInputs:
         """One level of a draft tree (:class:`specserve.spec.tree.TreeLevel`): T new tokens, all
         at position ``cache.lengths[b] + pos``, written at slots ``cache.lengths[b] +
         first_slot + t``, seeing every valid key and the tree slots ``visible [T, W]`` marks."""
@@ -168,9 +165,9 @@ class RopeModel(nn.Module):
             if not bool(visible.all()):
                 past = torch.ones(t, n, dtype=torch.bool, device=dev)
                 mask = torch.cat([past, visible.to(dev)], dim=1)[None, None]  # [1, 1, T, span]
-            return _Step(cos, sin, n + first_slot, span, mask)
+            return StepInputs(cos, sin, n + first_slot, span, mask)
         lengths = torch.tensor(lens, device=dev)  # [B]
         at = lengths + pos  # [B]
         cos, sin = cos_t[at][:, None, None], sin_t[at][:, None, None]  # [B, 1, 1, D]
         write = lengths[:, None] + first_slot + torch.arange(t, device=dev)  # [B, T]
-        return _Step(cos, sin, write, span, step_mask(lengths, visible.to(dev), span))
+        return StepInputs(cos, sin, write, span, step_mask(lengths, visible.to(dev), span))

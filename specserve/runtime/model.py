@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -35,55 +34,8 @@ from specserve.checkpoint import load_state_dict
 from specserve.errors import SpecserveError
 from specserve.runtime.checkpoint import load_target_config
 from specserve.runtime.cpu_linear import MULTI_ROW_MIN, Linear, lay_out, linear
-from specserve.runtime.kvcache import KVCache, RopeModel, _Step
-
-QK_NORM_TYPES = ("qwen3",)  # families with per-head q/k RMSNorm (``self_attn.q_norm/k_norm``)
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The shape and numerics of a Llama-family checkpoint (from its ``config.json``)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: tuple[tuple[str, Any], ...]
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    model_type: str
-    eos_token_id: int | None
-    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        rope = dict(cfg.get("rope_parameters") or {})
-        scaling = dict(cfg.get("rope_scaling") or {})
-        scaling.update({k: v for k, v in rope.items() if k != "rope_theta"})
-        theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        heads = int(cfg["num_attention_heads"])
-        eos = cfg.get("eos_token_id")
-        return cls(
-            vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]), num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-            rope_scaling=tuple(sorted((str(k), v) for k, v in scaling.items()
-                                      if not isinstance(v, (dict, list)))),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            model_type=str(cfg.get("model_type")),
-            eos_token_id=int(eos[0]) if isinstance(eos, list) and eos else
-            (int(eos) if isinstance(eos, int) else None),
-            qk_norm=cfg.get("model_type") in QK_NORM_TYPES,
-        )
+from specserve.runtime.kvcache import KVCache, RopeModel, StepInputs
+from specserve.runtime.model_config import ModelConfig
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -171,7 +123,7 @@ class Block(nn.Module):
 
 
 def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Tensor,
-               st: _Step) -> torch.Tensor:
+               st: StepInputs) -> torch.Tensor:
     b, t, _ = x.shape  # x: [B, T, H]
     nh, nkv, hd = a.nh, a.nkv, a.hd
     qkv = linear(x, a.qkv).view(b, t, nh + 2 * nkv, hd)
@@ -195,7 +147,7 @@ def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Te
 
 
 def _block(x: torch.Tensor, blk: Block, kbuf: torch.Tensor, vbuf: torch.Tensor,
-           st: _Step) -> torch.Tensor:
+           st: StepInputs) -> torch.Tensor:
     x = x + _attention(_rms_norm(x, blk.attn_norm), blk.attn, kbuf, vbuf, st)
     g, u = linear(_rms_norm(x, blk.mlp_norm), blk.gate_up).chunk(
         2, dim=-1)

@@ -4,7 +4,9 @@ Definitions follow TensorRT-LLM's per-request perf outputs: ``acceptance_rate`` 
 ``total_accepted_draft_tokens / total_draft_tokens``. The mean number of tokens emitted per verify
 step, tau = emitted / steps (Leviathan et al. 2023's expected tokens per step; vLLM's "mean
 acceptance length" = 1 + accepted / drafts). Per-position rates give the probability that the
-i-th draft position is accepted given it was proposed; ``accept_hist[n]`` counts steps that
+i-th draft position is accepted given it was proposed: ``per_position_accepted`` has an entry
+(possibly 0) for every position ever drafted, as the BLS loop's ``stats_dict``
+(``triton/models/bls_lib/spec_loop.py``) writes it; ``accept_hist[n]`` counts steps that
 accepted exactly n drafts (gpt-fast's ``accept_counts``). For Medusa trees, ``accepted_nodes``
 counts accepted tree nodes by ``"head,rank"`` for tree tuning.
 """
@@ -57,7 +59,8 @@ class AcceptanceStats:
         self.emitted_tokens += num_accepted + 1 if num_emitted is None else num_emitted
         self.steps += 1
         self.per_position_drafted = _add_lists(self.per_position_drafted, [1] * depth)
-        self.per_position_accepted = _add_lists(self.per_position_accepted, [1] * num_accepted)
+        self.per_position_accepted = _add_lists(
+            self.per_position_accepted, [1] * num_accepted + [0] * (depth - num_accepted))
         hist = [0] * (num_accepted + 1)
         hist[num_accepted] = 1
         self.accept_hist = _add_lists(self.accept_hist, hist)
@@ -95,9 +98,11 @@ class AcceptanceStats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
+        """accepted / drafted at every drafted position (0.0 where none was accepted)."""
+        accepted = _add_lists(self.per_position_accepted, [0] * len(self.per_position_drafted))
         return [
             a / d if d else 0.0
-            for a, d in zip(self.per_position_accepted, self.per_position_drafted, strict=False)
+            for a, d in zip(accepted, self.per_position_drafted, strict=False)
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,13 +122,14 @@ class AcceptanceStats:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AcceptanceStats:
+        """The counters of a ``to_dict`` (or ``spec_stats_json``) dict; missing or null: 0."""
         return cls(
-            draft_tokens=int(d.get("draft_tokens", 0)),
-            accepted_tokens=int(d.get("accepted_tokens", 0)),
-            emitted_tokens=int(d.get("emitted_tokens", 0)),
-            steps=int(d.get("steps", 0)),
-            per_position_drafted=[int(x) for x in d.get("per_position_drafted", [])],
-            per_position_accepted=[int(x) for x in d.get("per_position_accepted", [])],
-            accept_hist=[int(x) for x in d.get("accept_hist", [])],
-            accepted_nodes={str(k): int(v) for k, v in d.get("accepted_nodes", {}).items()},
+            draft_tokens=int(d.get("draft_tokens") or 0),
+            accepted_tokens=int(d.get("accepted_tokens") or 0),
+            emitted_tokens=int(d.get("emitted_tokens") or 0),
+            steps=int(d.get("steps") or 0),
+            per_position_drafted=[int(x) for x in d.get("per_position_drafted") or []],
+            per_position_accepted=[int(x) for x in d.get("per_position_accepted") or []],
+            accept_hist=[int(x) for x in d.get("accept_hist") or []],
+            accepted_nodes={str(k): int(v) for k, v in (d.get("accepted_nodes") or {}).items()},
         )

@@ -1,10 +1,11 @@
 """Medusa-1 heads (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with
 Multiple Decoding Heads", §2.1.1 and §2.2.1): the base model is frozen; head k (0-based) reads
 the base model's final hidden state h_t (after the final norm) and predicts token t+k+2
-(head 0 = the token after next). Each head is ``num_layers`` ResBlocks ``x + SiLU(W x + b)``
-(W initialised to zero, so a fresh head equals the base LM head when its LM head is copied from
-the base's) followed by a bias-free Linear to the vocabulary. Loss: sum_k lambda^k CE_k with
-lambda = 0.8 (§2.2.1).
+(head 0 = the token after next). The heads are :class:`specserve.runtime.medusa.MedusaHeads`
+(``num_layers`` ResBlocks ``x + SiLU(W x + b)``, W and b initialised to zero, so a fresh head
+equals the base LM head when its LM head is copied from the base's, then a bias-free Linear to
+the vocabulary), the module the decoder runs. Loss: sum_k lambda^k CE_k with lambda = 0.8
+(§2.2.1).
 
 Saved in the FasterDecoding layout that TensorRT-LLM's ``examples/medusa/convert_checkpoint.py``
 reads: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path``,
@@ -24,52 +25,10 @@ from torch import nn
 
 from specserve.config import write_json_atomic
 from specserve.errors import SpecserveError
+from specserve.runtime.medusa import MedusaHeads as MedusaHeads  # the heads train/ trains
 
 IGNORE = -100
 HEADS_FILE = "medusa_lm_head.safetensors"
-
-
-class ResBlock(nn.Module):
-    """x + SiLU(Linear(x)); the linear starts at zero (identity block)."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(hidden, hidden)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + nn.functional.silu(self.linear(x))
-
-
-class MedusaHeads(nn.Module):
-    """Heads with state-dict names ``{h}.{l}.linear.*`` and ``{h}.{num_layers}.weight``."""
-
-    def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int) -> None:
-        super().__init__()
-        self.hidden, self.vocab = hidden, vocab
-        self.num_heads, self.num_layers = num_heads, num_layers
-        self.heads = nn.ModuleList(
-            nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)],
-                          nn.Linear(hidden, vocab, bias=False))
-            for _ in range(num_heads)
-        )
-
-    def init_lm_heads(self, lm_head_weight: torch.Tensor) -> None:
-        """Copy the base LM head [V, H] into every head's last Linear."""
-        for head in self.heads:
-            last = list(head.children())[-1]
-            assert isinstance(last, nn.Linear)
-            last.weight.data.copy_(lm_head_weight.detach().float())
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> logits [..., num_heads, V]."""
-        return torch.stack([head(hidden) for head in self.heads], dim=-2)
-
-    def layout_state_dict(self) -> dict[str, torch.Tensor]:
-        """Tensors under the FasterDecoding names, fp32, contiguous."""
-        return {k.removeprefix("heads."): v.detach().float().contiguous().cpu()
-                for k, v in self.state_dict().items()}
 
 
 def medusa_labels(tokens: torch.Tensor, num_heads: int, first_label: int = 0) -> torch.Tensor:

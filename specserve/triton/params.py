@@ -17,11 +17,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specserve.errors import SpecserveError
+from specserve.triton.options import (
+    RepoOptions,
+    kv_fractions,
+    parse_device_ids,
+)
 
 if TYPE_CHECKING:
     from specserve.engine_record import EngineRecord
-    from specserve.triton.repository import RepoOptions
 
 # The 43 parameter placeholders of tensorrt_llm/config.pbtxt (keys differ for three: see template).
 LLM_PARAMETER_PLACEHOLDERS = (
@@ -43,11 +46,6 @@ LLM_PARAMETER_PLACEHOLDERS = (
 _DECODING_MODE = {"medusa": "medusa", "eagle": "eagle"}
 #: Nodes of the C++ backend's default tree (``mc_sim_7b_63``, also the default ``eagle_choices``).
 DEFAULT_TREE_NODES = 63
-#: kv_cache_free_gpu_mem_fraction: the C++ default for one model on a GPU, and the draft-target
-#: README's value for each of two models sharing one ("or one of the models would use out of the
-#: GPU memory").
-KV_FRACTION_ALONE = 0.9
-KV_FRACTION_SHARED = 0.5
 SPEC_STATS_OUTPUT = ',\n  { name: "spec_stats_json" data_type: TYPE_STRING dims: [ 1 ] }'
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
 
@@ -109,45 +107,6 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
 def bls_driven(cfg: EngineRecord) -> bool:
     """TensorRT-LLM engines whose speculation the BLS drives (draft-target, n-gram)."""
     return cfg.backend == "trtllm" and cfg.spec_mode in ("draft", "ngram")
-
-
-def trtllm_draft(cfg: EngineRecord) -> bool:
-    """A two-model TensorRT-LLM repository (``tensorrt_llm`` + ``tensorrt_llm_draft``)."""
-    return cfg.backend == "trtllm" and cfg.spec_mode == "draft"
-
-
-def parse_device_ids(text: str | None, option: str = "--gpu-device-ids") -> tuple[int, ...]:
-    """``"0,1"`` -> (0, 1); () for None/empty; SpecserveError for anything else."""
-    if text is None or not text.strip():
-        return ()
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and p.isascii() for p in parts):
-        raise SpecserveError(f"{option} {text!r}: expected comma-separated non-negative "
-                             "integers, e.g. 0 or 0,1")
-    ids = tuple(int(p) for p in parts)
-    if len(set(ids)) != len(ids):
-        raise SpecserveError(f"{option} {text!r}: a device is listed twice")
-    return ids
-
-
-def shares_gpu(cfg: EngineRecord, opts: RepoOptions) -> bool:
-    """Target and draft TensorRT-LLM engines on a common GPU. Unset ids are the executor's
-    default placement: ranks 0..world_size-1 (the draft is one rank)."""
-    if not trtllm_draft(cfg):
-        return False
-    target = parse_device_ids(opts.gpu_device_ids) or tuple(range(cfg.world_size))
-    draft = parse_device_ids(opts.draft_gpu_device_ids, "--draft-gpu-device-ids") or (0,)
-    return bool(set(target) & set(draft))
-
-
-def kv_fractions(cfg: EngineRecord, opts: RepoOptions) -> tuple[float, float | None]:
-    """(target, draft) ``kv_cache_free_gpu_mem_fraction``; draft None without a draft engine."""
-    default = KV_FRACTION_SHARED if shares_gpu(cfg, opts) else KV_FRACTION_ALONE
-    target = default if opts.kv_cache_fraction is None else opts.kv_cache_fraction
-    if not trtllm_draft(cfg):
-        return target, None
-    draft = default if opts.draft_kv_cache_fraction is None else opts.draft_kv_cache_fraction
-    return target, draft
 
 
 def kv_placement(cfg: EngineRecord, opts: RepoOptions, *, draft: bool) -> tuple[str, str]:

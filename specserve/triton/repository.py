@@ -15,26 +15,22 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specserve.config import JsonConfig
 from specserve.engine_record import EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
 from specserve.outputs import staged_output
+from specserve.triton.options import EXECUTOR_OPTIONS, cli_flag
+from specserve.triton.options import RepoOptions as RepoOptions  # what write_repository takes
 from specserve.triton.params import (
     bls_mapping,
     bls_spec_mapping,
     ensemble_mapping,
-    kv_fractions,
     llm_mapping,
-    parse_device_ids,
     post_mapping,
     pre_mapping,
-    shares_gpu,
-    trtllm_draft,
 )
 from specserve.triton.render import load_template, render
 
@@ -46,87 +42,6 @@ SHIM = (
     'installed in the Python that runs the Triton Python backend stub."""\n\n'
     "from specserve.triton.models.llm import TritonPythonModel  # noqa: F401\n"
 )
-
-
-@dataclass(frozen=True)
-class RepoOptions(JsonConfig):
-    """Options of ``specserve repo``; None means "from the engine's build_config.json"."""
-
-    max_batch_size: int | None = None
-    preprocessing_instance_count: int = 1
-    postprocessing_instance_count: int = 1
-    bls_instance_count: int = 1
-    decoupled: bool = True
-    tokenizer_dir: str | None = None
-    max_queue_delay_us: int = 0
-    baseline: bool = False
-    accumulate_tokens: bool = False
-    # TensorRT-LLM executor placement (None = default: kv fraction 0.9 for a model alone on its
-    # GPUs, 0.5 each when target and draft share one; ids unset = ranks 0..world_size-1)
-    kv_cache_fraction: float | None = None
-    draft_kv_cache_fraction: float | None = None
-    gpu_device_ids: str | None = None
-    draft_gpu_device_ids: str | None = None
-    max_tokens_in_paged_kv_cache: int | None = None
-    max_attention_window_size: int | None = None
-    llmapi_model_dir: str | None = None  # PyTorch route: upstream's llmapi tensorrt_llm/1
-
-    def validate(self) -> None:
-        for name in ("preprocessing_instance_count", "postprocessing_instance_count",
-                     "bls_instance_count"):
-            if getattr(self, name) < 1:
-                raise SpecserveError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_batch_size is not None and self.max_batch_size < 1:
-            raise SpecserveError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_queue_delay_us < 0:
-            raise SpecserveError(f"max_queue_delay_us must be >= 0, got {self.max_queue_delay_us}")
-        for name in ("kv_cache_fraction", "draft_kv_cache_fraction"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float))
-                                          and not isinstance(value, bool) and 0 < value <= 1):
-                raise SpecserveError(f"{_flag(name)} {value!r}: must be in (0, 1] (the fraction "
-                                     "of free GPU memory for the KV cache)")
-        for name in ("max_tokens_in_paged_kv_cache", "max_attention_window_size"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
-                raise SpecserveError(f"{_flag(name)} {value!r}: must be a positive integer")
-        parse_device_ids(self.gpu_device_ids, "--gpu-device-ids")
-        parse_device_ids(self.draft_gpu_device_ids, "--draft-gpu-device-ids")
-
-    def validate_for(self, cfg: EngineRecord) -> None:
-        """Checks that need the engine: executor options only for TensorRT-LLM engines, draft
-        options only with a draft engine, one device id per rank, and at most the whole GPU for
-        two models that share one."""
-        set_ = [n for n in _EXECUTOR_OPTIONS if getattr(self, n) is not None]
-        if cfg.backend != "trtllm" and set_:
-            raise SpecserveError(f"{_flag(set_[0])}: a TensorRT-LLM executor option; the "
-                                 "reference (torch) engine has no KV cache to configure")
-        if not trtllm_draft(cfg):
-            drafts = [n for n in set_ if n.startswith("draft_")]
-            if drafts:
-                raise SpecserveError(f"{_flag(drafts[0])}: only for draft-target engines "
-                                     f"(this engine's spec_mode is {cfg.spec_mode})")
-        for name, ranks in (("gpu_device_ids", cfg.world_size), ("draft_gpu_device_ids", 1)):
-            ids = parse_device_ids(getattr(self, name), _flag(name))
-            if ids and len(ids) != ranks:
-                raise SpecserveError(f"{_flag(name)} {getattr(self, name)!r}: {len(ids)} "
-                                     f"device(s) for {ranks} rank(s) (one id per rank)")
-        target, draft = kv_fractions(cfg, self)
-        if draft is not None and shares_gpu(cfg, self) and target + draft > 1 + 1e-9:
-            raise SpecserveError(
-                f"--kv-cache-fraction {target:g} + --draft-kv-cache-fraction {draft:g} = "
-                f"{target + draft:g} > 1: target and draft share a GPU (give both, or "
-                "--gpu-device-ids / --draft-gpu-device-ids on different GPUs)")
-
-
-_EXECUTOR_OPTIONS = ("kv_cache_fraction", "draft_kv_cache_fraction", "gpu_device_ids",
-                     "draft_gpu_device_ids", "max_tokens_in_paged_kv_cache",
-                     "max_attention_window_size")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _python_model(name: str) -> str:
@@ -231,9 +146,9 @@ def _check_llmapi_options(opts: RepoOptions) -> None:
     """The llmapi model takes its settings from the build's YAML; refuse the C++ ones."""
     defaults = RepoOptions()
     for name in ("max_batch_size", "baseline", "accumulate_tokens", "tokenizer_dir",
-                 *_EXECUTOR_OPTIONS):
+                 *EXECUTOR_OPTIONS):
         if getattr(opts, name) != getattr(defaults, name):
-            raise SpecserveError(f"{_flag(name)}: not for the llmapi model (flow pytorch); its "
+            raise SpecserveError(f"{cli_flag(name)}: not for the llmapi model (flow pytorch); its "
                                  "settings are the build's extra_llm_api_options.yaml "
                                  "(specserve build --flow pytorch ...)")
 

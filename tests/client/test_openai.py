@@ -15,7 +15,7 @@ import pytest
 from specserve.client.config import BenchmarkConfig
 from specserve.client.run import run_benchmark
 from specserve.errors import ServerError
-from tests.helpers.openai_server import Script, ScriptedOpenAI, plan
+from tests.helpers.openai_server import Script, ScriptedOpenAI, chunk_texts, plan
 
 MAX = 23
 
@@ -68,6 +68,60 @@ def test_stream_counts_tokens_from_usage_and_reads_vllm_acceptance(tmp_path: Pat
     assert ("messages" in sent) == (endpoint == "chat") and sent["temperature"] == 0.0
 
 
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.parametrize("split, want", [
+    ((0,), [6, 3, 1, 4, 5, 3, 1]),        # the prefill token starts a character
+    ((2, 6), [1, 5, 4, 4, 5, 4]),         # 3 byte tokens of a 4-byte character, twice
+    ((3,), [1, 5, 3, 5, 5, 3, 1]),        # one byte token of a 2-byte character
+    ((7,), [1, 5, 3, 1, 4, 5, 4]),        # the stream ends inside a character: the last chunk
+])
+def test_chunks_without_text_count_with_the_chunk_that_shows_them(
+        tmp_path: Path, endpoint: str, split: tuple[int, ...], want: list[int]) -> None:
+    """vLLM holds back an incomplete character: a chunk carries tokens (in usage) but no text,
+    the next one completes the character. Those tokens count with it, exactly: per-chunk
+    tokens, tau_stream and one ITL value per token after the first chunk; the counts are the
+    server's (no rescaling to usage)."""
+    script = Script(split_chars=split)
+    with ScriptedOpenAI(script) as srv:
+        outcome = run_benchmark(_cfg(tmp_path, srv.url, endpoint=endpoint), progress=False,
+                                plots=False)
+    assert outcome.exit_code == 0
+    assert plan(MAX, script.steps) == [1, 5, 3, 1, 4, 5, 3, 1]
+    text = "".join(chunk_texts(plan(MAX, script.steps), split))
+    for r in _records(Path(outcome.out)):
+        assert r["chunk_tokens"] == want and r["output_tokens"] == MAX
+        assert r["token_count_source"] == "usage"
+        assert len(r["chunk_times_s"]) == len(want) == 8 - len(split)
+        assert len(r["itl_token_s"]) == MAX - want[0]
+        assert r["output_text"] == text and "\ufffd" not in text
+    acc = outcome.summary["variants"]["spec"]["acceptance"]
+    assert acc["tau_stream"] == pytest.approx((MAX - want[0]) / (len(want) - 1))
+
+
+@pytest.mark.parametrize("trtllm", [False, True], ids=["vllm-counters", "trtllm-perf"])
+def test_replicas_counters_are_read_on_each_and_summed(tmp_path: Path, trtllm: bool) -> None:
+    """--url A --url B: each replica's counters (or /perf_metrics) are read around the phase
+    and summed, so the run's engine acceptance covers every measured request (the warmup one,
+    served by A, excluded), wherever the balancer sent it."""
+    scripts = [Script(trtllm_perf=trtllm, per_request_metrics=not trtllm) for _ in range(2)]
+    with ScriptedOpenAI(scripts[0]) as a, ScriptedOpenAI(scripts[1]) as b:
+        outcome = run_benchmark(_cfg(tmp_path, a.url, replicas=(b.url,)), progress=False,
+                                plots=False)
+    assert outcome.exit_code == 0
+    assert [len(s.requests) for s in scripts] == [3, 3]   # warmup and 2 measured on A, 3 on B
+    want = plan(MAX, Script().steps)
+    steps, accepted = len(want) - 1, sum(c - 1 for c in want[1:])
+    cnt = outcome.summary["variants"]["spec"]["engine_counters"]
+    assert (cnt["draft_tokens"], cnt["accepted_draft_tokens"]) == (5 * steps * 4, 5 * accepted)
+    if trtllm:
+        assert cnt["source"] == "trtllm: /perf_metrics speculative_decoding"
+        return
+    assert cnt["source"] == "vllm: Prometheus vllm:spec_decode_* delta"
+    assert cnt["steps"] == 5 * steps
+    assert cnt["per_position_accepted"] == [
+        5 * sum(c - 1 > j for c in want[1:]) for j in range(4)]
+
+
 def test_trtllm_perf_metrics_give_the_phase_acceptance(tmp_path: Path) -> None:
     """trtllm-serve: no per-request field, /perf_metrics drained before and read after."""
     with ScriptedOpenAI(Script(trtllm_perf=True, per_request_metrics=False)) as srv:
@@ -97,7 +151,9 @@ def test_non_streaming_one_chunk_with_usage(tmp_path: Path) -> None:
                                 progress=False, plots=False)
     recs = _records(Path(outcome.out))
     assert all(r["chunk_tokens"] == [MAX] and r["ttft_s"] == r["e2e_s"] for r in recs)
-    assert outcome.summary["variants"]["spec"]["acceptance"]["tau_server"] > 1
+    want = plan(MAX, Script().steps)   # the steps behind the one body: its metrics' tau
+    assert outcome.summary["variants"]["spec"]["acceptance"]["tau_server"] == pytest.approx(
+        1 + sum(c - 1 for c in want[1:]) / (len(want) - 1))
 
 
 def test_baseline_server_interleaved_and_speedup(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from specserve.client.acceptance import counter_acceptance, parse_prometheus
 from specserve.client.openai import _Stream, _whole_body
-from specserve.client.transport import RawResult, _error_text
+from specserve.client.transport import RawResult, error_text
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "openai"
 
@@ -58,7 +58,7 @@ def test_non_streamed_body() -> None:
 
 
 def test_real_error_body_is_one_line() -> None:
-    text = _error_text((DATA / "vllm_error_unknown_model.json").read_text())
+    text = error_text((DATA / "vllm_error_unknown_model.json").read_text())
     assert text.startswith("The model `no-such-model` does not exist.") and "\n" not in text
 
 

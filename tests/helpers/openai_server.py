@@ -8,6 +8,11 @@ accepted drafts of ``k``), cumulative ``usage`` on every chunk when the request 
 ``[DONE]``. ``GET /metrics`` serves vLLM's counters over all requests answered so far.
 Faults: ``fail_status`` (429/503 answers), ``cut_after`` (close the stream after N chunks),
 ``not_openai`` (404 everywhere, like Triton's HTTP port).
+``split_chars``: chunks whose tokens are the leading bytes of a multi-byte character
+(byte-fallback tokens): vLLM holds back an incomplete character's bytes, so such a chunk carries
+its tokens in ``usage`` but no text, and the next chunk's first token completes the character
+(vLLM ``vllm/entrypoints/openai/serving_completion.py`` ``completion_stream_generator``: a chunk
+is skipped only when it has neither text nor token ids).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class Script:
     fail_after: int = 0                      # with fail_status: the first N requests succeed
     cut_after: int | None = None
     not_openai: bool = False
+    split_chars: tuple[int, ...] = ()        # chunk indices sent without text (see the docstring)
     drafts_counted: bool = True              # False: counters stay at zero (spec off)
     trtllm_perf: bool = False                # trtllm-serve style: /perf_metrics, no /metrics
     perf: list[dict[str, Any]] = field(default_factory=list)
@@ -49,6 +55,30 @@ def plan(n_tokens: int, steps: tuple[int, ...]) -> list[int]:
     while sum(out) < n_tokens:
         out.append(min(steps[i % len(steps)], n_tokens - sum(out)))
         i += 1
+    return out
+
+
+# a character of n + 1 UTF-8 bytes, for a chunk of n byte tokens completed by the next token
+CHARS = {1: "é", 2: "€", 3: "🙂"}
+
+
+def chunk_texts(chunks: list[int], split: tuple[int, ...] = ()) -> list[str]:
+    """The text each chunk carries: token j is ``"t{j} "``, except that the tokens of a chunk in
+    ``split`` and the next chunk's first token are the bytes of one :data:`CHARS` character,
+    which comes out whole with the next chunk (never, after the last chunk: the stream ended
+    inside the character)."""
+    out, done, carry = [], 0, ""
+    for i, c in enumerate(chunks):
+        if i in split:
+            if c not in CHARS or i + 1 in split:
+                raise ValueError(f"split_chars: chunk {i} of {chunks} cannot split a character")
+            out.append("")
+            carry = CHARS[c]
+        else:
+            first = done + 1 if carry else done
+            out.append(carry + "".join(f"t{j} " for j in range(first, done + c)))
+            carry = ""
+        done += c
     return out
 
 
@@ -161,7 +191,7 @@ class ScriptedOpenAI:
         self._count(spec)
         chat = "messages" in body
         if not body.get("stream"):
-            text = "".join(f"t{i} " for i in range(sum(chunks)))
+            text = "".join(chunk_texts(chunks, self.s.split_chars))
             choice = {"message": {"role": "assistant", "content": text}} if chat else \
                 {"text": text}
             out: dict[str, Any] = {"choices": [choice], "usage": {
@@ -185,7 +215,7 @@ class ScriptedOpenAI:
         await resp.prepare(request)
         opts = body.get("stream_options") or {}
         continuous = self.s.continuous_usage and opts.get("continuous_usage_stats")
-        done = 0
+        done, texts = 0, chunk_texts(chunks, self.s.split_chars)
         if chat:
             await self._send(resp, {"choices": [{"delta": {"role": "assistant", "content": ""}}],
                                     **({"usage": {"completion_tokens": 0}} if continuous else {})})
@@ -195,8 +225,7 @@ class ScriptedOpenAI:
                     request.transport.close()
                 return resp
             await asyncio.sleep(self.s.gap_s + self.s.load_gap_s * self.s.inflight)
-            text = "".join(f"t{j} " for j in range(done, done + c))
-            done += c
+            text, done = texts[i], done + c
             choice = {"delta": {"content": text}} if chat else {"text": text}
             ev: dict[str, Any] = {"choices": [choice]}
             if continuous:

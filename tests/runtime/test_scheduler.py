@@ -318,3 +318,81 @@ def test_newcomers_prefilled_inside_a_running_step_keep_every_output(
     inside = [i for i in range(2, len(PROMPTS)) if events.index(("tokens", i)) <
               events.index(("end", ARRIVE[i]))]
     assert inside[:2] == [2, 3]   # 4 found the 4 slots taken: it waited for a step's end
+
+
+@pytest.mark.parametrize("kind", ["none", "draft_same", "medusa", "eagle3"])
+def test_two_groups_joining_inside_one_step_keep_their_own_rows(
+        tiny_models: TinyModels, kind: str) -> None:
+    """Arrivals spread over one step's layers (the Triton pattern: the adapter's queue fills
+    while the forward runs): request 2 arrives at the step's first preemption point, request 3
+    at its second. Each is prefilled there, as its own group, into rows after the running ones
+    and after the group already joining; every request's tokens equal it run alone."""
+    want = _alone(tiny_models, kind, 0.0)
+    events: list[tuple[str, int]] = []
+    handles: dict[int, object] = {}
+    points = [0]   # preemption points seen in step 0
+
+    def on_tokens(i: int):  # noqa: ANN202
+        return lambda new: events.append(("tokens", i))
+
+    def intake() -> None:
+        points[0] += 1
+        i = {1: 2, 2: 3}.get(points[0])
+        if i is not None and not events.count(("end", 0)):
+            handles[i] = sch.submit(PROMPTS[i], _params(i, 0.0), on_tokens=on_tokens(i))
+            events.append(("submit", i))
+
+    sch = Scheduler(SpecDecoder(tiny_models.target, _proposer(kind, tiny_models)), 4,
+                    max_len=64, intake=intake)
+    for i in (0, 1):
+        handles[i] = sch.submit(PROMPTS[i], _params(i, 0.0), on_tokens=on_tokens(i))
+    sch.step()
+    events.append(("end", 0))
+    sch.run_until_idle()
+    # both joined inside step 0, one after the other: 3 arrived after 2 had been prefilled
+    assert events.index(("submit", 2)) < events.index(("tokens", 2)) < events.index(
+        ("submit", 3)) < events.index(("tokens", 3)) < events.index(("end", 0))
+    got = [handles[i].result for i in range(4)]  # type: ignore[attr-defined]
+    assert [g.token_ids for g in got] == [w[0] for w in want[:4]]
+    assert [g.stats for g in got] == [w[1] for w in want[:4]]
+
+
+def test_stop_tokens_end_requests_in_flight_with_reason_stop(tiny_models: TinyModels) -> None:
+    """end_id and stop_token_ids (taken from each request's own greedy output, so each stops
+    mid-run) end a request at that token, not included, with finish reason "stop"; the others
+    still end at max_tokens ("length"); every request's tokens equal it run alone."""
+    dec = SpecDecoder(tiny_models.target, NgramProposer(4))
+    free = [dec.generate([p], _params(i, 0.0))[0].token_ids for i, p in enumerate(PROMPTS)]
+
+    def params(i: int) -> SamplingParams:
+        out = free[i]
+        if i % 3 == 0:   # end_id: the first token not in the first three
+            return SamplingParams(max_tokens=MAX_TOKENS[i], end_id=next(
+                t for t in out[3:] if t not in out[:3]))
+        if i % 3 == 1:   # a stop token, after min_tokens 2 (its earlier occurrences pass)
+            return SamplingParams(max_tokens=MAX_TOKENS[i], stop_token_ids=(out[-2],),
+                                  min_tokens=2)
+        return _params(i, 0.0)
+
+    want = []
+    for i, p in enumerate(PROMPTS):
+        r = dec.generate([p], params(i))[0]
+        want.append((r.token_ids, r.finish_reason))
+    sch = Scheduler(SpecDecoder(tiny_models.target, NgramProposer(4)), 3, max_len=64)
+    handles, step = {}, 0
+    while len(handles) < len(PROMPTS) or not sch.idle:
+        for i, t in enumerate(ARRIVE):
+            if t == step:
+                handles[i] = sch.submit(PROMPTS[i], params(i))
+        sch.step()
+        step += 1
+    got = [(h.result.token_ids, h.result.finish_reason)  # type: ignore[union-attr]
+           for _, h in sorted(handles.items())]
+    assert got == want
+    for i, (ids, reason) in enumerate(got):
+        stop = params(i).stop_ids
+        if stop:
+            assert reason == "stop" and len(ids) < len(free[i])
+            assert ids == free[i][:len(ids)] and free[i][len(ids)] in stop
+        else:
+            assert reason == "length" and ids == free[i]

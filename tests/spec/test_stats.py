@@ -17,6 +17,19 @@ def test_observe_and_rates() -> None:
     assert s.accept_hist == [1, 1, 0, 0, 1]
 
 
+def test_every_drafted_position_has_an_accepted_count() -> None:
+    """A position drafted but never accepted counts 0 (rate 0.0), not missing; an older dict
+    without those zeros reads the same."""
+    s = AcceptanceStats()
+    s.observe(4, 1)
+    s.observe(2, 0)
+    assert (s.per_position_drafted, s.per_position_accepted) == ([2, 2, 1, 1], [1, 0, 0, 0])
+    assert s.per_position_acceptance == [0.5, 0.0, 0.0, 0.0]
+    old = AcceptanceStats.from_dict({"per_position_drafted": [2, 2, 1, 1],
+                                     "per_position_accepted": [1]})
+    assert old.per_position_acceptance == [0.5, 0.0, 0.0, 0.0]
+
+
 def test_merge_is_sum_and_round_trips() -> None:
     a, b = AcceptanceStats(), AcceptanceStats()
     a.observe(3, 2, nodes=[(0, 0), (1, 0)])

@@ -158,6 +158,44 @@ def test_accepted_and_drafted_counts() -> None:
     assert none.accepted == 0 and none.acceptance_rate == 0.0 and len(none.iterations) == 20
 
 
+def test_per_position_figures_are_exact() -> None:
+    """max_tokens 8, K 4, perfect drafts: the iterations draft 4, then 2 (k = min(4, 8 - 5 -
+    1)), so positions 0-1 were drafted twice and 2-3 once, and every draft was accepted. With
+    the draft wrong at sequence position 4 (the first iteration's second draft): 4 drafted, 1
+    accepted; then 4 and 4; then none (k = min(4, 8 - 7 - 1) = 0), which counts at no
+    position."""
+    s = run(request([1, 2, 3], 8, 4), Draft(), Target()).stats_dict()
+    assert (s["per_position_drafted"], s["per_position_accepted"]) == ([2, 2, 1, 1], [2, 2, 1, 1])
+    assert s["per_position_acceptance"] == [1.0, 1.0, 1.0, 1.0]
+    assert (s["accept_hist"], s["steps"], s["emitted_tokens"]) == ([0, 0, 1, 0, 1], 2, 8)
+    res = run(request([1, 2, 3], 8, 4), Draft(lambda i: i == 4), Target())
+    assert [(it.drafted, it.accepted) for it in res.iterations] == [(4, 1), (4, 4), (0, 0)]
+    s = res.stats_dict()
+    assert (s["per_position_drafted"], s["per_position_accepted"]) == ([2, 2, 2, 2], [2, 1, 1, 1])
+    assert s["per_position_acceptance"] == [1.0, 0.5, 0.5, 0.5]
+    assert (s["accept_hist"], s["steps"], s["tau"]) == ([1, 1, 0, 0, 1], 3, 8 / 3)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 4])
+@pytest.mark.parametrize("wrong", [lambda i: False, lambda i: i % 3 == 0, lambda i: True,
+                                   lambda i: i % 5 > 1], ids=["perfect", "every-3rd-wrong",
+                                                              "all-wrong", "mostly-wrong"])
+def test_stats_dict_is_acceptance_stats_to_dict(k: int, wrong: Callable[[int], bool]) -> None:
+    """The BLS loop's spec_stats_json has the keys and per-position meaning of the reference
+    engine's (specserve.spec.stats.AcceptanceStats.to_dict) for the same verify steps, so the
+    client merges both alike; a stop word cuts a step's emitted tokens (8 then 13 tokens)."""
+    from specserve.spec.stats import AcceptanceStats
+
+    for prompt in PROMPTS:
+        full = greedy(prompt, 13)
+        for n, stops in ((8, ()), (13, ((full[9],),)), (13, ((full[5], full[6]),))):
+            res = run(request(prompt, n, k, stop_words=stops), Draft(wrong), Target())
+            want = AcceptanceStats()
+            for it in res.iterations:
+                want.observe(it.drafted, it.accepted, len(it.new_tokens))
+            assert res.stats_dict() == want.to_dict(), (prompt, n, stops)
+
+
 def test_accepted_from_tokens_when_the_target_reports_none() -> None:
     prompt = [3, 1, 4]
     a = run(request(prompt, 20, 3), Draft(lambda i: i % 4 == 0), Target())

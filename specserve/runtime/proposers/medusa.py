@@ -118,11 +118,11 @@ class MedusaProposer:
     def subtree_tokens(self, root: torch.Tensor, hidden: torch.Tensor,
                        buffers: TreeBuffers) -> torch.Tensor:
         """The same for the tree of ``buffers`` (a prefix of this tree) [B, N'+1]."""
-        logits = self.heads(hidden)  # [B, num_heads, V]
+        logits = self.heads(hidden).float()  # [B, num_heads, V]
         topk = logits.topk(self.topk, dim=-1).indices  # [B, num_heads, k]
         return build_tree_tokens(root, topk, buffers)
 
     def chain(self, hidden: torch.Tensor, limits: list[int]) -> ChainProposal:
         """The heads' top-1 tokens as a chain of up to ``limits[b]`` drafts (one-hot q)."""
-        drafts = self.heads(hidden)[:, :max(limits)].argmax(dim=-1)  # [B, k]
+        drafts = self.heads(hidden)[:, :max(limits)].float().argmax(dim=-1)  # [B, k]
         return ChainProposal(drafts, list(limits), None, self._chain_acceptance)
