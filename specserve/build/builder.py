@@ -138,12 +138,21 @@ def _check_llama_converter(cfg: BuildConfig, model_cfg: dict[str, Any], model_di
                                    str(Path(model_dir) / "config.json"))
 
 
+def validate_for_route(cfg: BuildConfig) -> None:
+    """Every check of ``cfg`` that needs no files: the common ones (:meth:`BuildConfig.validate`)
+    and the chosen route's (the LLM-API route's live in :mod:`specserve.build.llmapi`)."""
+    cfg.validate()
+    if cfg.flow == "pytorch":
+        llmapi.validate_pytorch_config(cfg)
+
+
 def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     """Validate and resolve ``cfg`` and make its plan; touches nothing."""
-    cfg.validate()
+    validate_for_route(cfg)
     check_replaceable(Path(cfg.out), force, WRITER)
     target_cfg, medusa = validate_inputs(cfg)
     resolved = resolve(cfg, target_cfg, medusa.num_heads if medusa else None)
+    validate_for_route(resolved)
     if resolved.flow == "pytorch":
         plan = llmapi.make_pytorch_plan(resolved, _trtllm_root())
     elif resolved.backend == "trtllm":

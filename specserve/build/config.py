@@ -128,10 +128,7 @@ class BuildConfig(JsonConfig):
             raise SpecserveError("--medusa-choices: only with --medusa")
         self._validate_flow()
         if self.flow == "pytorch":
-            from specserve.build.llmapi import validate_pytorch_config
-
-            validate_pytorch_config(self)
-            return
+            return  # the route's own checks: specserve.build.builder.validate_for_route
         self._validate_schedule()
         self._validate_backend()
 

@@ -30,13 +30,14 @@ read). Facts and hazards: ``../shared/reference/llmapi-route.md`` §1-2, §4, §
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from pathlib import Path
 from typing import Any
 
+from specserve import yamlio
 from specserve.build.config import BuildConfig
+from specserve.build.pins import TRTLLM_IMAGE, TRTLLM_VERSION
 from specserve.build.plan import BuildPlan, BuildStep, staging_dir
 from specserve.errors import SpecserveError
 
@@ -251,42 +252,11 @@ def llm_api_options(cfg: BuildConfig) -> dict[str, Any]:
     }
 
 
-# --- YAML (a small emitter: mappings, lists of scalars or of lists, scalars) ----------------
-
-def _yaml_scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
-    text = str(value)
-    plain = text and all(c.isalnum() or c in "_-./" for c in text) and not text[0].isdigit()
-    if plain and text.lower() not in ("true", "false", "null", "yes", "no", "on", "off", "~"):
-        return text
-    return json.dumps(text)
-
-
-def to_yaml(data: dict[Any, Any], indent: int = 0) -> str:
-    """Block-style YAML for the options dict (keys in insertion order)."""
-    lines = []
-    pad = " " * indent
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines.append(f"{pad}{key}:")
-            lines.append(to_yaml(value, indent + 2).rstrip("\n"))
-        else:
-            lines.append(f"{pad}{key}: {_yaml_scalar(value)}")
-    return "\n".join(lines) + "\n"
-
-
 def render_options(cfg: BuildConfig) -> str:
-    from specserve.build.trtllm import TRTLLM_IMAGE, TRTLLM_VERSION
-
     head = (f"# specserve build --flow pytorch: TensorRT-LLM {TRTLLM_VERSION} LLM API options "
             f"({TRTLLM_IMAGE})\n# trtllm-serve / trtllm-bench --extra_llm_api_options "
             f"{LLMAPI_FILE}\n")
-    return head + to_yaml(llm_api_options(cfg))
+    return head + yamlio.dump(llm_api_options(cfg))
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -337,8 +307,6 @@ def quantize_step(cfg: BuildConfig) -> BuildStep | None:
 
 def make_pytorch_plan(cfg: BuildConfig, trtllm_root: str) -> BuildPlan:
     """The PyTorch route's plan: at most one step (ModelOpt FP8); the rest is one YAML."""
-    from specserve.build.trtllm import TRTLLM_IMAGE, TRTLLM_VERSION, pin
-
     step = quantize_step(cfg)
     notes = [f"writes {options_path(cfg)} and build_config.json (flow pytorch; no engine build: "
              f"TensorRT-LLM {TRTLLM_VERSION}'s PyTorch backend loads the HF checkpoint)",
@@ -356,4 +324,5 @@ def make_pytorch_plan(cfg: BuildConfig, trtllm_root: str) -> BuildPlan:
                      "one-model EAGLE-3 asserts with an FP8 target); `make trtllm-check`")
     return BuildPlan(backend="trtllm", out=cfg.out, staging=staging_dir(cfg.out),
                      steps=(step,) if step else (), world_size=cfg.world_size,
-                     notes=tuple(notes), pin={**pin(), "flow": "pytorch"})
+                     notes=tuple(notes),
+                     pin={"tensorrt_llm": TRTLLM_VERSION, "image": TRTLLM_IMAGE, "flow": "pytorch"})

@@ -1,4 +1,5 @@
-"""TensorRT-LLM engine-flow commands for the pinned release (the one place the pin is named).
+"""TensorRT-LLM engine-flow commands for the pinned release (the pin itself is named in
+:mod:`specserve.build.pins`).
 
 Pinned: **TensorRT-LLM 1.2.1** (PyPI 2026-04-20), shipped in
 ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``. It is the newest stable release that
@@ -53,11 +54,10 @@ from specserve.build.config import (
     EAGLE_NUM_LAYERS,
     BuildConfig,
 )
+from specserve.build.pins import TRTLLM_IMAGE, TRTLLM_VERSION
 from specserve.build.plan import BuildPlan, BuildStep, staging_dir
 from specserve.errors import SpecserveError
 
-TRTLLM_VERSION = "1.2.1"
-TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 #: Where the TensorRT-LLM ``examples/`` tree is; override with $TRTLLM_EXAMPLES_DIR.
 DEFAULT_EXAMPLES_DIR = "/app/tensorrt_llm/examples"
 PYTHON = "python3"

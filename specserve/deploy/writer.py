@@ -13,8 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from specserve import yamlio
 from specserve.config import write_json_atomic, write_text_atomic
 from specserve.deploy.config import (
     DYNAMO_IMAGE,
@@ -36,25 +35,9 @@ FILES = {"k8s": "deployment.yaml", "lws": "leaderworkerset.yaml", "dynamo": "dyn
          "dynamo-disagg": "dynamo-disagg.yaml", "slurm": "slurm.sbatch"}
 
 
-class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
-    """Block literals for multi-line strings; no anchors/aliases (each object spelled out)."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
 def to_yaml(objects: list[dict[str, Any]]) -> str:
-    """Kubernetes objects as one multi-document YAML text."""
-    return "---\n".join(yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=100)
-                        for o in objects)
+    """Kubernetes objects as one multi-document YAML text (:func:`specserve.yamlio.dump_all`)."""
+    return yamlio.dump_all(objects)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from specserve.build import llmapi
+from specserve.build.builder import validate_for_route
 from specserve.build.config import BuildConfig
 from specserve.cli.main import cli
 from specserve.errors import SpecserveError
@@ -46,7 +47,7 @@ CASES: dict[str, BuildConfig] = {
 
 
 def options(cfg: BuildConfig) -> dict[str, Any]:
-    cfg.validate()
+    validate_for_route(cfg)
     data: dict[str, Any] = yaml.safe_load(llmapi.render_options(cfg))
     return data
 
@@ -142,7 +143,7 @@ def test_schedule_keeps_lower_bound_keys_and_key_one() -> None:
 def test_refused(change: dict[str, Any], message: str) -> None:
     cfg = replace(CASES["draft_target"], **change)
     with pytest.raises(SpecserveError, match=None) as e:
-        cfg.validate()
+        validate_for_route(cfg)
     assert message in str(e.value)
 
 
@@ -155,7 +156,7 @@ def test_eagle3_schedule_goes_two_model() -> None:
 
 def test_mtp_refuses_schedule() -> None:
     with pytest.raises(SpecserveError, match="two-model Drafter paths only"):
-        replace(CASES["mtp"], max_concurrency=4).validate()
+        validate_for_route(replace(CASES["mtp"], max_concurrency=4))
 
 
 def test_pass_through_options_are_pinned_fields() -> None:
