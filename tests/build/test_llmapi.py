@@ -310,3 +310,52 @@ def test_mtp_with_layers(ckpt: TinyCheckpoint, tmp_path: Path) -> None:
     spec = json.loads(result.stdout)["llm_api"]["options"]["speculative_config"]
     assert spec == {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
     shutil.rmtree(tmp_path / "m", ignore_errors=True)
+
+
+SUPPORTED: dict[str, Any] = json.loads((HERE / "data" / "llmapi_supported_models.json")
+                                       .read_text())
+
+
+def _as_deepseek_v3(ckpt: TinyCheckpoint, tmp_path: Path) -> Path:
+    """A DeepSeek-V3 config.json (data/llmapi_supported_models.json) over the tiny weights."""
+    target = tmp_path / "deepseek-v3"
+    shutil.copytree(ckpt.target, target)
+    cfg = {k: v for k, v in SUPPORTED["deepseek_v3_config"].items() if k != "source"}
+    (target / "config.json").write_text(json.dumps(cfg))
+    return target
+
+
+def test_pytorch_route_plans_mtp_for_deepseek_v3(ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    """#28: --mtp is the DeepSeek-V3 path; the engine flow's family check must not run here."""
+    assert "DeepseekV3ForCausalLM" in SUPPORTED["mtp_yes"]
+    target = _as_deepseek_v3(ckpt, tmp_path)
+    result = run("--model", str(target), "--mtp", "--flow", "pytorch", "--tp", "8", "--out",
+                 str(tmp_path / "m"), "--dry-run", "--format", "json")
+    assert result.exit_code == 0, result.output
+    opts = json.loads(result.stdout)["llm_api"]["options"]
+    assert opts["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
+    assert opts["tensor_parallel_size"] == 8
+
+
+@pytest.mark.parametrize("arch", SUPPORTED["pytorch_backend_architectures"])
+def test_every_llmapi_architecture_passes_the_route_checks(tmp_path: Path, arch: str) -> None:
+    from specserve.build.validate import validate_target
+
+    cfg = {"architectures": [arch], "model_type": arch.lower(), "hidden_size": 64,
+           "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert validate_target(tmp_path, any_architecture=True)["hidden_size"] == 64
+
+
+def test_route_keeps_its_own_checks(ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    """TP must divide the heads, and --mtp needs MTP layers, on any architecture."""
+    target = _as_deepseek_v3(ckpt, tmp_path)
+    result = run("--model", str(target), "--mtp", "--flow", "pytorch", "--tp", "3", "--out",
+                 str(tmp_path / "m"), "--dry-run")
+    assert result.exit_code == 2 and "not divisible by --tp 3" in result.output
+    cfg = json.loads((target / "config.json").read_text())
+    del cfg["num_nextn_predict_layers"]
+    (target / "config.json").write_text(json.dumps(cfg))
+    result = run("--model", str(target), "--mtp", "--flow", "pytorch", "--out",
+                 str(tmp_path / "m"), "--dry-run")
+    assert result.exit_code == 2 and "needs MTP layers" in result.output
