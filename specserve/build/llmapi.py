@@ -2,7 +2,11 @@
 ``extra_llm_api_options.yaml``, read by ``trtllm-serve``, ``trtllm-bench`` and Triton's ``llmapi``
 model (``model.yaml`` takes the same keys).
 
-Keys and semantics are TensorRT-LLM 1.2.1's ``tensorrt_llm/llmapi/llm_args.py`` (``TorchLlmArgs``,
+Keys and semantics are those of the release line ``--trtllm-version`` names
+(:mod:`specserve.build.pins`; default 1.2.1; 1.3 = the 1.3.0 rc line Dynamo's images ship, field
+set ``tests/build/data/llmapi_fields_1.3.json``: upper-bound ``draft_len_schedule`` keys, the
+renamed acceptance pair, no ``eagle3_one_model``, ``speculative_model``). For 1.2.1: its
+``tensorrt_llm/llmapi/llm_args.py`` (``TorchLlmArgs``,
 ``KvCacheConfig``, ``CudaGraphConfig`` and the decoding configs); the field set the goldens are
 checked against is ``tests/build/data/llmapi_fields_1.2.1.json`` (its ``source`` names the copy
 read). Facts and hazards: ``../shared/reference/llmapi-route.md`` §1-2, §4, §6. Choices made here:
@@ -37,7 +41,7 @@ from typing import Any
 
 from specserve import yamlio
 from specserve.build.config import BuildConfig
-from specserve.build.pins import TRTLLM_IMAGE, TRTLLM_VERSION
+from specserve.build.pins import DEFAULT_RELEASE, RELEASES, Release
 from specserve.build.plan import BuildPlan, BuildStep, staging_dir
 from specserve.errors import SpecserveError
 
@@ -58,19 +62,18 @@ DEFAULT_MODELOPT_EXAMPLES = "TensorRT-Model-Optimizer/examples"
 FP8_CALIB_SIZE = 512
 HF_QUANT_CONFIG = "hf_quant_config.json"
 
-#: ``--spec-option KEY=VALUE`` keys per method: 1.2.1 fields the plan does not set itself.
-_BASE_OPTIONS = ("load_format", "acceptance_window", "acceptance_length_threshold",
-                 "allow_advanced_sampling")
-SPEC_OPTIONS: dict[str, tuple[str, ...]] = {
-    "eagle3": _BASE_OPTIONS + ("greedy_sampling", "posterior_threshold",
-                               "max_non_leaves_per_layer", "eagle3_one_model",
-                               "eagle3_layers_to_capture", "eagle3_model_arch"),
-    "draft": _BASE_OPTIONS,
-    "ngram": _BASE_OPTIONS + ("is_keep_all", "is_use_oldest", "is_public_pool"),
-    "mtp": _BASE_OPTIONS + ("use_relaxed_acceptance_for_thinking", "relaxed_topk",
-                            "relaxed_delta", "use_mtp_vanilla", "mtp_eagle_one_model",
-                            "begin_thinking_phase_token", "end_thinking_phase_token"),
+#: ``--spec-option KEY=VALUE`` keys per method and release: fields the plan does not set itself.
+_BASE_OPTIONS = ("load_format", "allow_advanced_sampling")
+_METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "eagle3": ("max_non_leaves_per_layer", "eagle3_layers_to_capture", "eagle3_model_arch"),
+    "draft": (),
+    "ngram": ("is_keep_all", "is_use_oldest", "is_public_pool"),
+    "mtp": ("use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta",
+            "use_mtp_vanilla", "mtp_eagle_one_model", "begin_thinking_phase_token",
+            "end_thinking_phase_token"),
 }
+#: Eagle3 fields 1.2.1 has and the 1.3.0rc27 Eagle3DecodingConfig page does not.
+EAGLE3_12_ONLY = ("greedy_sampling", "posterior_threshold", "eagle3_one_model")
 #: Keys users meet in newer docs that TensorRT-LLM 1.2.1 does not have (llmapi-route.md §1.2).
 LATER_KEYS = {
     "use_rejection_sampling": "#14745/#15775, June 2026",
@@ -81,6 +84,27 @@ LATER_KEYS = {
     "spec_dec_variant": "the 1.3/1.4 API pages",
     "min_runtime_draft_len": "#16888, unmerged",
 }
+#: 1.2.1 keys the 1.3 line renamed or dropped, and what to write instead.
+GONE_IN_13 = {
+    "acceptance_window": "renamed acceptance_rate_window_size (#12905)",
+    "acceptance_length_threshold": "renamed acceptance_rate_threshold, range [0, 1] (#12905)",
+    "greedy_sampling": "not a field of 1.3.0rc27's Eagle3DecodingConfig",
+    "posterior_threshold": "not a field of 1.3.0rc27's Eagle3DecodingConfig",
+    "eagle3_one_model": "not a field of 1.3.0rc27's Eagle3DecodingConfig",
+}
+
+
+def spec_options_for(mode: str, rel: Release) -> tuple[str, ...]:
+    """The ``--spec-option`` keys of one method on one release line."""
+    extra = EAGLE3_12_ONLY if mode == "eagle3" and rel.eagle3_one_model else ()
+    later = ("use_rejection_sampling", "advanced_sampling_mode", "enable_penalty") \
+        if rel.name != "1.2.1" else ()
+    return _BASE_OPTIONS + rel.acceptance_keys + later + _METHOD_OPTIONS.get(mode, ()) + extra
+
+
+#: 1.2.1's keys per method (kept for readers of the old name).
+SPEC_OPTIONS: dict[str, tuple[str, ...]] = {
+    m: spec_options_for(m, RELEASES[DEFAULT_RELEASE]) for m in _METHOD_OPTIONS}
 
 
 def validate_pytorch_config(cfg: BuildConfig) -> None:
@@ -126,10 +150,11 @@ def _check_method_options(cfg: BuildConfig, mode: str) -> None:
 def _check_schedule(cfg: BuildConfig, mode: str) -> None:
     if cfg.draft_len_schedule is None and cfg.max_concurrency is None:
         return
+    rel = RELEASES[cfg.trtllm_version]
     if cfg.draft_len_schedule is not None and cfg.max_concurrency is not None:
         raise SpecserveError("--draft-len-schedule and --max-concurrency: mutually exclusive "
-                             "in TensorRT-LLM 1.2.1 (give one)")
-    if mode == "mtp":
+                             f"in TensorRT-LLM {rel.name} (give one)")
+    if mode == "mtp" and rel.schedule_keys == "lower":
         raise SpecserveError("--draft-len-schedule/--max-concurrency with --mtp: 1.2.1 applies "
                              "them on two-model Drafter paths only, and MTP runs one-model")
     if cfg.draft_len_schedule is None:
@@ -139,12 +164,14 @@ def _check_schedule(cfg: BuildConfig, mode: str) -> None:
     sched = DraftSchedule.parse(cfg.draft_len_schedule)
     k1, top = sched.at(1), max(v for _, v in sched.points)
     if cfg.max_draft_len is not None and k1 != cfg.max_draft_len:
-        raise SpecserveError(f"--draft-len-schedule {sched.text()}: 1.2.1 requires "
+        raise SpecserveError(f"--draft-len-schedule {sched.text()}: {rel.name} requires "
                              f"draft_len_schedule[1] == max_draft_len ({k1} != "
                              f"{cfg.max_draft_len})")
     if top > k1:
         raise SpecserveError(f"--draft-len-schedule {sched.text()}: every draft length must be "
                              f"<= draft_len_schedule[1] = max_draft_len {k1}")
+    if rel.schedule_keys == "upper":
+        upper_bound_schedule(sched.points, cfg.max_batch_size)  # or one line
 
 
 def _scalar(text: str) -> Any:
@@ -161,18 +188,44 @@ def _scalar(text: str) -> Any:
 
 
 def spec_option_values(cfg: BuildConfig) -> dict[str, Any]:
-    """``--spec-option KEY=VALUE`` pairs, each a 1.2.1 field of the method's config."""
-    allowed = SPEC_OPTIONS.get(cfg.spec_mode, ())
+    """``--spec-option KEY=VALUE`` pairs, each a field of the method's config in the release
+    the YAML targets (``--trtllm-version``)."""
+    rel = RELEASES[cfg.trtllm_version]
+    allowed = spec_options_for(cfg.spec_mode, rel)
     out: dict[str, Any] = {}
     for key, value in cfg.spec_options:
-        if key in LATER_KEYS:
+        if rel.name == "1.2.1" and key in LATER_KEYS:
             raise SpecserveError(f"--spec-option {key}: not in TensorRT-LLM 1.2.1 (added by "
-                                 f"{LATER_KEYS[key]})")
+                                 f"{LATER_KEYS[key]}; --trtllm-version 1.3 has it)")
+        if rel.name != "1.2.1" and key in GONE_IN_13:
+            raise SpecserveError(f"--spec-option {key}: not in TensorRT-LLM {rel.name} "
+                                 f"({GONE_IN_13[key]})")
         if key not in allowed:
-            raise SpecserveError(f"--spec-option {key}: not a 1.2.1 field of "
+            raise SpecserveError(f"--spec-option {key}: not a {rel.name} field of "
                                  f"{DECODING_TYPES.get(cfg.spec_mode, cfg.spec_mode)}'s config "
                                  f"that specserve passes through (one of: {', '.join(allowed)})")
         out[key] = _scalar(value)
+    return out
+
+
+def upper_bound_schedule(points: tuple[tuple[int, int], ...] | list[tuple[int, int]],
+                         max_batch_size: int) -> dict[int, int]:
+    """specserve's lower-bound schedule (``1:4,4:2,8:0``: K=4 for batch 1-3, 2 for 4-7, 0 from
+    8) in the 1.3 form, whose keys are upper bounds with 0 above the largest (#10860/#12262):
+    ``{3: 4, 7: 2}``. The same draft length at every batch size up to ``max_batch_size``."""
+    pts = sorted(points)
+    out: dict[int, int] = {}
+    for i, (lo, k) in enumerate(pts):
+        hi = pts[i + 1][0] - 1 if i + 1 < len(pts) else max_batch_size
+        hi = min(hi, max_batch_size)
+        if hi >= lo and k > 0:
+            out[hi] = k
+    if not out:
+        raise SpecserveError("--draft-len-schedule: no batch size up to --max-batch-size "
+                             f"{max_batch_size} drafts (use --max-concurrency or no speculation)")
+    if any(k == 0 for lo, k in pts if lo <= max(out)):
+        raise SpecserveError("--draft-len-schedule: 1.3's upper-bound keys cannot say 0 between "
+                             "two drafting ranges (give the zero at the end)")
     return out
 
 
@@ -195,17 +248,18 @@ def default_cuda_graph_sizes(max_batch_size: int) -> list[int]:
 
 def speculative_config(cfg: BuildConfig) -> dict[str, Any]:
     """The ``speculative_config`` block (1.2.1 field names)."""
-    mode = cfg.spec_mode
+    mode, rel = cfg.spec_mode, RELEASES[cfg.trtllm_version]
     spec: dict[str, Any] = {"decoding_type": DECODING_TYPES[mode]}
     if mode == "mtp":  # MTPDecodingConfig sets max_draft_len from num_nextn_predict_layers
         spec["num_nextn_predict_layers"] = cfg.max_draft_len
     else:
         spec["max_draft_len"] = cfg.max_draft_len
     if mode in ("eagle3", "draft"):
-        spec["speculative_model_dir"] = cfg.source_dir
+        spec[rel.model_key] = cfg.source_dir
     if mode == "eagle3":
         two_model = cfg.draft_len_schedule is not None or cfg.max_concurrency is not None
-        spec["eagle3_one_model"] = not two_model
+        if rel.eagle3_one_model:  # 1.3 has no such field (one-model, schedules included)
+            spec["eagle3_one_model"] = not two_model
         if cfg.eagle_choices is not None:
             spec["eagle_choices"] = [list(p) for p in cfg.eagle_choices]
         if cfg.dynamic_tree_top_k is not None:
@@ -216,7 +270,9 @@ def speculative_config(cfg: BuildConfig) -> dict[str, Any]:
     if cfg.draft_len_schedule is not None:
         from specserve.spec.schedule import DraftSchedule
 
-        spec["draft_len_schedule"] = dict(DraftSchedule.parse(cfg.draft_len_schedule).points)
+        points = DraftSchedule.parse(cfg.draft_len_schedule).points
+        spec["draft_len_schedule"] = dict(points) if rel.schedule_keys == "lower" else \
+            upper_bound_schedule(points, cfg.max_batch_size)
     if cfg.max_concurrency is not None:
         spec["max_concurrency"] = cfg.max_concurrency
     spec.update(spec_option_values(cfg))
@@ -253,8 +309,9 @@ def llm_api_options(cfg: BuildConfig) -> dict[str, Any]:
 
 
 def render_options(cfg: BuildConfig) -> str:
-    head = (f"# specserve build --flow pytorch: TensorRT-LLM {TRTLLM_VERSION} LLM API options "
-            f"({TRTLLM_IMAGE})\n# trtllm-serve / trtllm-bench --extra_llm_api_options "
+    rel = RELEASES[cfg.trtllm_version]
+    head = (f"# specserve build --flow pytorch: TensorRT-LLM {rel.name} LLM API options "
+            f"({rel.image})\n# trtllm-serve / trtllm-bench --extra_llm_api_options "
             f"{LLMAPI_FILE}\n")
     return head + yamlio.dump(llm_api_options(cfg))
 
@@ -307,10 +364,11 @@ def quantize_step(cfg: BuildConfig) -> BuildStep | None:
 
 def make_pytorch_plan(cfg: BuildConfig, trtllm_root: str) -> BuildPlan:
     """The PyTorch route's plan: at most one step (ModelOpt FP8); the rest is one YAML."""
+    rel = RELEASES[cfg.trtllm_version]
     step = quantize_step(cfg)
     notes = [f"writes {options_path(cfg)} and build_config.json (flow pytorch; no engine build: "
-             f"TensorRT-LLM {TRTLLM_VERSION}'s PyTorch backend loads the HF checkpoint)",
-             f"serve inside {TRTLLM_IMAGE}: {shlex.join(serve_argv(cfg))}",
+             f"TensorRT-LLM {rel.name}'s PyTorch backend loads the HF checkpoint)",
+             f"serve inside {rel.image}: {shlex.join(serve_argv(cfg))}",
              *(f"benchmark: {line}" for line in bench_commands(cfg, trtllm_root))]
     if step is not None:
         notes.insert(0, f"FP8 weights: ModelOpt ({modelopt_examples_dir()}, clone "
@@ -325,4 +383,4 @@ def make_pytorch_plan(cfg: BuildConfig, trtllm_root: str) -> BuildPlan:
     return BuildPlan(backend="trtllm", out=cfg.out, staging=staging_dir(cfg.out),
                      steps=(step,) if step else (), world_size=cfg.world_size,
                      notes=tuple(notes),
-                     pin={"tensorrt_llm": TRTLLM_VERSION, "image": TRTLLM_IMAGE, "flow": "pytorch"})
+                     pin={"tensorrt_llm": rel.name, "image": rel.image, "flow": "pytorch"})

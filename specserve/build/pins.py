@@ -34,7 +34,7 @@ class Release:
     """One TensorRT-LLM release line the PyTorch-route YAML can target."""
 
     name: str                      # --trtllm-version value
-    versions: str                  # the installed __version__ prefix that counts as this line
+    versions: str                  # the __version__ of this line (a prefix where != name)
     image: str                     # where trtllm-serve runs it
     schedule_keys: str             # "lower" (1.2) | "upper" (1.3: #10860/#12262)
     acceptance_keys: tuple[str, str]
@@ -45,7 +45,7 @@ class Release:
     def ships(self, version: str) -> bool:
         """True when an installed TensorRT-LLM ``version`` is this line."""
         v = version.removeprefix("v")
-        return v == self.versions or (self.versions.endswith(".") and v.startswith(self.versions))
+        return v == self.versions or (self.versions != self.name and v.startswith(self.versions))
 
 
 RELEASES = {

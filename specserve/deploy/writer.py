@@ -16,13 +16,13 @@ from typing import Any
 from specserve import yamlio
 from specserve.config import write_json_atomic, write_text_atomic
 from specserve.deploy.config import (
-    DYNAMO_IMAGE,
-    ENGINE_IMAGE,
     DeployConfig,
     EngineSource,
+    check_image_release,
     default_name,
     read_source,
     resolve_targets,
+    target_image,
 )
 from specserve.deploy.dynamo import graph_deployment
 from specserve.deploy.kubernetes import deployment, leader_worker_set
@@ -77,7 +77,8 @@ def plan_deploy(cfg: DeployConfig) -> DeployPlan:
     files: dict[str, str] = {}
     objects: dict[str, list[dict[str, Any]]] = {}
     for target in targets:
-        image = cfg.image or (DYNAMO_IMAGE if target.startswith("dynamo") else ENGINE_IMAGE)
+        image = target_image(cfg, src, target)
+        check_image_release(cfg, src, image)
         tcfg = replace(cfg, image=image)
         fname = FILES[target]
         if target == "slurm":
@@ -88,6 +89,7 @@ def plan_deploy(cfg: DeployConfig) -> DeployPlan:
     summary = {
         "config": cfg.to_dict(), "name": name, "flow": src.flow, "targets": list(targets),
         "tp_size": src.tp_size, "pp_size": src.pp_size, "world_size": src.world_size,
+        "trtllm_version": src.trtllm_version,
         "nodes_per_replica": nodes, "gpus_per_pod": src.gpus_per_pod(cfg.gpus_per_node),
         "files": {FILES[t]: t for t in targets},
     }

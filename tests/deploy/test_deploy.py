@@ -28,9 +28,9 @@ GOLDEN = Path(__file__).parent / "golden"
 SPEC_YAML = """\
 backend: pytorch
 speculative_config:
-  decoding_type: Eagle
+  decoding_type: Eagle3
   max_draft_len: 3
-  speculative_model_dir: /models/eagle3-llama-3.3-70b
+  speculative_model: /models/eagle3-llama-3.3-70b
 kv_cache_config:
   free_gpu_memory_fraction: 0.85
 enable_iter_perf_stats: true
@@ -47,12 +47,14 @@ def engine_dir(root: Path, name: str, tp: int, pp: int) -> Path:
     return d
 
 
-def pytorch_dir(root: Path, name: str, tp: int, pp: int) -> Path:
-    """A PyTorch-route directory: ``"flow": "pytorch"`` and the speculative YAML."""
+def pytorch_dir(root: Path, name: str, tp: int, pp: int, version: str = "1.3") -> Path:
+    """A PyTorch-route directory: ``"flow": "pytorch"`` and the speculative YAML, written for
+    ``--trtllm-version`` (1.3: the line Dynamo's images ship)."""
     d = root / name
     d.mkdir(parents=True)
     rec = {"flow": "pytorch", "spec_mode": "eagle", "tp_size": tp, "pp_size": pp,
-           "world_size": tp * pp, "model": "/models/llama-3.3-70b-instruct"}
+           "world_size": tp * pp, "model": "/models/llama-3.3-70b-instruct",
+           "config": {"trtllm_version": version}}
     (d / "build_config.json").write_text(json.dumps(rec))
     (d / "extra_llm_api_options.yaml").write_text(SPEC_YAML)
     return d
@@ -191,7 +193,7 @@ def test_dynamo_workers_carry_the_speculative_yaml(tmp_path: Path) -> None:
         args = svc["extraPodSpec"]["mainContainer"]["args"]
         assert args[args.index("--disaggregation-mode") + 1] == mode
         key = Path(args[args.index("--extra-engine-args") + 1]).name
-        assert yaml.safe_load(cm["data"][key])["speculative_config"]["decoding_type"] == "Eagle"
+        assert yaml.safe_load(cm["data"][key])["speculative_config"]["decoding_type"] == "Eagle3"
         assert svc["extraPodSpec"]["volumes"][0]["configMap"]["name"] == cm["metadata"]["name"]
     script = p.files["slurm.sbatch"]
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks=16" in script
@@ -246,3 +248,52 @@ def test_pytorch_route_without_a_model_is_refused(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["deploy", "--engine", str(d), "--out", str(tmp_path / "o"),
                                  "--model", "meta-llama/Llama-3.1-8B-Instruct"])
     assert r.exit_code == 0, r.output
+
+
+IMAGES: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "trtllm_images.json")
+                                    .read_text())
+
+
+def test_image_table_follows_dynamos_release_artifacts() -> None:
+    from specserve.build.pins import DYNAMO_RUNTIME, IMAGE_RELEASES
+
+    for tag, version in IMAGES["tensorrtllm-runtime"].items():
+        assert IMAGE_RELEASES[f"{DYNAMO_RUNTIME}:{tag}"] == version
+    assert not [i for i, v in IMAGE_RELEASES.items() if v == "1.2.1" and DYNAMO_RUNTIME in i]
+
+
+@pytest.mark.parametrize("version, args, message", [
+    ("1.2.1", ("--target", "dynamo"), "no Dynamo tensorrtllm-runtime image ships TensorRT-LLM "
+                                      "1.2.1"),
+    ("1.2.1", ("--target", "dynamo", "--image",
+               "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.3.1"), "ships TensorRT-LLM 1.3"),
+    ("1.3", ("--target", "slurm", "--image",
+             "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"), "was written for 1.3"),
+    ("1.2.1", ("--target", "dynamo", "--image",
+               "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:0.8.1.post1"), "1.2.0rc6.post2"),
+    ("1.3", ("--target", "slurm", "--image", "registry.local/trtllm:mine"), "not known"),
+])
+def test_image_of_another_release_is_refused(tmp_path: Path, version: str,
+                                             args: tuple[str, ...], message: str) -> None:
+    d = pytorch_dir(tmp_path, "p", 8, 1, version)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["deploy", "--engine", str(d), "--out", str(out), *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_release_defaults(tmp_path: Path) -> None:
+    """1.2.1 YAMLs go to Slurm in the 1.2.1 image; 1.3 YAMLs to Dynamo's image too; a custom
+    image is accepted when it says which release it ships."""
+    p = plan_deploy(DeployConfig(engine=str(pytorch_dir(tmp_path, "a", 8, 1, "1.2.1")),
+                                 out=str(tmp_path / "o")))
+    assert p.summary["targets"] == ["slurm"]
+    assert "--container-image=nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3" in \
+        p.files["slurm.sbatch"]
+    p = plan_deploy(DeployConfig(engine=str(pytorch_dir(tmp_path, "b", 8, 1)),
+                                 out=str(tmp_path / "o")))
+    assert p.summary["targets"] == ["dynamo", "slurm"] and p.summary["trtllm_version"] == "1.3"
+    p = plan_deploy(DeployConfig(engine=str(pytorch_dir(tmp_path, "c", 8, 1)),
+                                 out=str(tmp_path / "o"), image="registry.local/trtllm:mine",
+                                 image_trtllm_version="1.3.0rc20", targets=("slurm",)))
+    assert "registry.local/trtllm:mine" in p.files["slurm.sbatch"]
