@@ -11,7 +11,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,12 +146,26 @@ def validate_for_route(cfg: BuildConfig) -> None:
         llmapi.validate_pytorch_config(cfg)
 
 
+def absolute_paths(cfg: BuildConfig) -> BuildConfig:
+    """The PyTorch route's paths made absolute: the YAML, ``model.yaml`` and the manifests are
+    read from other working directories (a pod, a Slurm task, Triton's Python stub), where a
+    relative ``speculative_model`` that does not exist is taken for a Hugging Face Hub id
+    (llm_args.py: "accepts a HuggingFace Hub model ID ... or a local path"; trtllm-audit-2 #25)."""
+    def absolute(path: str | None) -> str | None:
+        return None if path is None else os.path.abspath(path)
+
+    return replace(cfg, model=os.path.abspath(cfg.model), out=os.path.abspath(cfg.out),
+                   draft=absolute(cfg.draft), eagle3=absolute(cfg.eagle3))
+
+
 def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     """Validate and resolve ``cfg`` and make its plan; touches nothing."""
     validate_for_route(cfg)
     check_replaceable(Path(cfg.out), force, WRITER)
     target_cfg, medusa = validate_inputs(cfg)
     resolved = resolve(cfg, target_cfg, medusa.num_heads if medusa else None)
+    if resolved.flow == "pytorch":
+        resolved = absolute_paths(resolved)
     validate_for_route(resolved)
     if resolved.flow == "pytorch":
         plan = llmapi.make_pytorch_plan(resolved, _trtllm_root())

@@ -67,6 +67,10 @@ def _text(s: dict[str, Any]) -> str:
 @click.option("--model", default=None,
               help="PyTorch route: the checkpoint trtllm-serve / Dynamo loads (default: the "
                    "record's).")
+@click.option("--host-root", default=None,
+              help="The build-host directory the PVC holds (pods see it at --mount): paths in "
+                   "the engine YAML and commands are rewritten from it; paths outside are "
+                   "refused.")
 @click.option("--force", is_flag=True, default=False,
               help="Replace an --out written by `specserve deploy`.")
 @FORMAT_OPTION

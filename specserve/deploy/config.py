@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from specserve.build.pins import IMAGE_RELEASES, RELEASES, TRTLLM_IMAGE, TRTLLM_VERSION
 from specserve.config import JsonConfig, read_json
 from specserve.engine_record import RECORD_FILE, read_engine_record
@@ -70,6 +72,7 @@ class DeployConfig(JsonConfig):
     repo_path: str = "triton_repo"    # engine flow: the model repository under the mount
     model: str | None = None          # PyTorch route: the checkpoint trtllm-serve loads
     image_trtllm_version: str | None = None  # what --image ships, when specserve cannot tell
+    host_root: str | None = None      # the build-host directory the PVC holds (seen at --mount)
 
     def validate(self) -> None:
         if self.replicas < 1:
@@ -90,6 +93,8 @@ class DeployConfig(JsonConfig):
                 ".." in self.repo_path.split("/"):
             raise SpecserveError(f"--repo-path: {self.repo_path!r} must be a relative path "
                                  "inside the volume")
+        if self.host_root is not None and not Path(self.host_root).expanduser().is_absolute():
+            raise SpecserveError(f"--host-root: {self.host_root!r} must be an absolute path")
         if self.model is not None and (not self.model or any(c.isspace() for c in self.model)):
             raise SpecserveError(f"--model: {self.model!r} must be a path or model id without "
                                  "spaces")
@@ -162,6 +167,56 @@ def read_source(engine: str | Path) -> EngineSource:
                              f"{list(RELEASES)}")
     return EngineSource(d, "pytorch", tp, pp, tp * pp, spec.read_text(encoding="utf-8"),
                         str(model) if model else None, raw, version)
+
+
+def local_path(value: str) -> str | None:
+    """``value`` as an absolute path when it names a local path (absolute, ``./``-relative or
+    existing); None for a Hugging Face Hub id such as ``meta-llama/Llama-3.1-8B``."""
+    if not value:
+        return None
+    if value.startswith(("/", ".", "~")) or Path(value).exists():
+        return str(Path(value).expanduser().resolve())
+    return None
+
+
+MODEL_KEYS = ("speculative_model_dir", "speculative_model")
+
+
+def spec_model_dir(text: str | None) -> str | None:
+    """The draft / EAGLE-3 head directory an engine YAML names (either spelling), if any."""
+    data = yaml.safe_load(text or "") or {}
+    spec = data.get("speculative_config") if isinstance(data, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    return next((str(spec[k]) for k in MODEL_KEYS if spec.get(k)), None)
+
+
+def pod_path(cfg: DeployConfig, value: str, what: str) -> str:
+    """Where a build-host path is inside the pods: under ``--mount``, through ``--host-root``
+    (the host directory the PVC holds); a path outside both is refused (trtllm-audit-2 #36)."""
+    host = local_path(value)
+    if host is None:
+        return value  # a Hub id: the pod downloads it
+    mount = cfg.mount.rstrip("/") or "/"
+    if cfg.host_root is not None:
+        root = Path(cfg.host_root).expanduser().resolve()
+        rel = _relative(Path(host), root)
+        if rel is None:
+            raise SpecserveError(f"{what} {host}: outside --host-root {root}, so not on the "
+                                 f"volume the pods mount at {mount}; put it under {root}")
+        return mount if rel == "." else f"{mount.rstrip('/')}/{rel}"
+    if _relative(Path(host), Path(mount)) is None:
+        raise SpecserveError(f"{what} {host}: outside --mount {mount}, so the pods cannot see "
+                             "it; give --host-root DIR (the build-host directory the PVC "
+                             f"holds, mounted at {mount})")
+    return host
+
+
+def _relative(path: Path, root: Path) -> str | None:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return None
 
 
 def target_image(cfg: DeployConfig, src: EngineSource, target: str) -> str:

@@ -91,3 +91,25 @@ def test_serve_refuses_without_tensorrt_llm(engine: Path, tmp_path: Path) -> Non
     assert result.exit_code == 2, result.output
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "tensorrt_llm is not importable" in lines[0]
+
+
+def test_relative_paths_are_written_absolute(ckpt: TinyCheckpoint, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """#25: typed relative, the YAML, the record and Triton's model.yaml name absolute paths
+    (tests/deploy/data/paths.json: a relative speculative_model is taken for a Hub id)."""
+    import shutil
+
+    shutil.copytree(ckpt.target, tmp_path / "ck" / "target")
+    shutil.copytree(ckpt.draft, tmp_path / "ck" / "draft")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["build", "--model", "ck/target", "--draft", "ck/draft",
+                                      "--flow", "pytorch", "--out", "engines/rel"])
+    assert result.exit_code == 0, result.output
+    monkeypatch.chdir("/")
+    engine = tmp_path / "engines" / "rel"
+    opts = yaml.safe_load((engine / "extra_llm_api_options.yaml").read_text())
+    assert opts["speculative_config"]["speculative_model_dir"] == str(tmp_path / "ck" / "draft")
+    assert _repo(engine, tmp_path / "repo").exit_code == 0
+    doc = yaml.safe_load((tmp_path / "repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert doc["model"] == str(tmp_path / "ck" / "target")
+    assert doc["speculative_config"]["speculative_model_dir"] == str(tmp_path / "ck" / "draft")

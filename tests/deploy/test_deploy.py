@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from specserve.cli.main import cli
 from specserve.deploy.config import DeployConfig
 from specserve.deploy.writer import plan_deploy
+from specserve.errors import SpecserveError
 from tests.deploy.schemas import SchemaViolation, check, check_all
 from tests.helpers.server import trtllm_build_config
 
@@ -297,3 +298,67 @@ def test_release_defaults(tmp_path: Path) -> None:
                                  out=str(tmp_path / "o"), image="registry.local/trtllm:mine",
                                  image_trtllm_version="1.3.0rc20", targets=("slurm",)))
     assert "registry.local/trtllm:mine" in p.files["slurm.sbatch"]
+
+
+PATHS: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "paths.json").read_text())
+
+
+def _host_dir(tmp_path: Path, version: str = "1.3") -> tuple[Path, Path]:
+    """A PyTorch-route directory whose YAML and record name build-host paths under ``host``."""
+    host = tmp_path / "host"
+    (host / "ckpt" / "target").mkdir(parents=True)
+    (host / "ckpt" / "eagle3").mkdir()
+    d = pytorch_dir(host, "engine", 8, 1, version)
+    (d / "extra_llm_api_options.yaml").write_text(SPEC_YAML.replace(
+        "/models/eagle3-llama-3.3-70b", str(host / "ckpt" / "eagle3")))
+    rec = json.loads((d / "build_config.json").read_text())
+    rec["model"] = str(host / "ckpt" / "target")
+    (d / "build_config.json").write_text(json.dumps(rec))
+    return host, d
+
+
+def test_pod_paths_come_from_the_mount(tmp_path: Path) -> None:
+    """#36: the ConfigMap's head and the worker's --model-path are the pods' paths."""
+    host, d = _host_dir(tmp_path)
+    p = plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"), targets=("dynamo",),
+                                 host_root=str(host)))
+    cm, dgd = p.objects["dynamo.yaml"]
+    spec = yaml.safe_load(cm["data"]["agg.yaml"])["speculative_config"]
+    assert spec["speculative_model"] == "/models/ckpt/eagle3"
+    args = dgd["spec"]["services"]["TRTLLMWorker"]["extraPodSpec"]["mainContainer"]["args"]
+    assert args[args.index("--model-path") + 1] == "/models/ckpt/target"
+    assert str(host) not in p.files["dynamo.yaml"]
+
+
+@pytest.mark.parametrize("host_root, message", [
+    (None, "outside --mount /models"), ("/elsewhere", "outside --host-root /elsewhere")])
+def test_paths_outside_the_mount_are_refused(tmp_path: Path, host_root: str | None,
+                                             message: str) -> None:
+    _, d = _host_dir(tmp_path)
+    with pytest.raises(SpecserveError) as e:
+        plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"), targets=("dynamo",),
+                                 host_root=host_root))
+    assert message in str(e.value)
+
+
+def test_hub_ids_are_left_to_the_pod(tmp_path: Path) -> None:
+    _, d = _host_dir(tmp_path)
+    hub = PATHS["hub_id_example"]
+    p = plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"), targets=("dynamo",),
+                                 host_root=str(tmp_path / "host"), model=hub))
+    args = p.objects["dynamo.yaml"][1]["spec"]["services"]["TRTLLMWorker"]["extraPodSpec"][
+        "mainContainer"]["args"]
+    assert args[args.index("--model-path") + 1] == hub
+
+
+def test_slurm_mounts_the_checkpoint_and_the_head(tmp_path: Path) -> None:
+    """#37: pyxis mounts the engine, the target checkpoint and the EAGLE-3 head."""
+    host, d = _host_dir(tmp_path, "1.2.1")
+    script = plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"),
+                                      targets=("slurm",))).files["slurm.sbatch"]
+    flag = PATHS["container_mount_flag"]
+    mounts = script.split(flag, 1)[1].split()[0].split(",")
+    assert sorted(m.split(":")[0] for m in mounts) == sorted(
+        [str(host / "ckpt" / "eagle3"), str(host / "ckpt" / "target"), str(d.resolve())])
+    assert all(a == b for a, b in (m.split(":") for m in mounts))
+    assert f"trtllm-serve {host / 'ckpt' / 'target'} " in script
