@@ -38,7 +38,8 @@ def worker_yamls(cfg: DeployConfig, src: EngineSource, disagg: bool) -> dict[str
     rewritten to where the pods see it (:func:`pod_path`)."""
     data = yaml.safe_load(src.spec_yaml or "") or {}
     spec = data.get("speculative_config")
-    for key in MODEL_KEYS if isinstance(spec, dict) else ():
+    spec = spec if isinstance(spec, dict) else {}
+    for key in MODEL_KEYS:
         if spec.get(key):
             spec[key] = pod_path(cfg, str(spec[key]), f"speculative_config.{key}")
     if disagg:
