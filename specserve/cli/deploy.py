@@ -71,6 +71,8 @@ def _text(s: dict[str, Any]) -> str:
               help="The build-host directory the PVC holds (pods see it at --mount): paths in "
                    "the engine YAML and commands are rewritten from it; paths outside are "
                    "refused.")
+@click.option("--kubectl-image", default="docker.io/bitnami/kubectl:1.33", show_default=True,
+              help="LWS: an image with sh and kubectl, copied into the leader for kubessh.")
 @click.option("--force", is_flag=True, default=False,
               help="Replace an --out written by `specserve deploy`.")
 @FORMAT_OPTION

@@ -31,6 +31,8 @@ DYNAMO_IMAGE = RELEASES["1.3"].image
 #: release line -> the Dynamo image that ships it (none ships 1.2.1: release-artifacts.md
 #: @196b75f2 lists 1.1.0rc5 ... 1.2.0rc6.post2, then the 1.3.0 rcs).
 DYNAMO_IMAGES = {"1.3": DYNAMO_IMAGE}
+#: Any image with ``sh`` and ``kubectl`` on PATH (the LWS leader copies kubectl from it).
+KUBECTL_IMAGE = "docker.io/bitnami/kubectl:1.33"
 SPEC_YAML = "extra_llm_api_options.yaml"
 FLOWS = ("engine", "pytorch")
 TARGETS = {"engine": ("k8s", "lws"), "pytorch": ("dynamo", "dynamo-disagg", "slurm")}
@@ -73,6 +75,7 @@ class DeployConfig(JsonConfig):
     model: str | None = None          # PyTorch route: the checkpoint trtllm-serve loads
     image_trtllm_version: str | None = None  # what --image ships, when specserve cannot tell
     host_root: str | None = None      # the build-host directory the PVC holds (seen at --mount)
+    kubectl_image: str = KUBECTL_IMAGE  # LWS: the init container that provides kubectl
 
     def validate(self) -> None:
         if self.replicas < 1:
@@ -82,6 +85,9 @@ class DeployConfig(JsonConfig):
         if self.image is not None and not _IMAGE.match(self.image):
             raise SpecserveError(f"--image: {self.image!r} is not a container image reference "
                                  "(e.g. nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3)")
+        if not _IMAGE.match(self.kubectl_image):
+            raise SpecserveError(f"--kubectl-image: {self.kubectl_image!r} is not a container "
+                                 "image reference")
         check_label(self.namespace, "--namespace")
         check_label(self.pvc, "--pvc")
         if self.name is not None:

@@ -92,6 +92,8 @@ def plan_deploy(cfg: DeployConfig) -> DeployPlan:
         "trtllm_version": src.trtllm_version,
         "nodes_per_replica": nodes, "gpus_per_pod": src.gpus_per_pod(cfg.gpus_per_node),
         "files": {FILES[t]: t for t in targets},
+        "requires": [{"kind": "PersistentVolumeClaim", "name": cfg.pvc,
+                      "namespace": cfg.namespace}] if set(targets) - {"slurm"} else [],
     }
     return DeployPlan(cfg, files, objects, summary)
 

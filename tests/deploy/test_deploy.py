@@ -152,7 +152,7 @@ def test_schema_checks_catch_violations(tmp_path: Path, case: str, kind: str,
 
 def test_multi_node_layout(tmp_path: Path) -> None:
     p, _ = plan(tmp_path, "tp8-pp2-two-nodes")
-    lws, svc = p.objects["leaderworkerset.yaml"]
+    lws, svc = p.objects["leaderworkerset.yaml"][-2:]
     lwt = lws["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 2 and lws["metadata"]["namespace"] == "llm"
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
@@ -362,3 +362,49 @@ def test_slurm_mounts_the_checkpoint_and_the_head(tmp_path: Path) -> None:
         [str(host / "ckpt" / "eagle3"), str(host / "ckpt" / "target"), str(d.resolve())])
     assert all(a == b for a, b in (m.split(":") for m in mounts))
     assert f"trtllm-serve {host / 'ckpt' / 'target'} " in script
+
+
+LWS_EXAMPLE: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "data" / "lws_trtllm_example.json").read_text())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_everything_referenced_is_generated(tmp_path: Path, case: str) -> None:
+    """#33: the TP8xPP2 two-node set (and every other) names no object it does not generate,
+    except the --pvc it lists under ``requires``."""
+    from tests.deploy.closure import missing, references
+
+    p, _ = plan(tmp_path, case)
+    for objects in p.objects.values():
+        assert missing(objects, p.summary["requires"]) == []
+    if case == "tp8-pp2-two-nodes":
+        objs = p.objects["leaderworkerset.yaml"]
+        kinds = {k for o in objs for k, _ in references(o)}
+        assert {"ServiceAccount", "ConfigMap", "Role"} <= kinds
+        assert missing(objs[3:], []) == ["PersistentVolumeClaim/specserve-models",
+                                         "ServiceAccount/tp8-pp2-two-nodes-mpi"]
+
+
+def test_leader_waits_for_every_worker_then_uses_kubessh(tmp_path: Path) -> None:
+    """#33: the LWS example's start-up (data/lws_trtllm_example.json): kubessh as Open MPI's
+    rsh agent, a Role that may list and exec pods, and a wait for the whole group before
+    mpirun; workers run no sshd."""
+    p, _ = plan(tmp_path, "tp8-pp2-two-nodes")
+    account, role, binding, kubessh, lws, _ = p.objects["leaderworkerset.yaml"]
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]
+    script = leader["args"][0]
+    wait, launch = script.index("until ["), script.index("exec mpirun")
+    assert wait < launch
+    assert f'-l "{LWS_EXAMPLE["group_key_label"]}=$GROUP_KEY"' in script[wait:launch]
+    assert f"--field-selector {LWS_EXAMPLE['running_selector']}" in script[wait:launch]
+    assert f"-ge {lwt['size']} ]" in script[wait:launch]
+    assert f"plm_rsh_agent /opt/specserve/bin/{LWS_EXAMPLE['plm_rsh_agent']}" in script
+    assert {"name": "GROUP_KEY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels"
+            "['leaderworkerset.sigs.k8s.io/group-key']"}}} in leader["env"]
+    rules = {r["resources"][0]: sorted(r["verbs"]) for r in role["rules"]}
+    assert rules == {k: sorted(v) for k, v in LWS_EXAMPLE["rbac_needs"].items()}
+    assert lwt["leaderTemplate"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert "kubectl\" exec -i \"$pod\"" in kubessh["data"]["kubessh"]
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert "sshd" not in " ".join(worker["command"]) and "ssh -p" not in script
