@@ -2,8 +2,11 @@
 
 Upstream layout (NVIDIA/TensorRT-LLM ``triton_backend/all_models/llmapi/tensorrt_llm/`` @c8c6df08,
 the 1.2 era; ``../shared/reference/llmapi-route.md`` §3): ``config.pbtxt`` (Python backend,
-KIND_CPU x1, no ``max_batch_size``) and ``1/model.yaml``, whose keys other than ``triton_config``
-go to ``LLM(**kw)``; ``triton_config`` holds ``max_batch_size: 0`` and ``decoupled``. The
+KIND_CPU x1) and ``1/model.yaml``, whose keys other than ``triton_config``
+go to ``LLM(**kw)``; ``triton_config`` holds ``max_batch_size: 0`` and ``decoupled``. Those two
+are also written into ``config.pbtxt``: upstream's ``model.py`` applies them in
+``auto_complete_config``, which Triton skips under ``--disable-auto-complete-config`` (what
+``specserve serve`` passes), so without them Triton would load the model non-decoupled. The
 engine directory's ``extra_llm_api_options.yaml`` keys are the same keys, so ``model.yaml`` is
 that YAML plus ``model``, ``backend: pytorch`` and ``triton_config``. ``1/model.py`` and
 ``1/helpers.py`` are upstream's, copied from ``--llmapi-model-dir`` (the folder of a v1.2.1
@@ -55,7 +58,8 @@ def plan_llmapi_repository(engine_dir: Path, rec: EngineRecord, decoupled: bool,
     """Relative path -> text of the ``llmapi`` repository (pure apart from reading files)."""
     files = {
         f"{MODEL_NAME}/config.pbtxt": render(load_template("llmapi/config.pbtxt"),
-                                             {"model_name": MODEL_NAME},
+                                             {"model_name": MODEL_NAME,
+                                              "decoupled": "true" if decoupled else "false"},
                                              f"{MODEL_NAME}/config.pbtxt"),
         f"{MODEL_NAME}/1/model.yaml": model_yaml(rec, decoupled),
         **_upstream_files(model_dir),
