@@ -135,6 +135,17 @@ def _check_method_options(cfg: BuildConfig, mode: str) -> None:
     for name, owner in only.items():
         if getattr(cfg, name) is not None and mode != owner:
             raise SpecserveError(f"--{name.replace('_', '-')}: only with --{owner}")
+    rel = RELEASES[cfg.trtllm_version]
+    if cfg.dynamic_tree_top_k is not None and not rel.dynamic_tree:
+        raise SpecserveError(f"--dynamic-tree-top-k/--max-total-draft-tokens: not in TensorRT-LLM "
+                             f"{rel.name} (its validate_eagle_config overwrites "
+                             "max_total_draft_tokens with max_draft_len, and the PyTorch dynamic "
+                             "tree lands in #12062/#13081, 2026); use --trtllm-version 1.3")
+    if cfg.eagle_choices is not None and not rel.eagle3_one_model:
+        raise SpecserveError(f"--eagle-choices: TensorRT-LLM {rel.name}'s Eagle3DecodingConfig "
+                             "has no eagle3_one_model to select the two-model path that "
+                             "upstream's static trees run on; use --trtllm-version 1.2.1, or a "
+                             "chain")
     if cfg.eagle_choices is not None and cfg.dynamic_tree_top_k is not None:
         raise SpecserveError("--eagle-choices and --dynamic-tree-top-k: a static tree or a "
                              "dynamic one (1.2.1's EagleDecodingConfig refuses both)")
@@ -257,7 +268,10 @@ def speculative_config(cfg: BuildConfig) -> dict[str, Any]:
     if mode in ("eagle3", "draft"):
         spec[rel.model_key] = cfg.source_dir
     if mode == "eagle3":
-        two_model = cfg.draft_len_schedule is not None or cfg.max_concurrency is not None
+        # two-model (Drafter) paths: load-aware speculation and static trees in 1.2 (every
+        # upstream static-tree test builds Eagle3 with eagle3_one_model=False)
+        two_model = cfg.draft_len_schedule is not None or cfg.max_concurrency is not None or \
+            cfg.eagle_choices is not None
         if rel.eagle3_one_model:  # 1.3 has no such field (one-model, schedules included)
             spec["eagle3_one_model"] = not two_model
         if cfg.eagle_choices is not None:

@@ -105,3 +105,30 @@ def test_engine_flow_refuses_another_release() -> None:
                       trtllm_version="1.3")
     with pytest.raises(SpecserveError, match="--trtllm-version"):
         cfg.validate()
+
+
+TREES: dict[str, Any] = json.loads((DATA / "eagle3_trees.json").read_text())
+
+
+def test_static_tree_runs_two_model_on_121() -> None:
+    """#19: upstream's static trees are two-model Eagle3 (data/eagle3_trees.json)."""
+    cfg = replace(CASES["eagle3"], eagle_choices=((0,), (1,), (0, 0)), max_draft_len=2)
+    spec = options(cfg)["speculative_config"]
+    assert spec["eagle_choices"] == [[0], [1], [0, 0]]
+    assert spec["eagle3_one_model"] is TREES["static_tree_eagle3_one_model"]
+    with pytest.raises(SpecserveError, match="no eagle3_one_model"):
+        validate_for_route(replace(cfg, trtllm_version="1.3"))
+
+
+@pytest.mark.parametrize("version", ["1.2.1", "1.3"])
+def test_dynamic_tree_only_where_implemented(version: str) -> None:
+    """#20: refused for 1.2.1 (overwritten, not implemented), written for 1.3."""
+    cfg = replace(CASES["eagle3"], trtllm_version=version, dynamic_tree_top_k=4,
+                  max_total_draft_tokens=16)
+    if not TREES["dynamic_tree_in"][version]:
+        with pytest.raises(SpecserveError, match="#12062"):
+            validate_for_route(cfg)
+        return
+    spec = options(cfg)["speculative_config"]
+    assert spec["use_dynamic_tree"] is True and spec["max_total_draft_tokens"] == 16
+    assert unknown_keys(options(cfg), version) == []
