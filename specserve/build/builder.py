@@ -100,7 +100,10 @@ def validate_inputs(cfg: BuildConfig) -> tuple[dict[str, Any], MedusaInfo | None
     elif cfg.spec_mode == "draft":
         assert cfg.draft is not None
         draft_cfg = validate_target(cfg.draft)
-        check_tokenizers_match(cfg.model, cfg.draft)
+        check_tokenizers_match(cfg.model, cfg.draft, why=(
+            "the engine flow's draft sends draft_logits (use_draft_logits), which need equal "
+            "widths; --flow pytorch accepts by token ids and needs only the same tokenizer")
+            if cfg.backend == "trtllm" else "")
         _check_llama_converter(cfg, draft_cfg, cfg.draft)
     elif cfg.spec_mode == "eagle":
         assert cfg.eagle is not None
@@ -122,7 +125,7 @@ def _validate_pytorch_inputs(cfg: BuildConfig, target_cfg: dict[str, Any]) -> No
     elif cfg.spec_mode == "draft":
         assert cfg.draft is not None
         validate_target(cfg.draft, any_architecture=True)
-        check_tokenizers_match(cfg.model, cfg.draft)
+        check_tokenizers_match(cfg.model, cfg.draft, same_vocab_size=False)  # token-id accept
     elif cfg.spec_mode == "mtp":
         layers = validate_mtp(target_cfg, str(Path(cfg.model) / "config.json"))
         if cfg.max_draft_len is not None and cfg.max_draft_len < 1:

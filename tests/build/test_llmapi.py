@@ -265,12 +265,16 @@ def _bad_draft_vocab(c: TinyCheckpoint, tmp: Path) -> list[str]:
                                         t["vocab_size"] + 1))]
 
 
-def _draft_vocab(c: TinyCheckpoint, tmp: Path) -> list[str]:
-    cfg_path = c.draft / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["vocab_size"] += 1
-    cfg_path.write_text(json.dumps(cfg))
-    return ["--draft", str(c.draft)]
+def _draft_tokenizer(c: TinyCheckpoint, tmp: Path) -> list[str]:
+    """A draft whose tokenizer differs (one vocabulary entry renamed)."""
+    draft = tmp / "other-tokenizer"
+    shutil.copytree(c.draft, draft)
+    tj = json.loads((draft / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    first = next(iter(vocab))
+    vocab["zz" + first] = vocab.pop(first)
+    (draft / "tokenizer.json").write_text(json.dumps(tj))
+    return ["--draft", str(draft)]
 
 
 @pytest.mark.parametrize("make, message", [
@@ -278,7 +282,7 @@ def _draft_vocab(c: TinyCheckpoint, tmp: Path) -> list[str]:
     (_not_eagle3, "not an EAGLE-3 head"),
     (_no_d2t, "no 'd2t'"),
     (_bad_draft_vocab, "draft_vocab_size"),
-    (_draft_vocab, "vocab_size"),
+    (_draft_tokenizer, "vocab differ from the target's tokenizer"),
     (lambda c, t: ["--mtp"], "needs MTP layers"),
     (lambda c, t: ["--ngram", "--tp", "3"], "not divisible by --tp 3"),
     (lambda c, t: ["--medusa", str(c.medusa)], "no Medusa path"),
@@ -359,3 +363,46 @@ def test_route_keeps_its_own_checks(ckpt: TinyCheckpoint, tmp_path: Path) -> Non
     result = run("--model", str(target), "--mtp", "--flow", "pytorch", "--out",
                  str(tmp_path / "m"), "--dry-run")
     assert result.exit_code == 2 and "needs MTP layers" in result.output
+
+
+VOCAB: dict[str, Any] = json.loads((HERE / "data" / "vocab_pairs.json").read_text())
+
+
+def _padded_draft(ckpt: TinyCheckpoint, tmp_path: Path) -> Path:
+    """The tiny draft with its config.json vocab_size padded as Qwen2.5-0.5B's is against
+    7B's (data/vocab_pairs.json), the tokenizer unchanged."""
+    draft = tmp_path / "padded-draft"
+    shutil.copytree(ckpt.draft, draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    pair = VOCAB["qwen2.5"]
+    pad = pair["target_vocab_size"] - pair["draft_vocab_size"]
+    cfg["vocab_size"] += pad
+    (draft / "config.json").write_text(json.dumps(cfg))
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    for f in draft.glob("*.safetensors"):  # padded rows, as a padded checkpoint has
+        sd = load_file(str(f))
+        for k in ("model.embed_tokens.weight", "lm_head.weight"):
+            if k in sd:
+                sd[k] = torch.cat([sd[k], sd[k].new_zeros(pad, sd[k].shape[1])])
+        save_file(sd, str(f))
+    return draft
+
+
+def test_same_tokenizer_padded_widths_on_the_pytorch_route(ckpt: TinyCheckpoint,
+                                                           tmp_path: Path) -> None:
+    """#6: acceptance by token ids needs the tokenizer, not equal vocab_size."""
+    draft = _padded_draft(ckpt, tmp_path)
+    result = run("--model", str(ckpt.target), "--draft", str(draft), "--flow", "pytorch",
+                 "--out", str(tmp_path / "d"), "--dry-run")
+    assert result.exit_code == 0, result.output
+
+
+def test_engine_flow_keeps_equal_widths_for_draft_logits(ckpt: TinyCheckpoint,
+                                                         tmp_path: Path) -> None:
+    draft = _padded_draft(ckpt, tmp_path)
+    result = CliRunner().invoke(cli, ["build", "--model", str(ckpt.target), "--draft",
+                                      str(draft), "--backend", "trtllm", "--out",
+                                      str(tmp_path / "e"), "--dry-run"])
+    assert result.exit_code == 2 and "draft_logits" in result.output, result.output
