@@ -80,6 +80,19 @@ _PLAIN_ONLY = {"qwen3": {
     "fp8": "examples/quantization/quantize.py's Qwen3 export is not verified at the pin"}}
 
 
+#: What to do instead, per refused option: only FP8 has a PyTorch-route path; the PyTorch
+#: backend has no Medusa (MedusaDecodingConfig.supports_backend excludes pytorch) and serves
+#: EAGLE-3 heads, not EAGLE-1/2 ones (trtllm-audit-2.md #39).
+_INSTEAD = {
+    "--medusa": "TensorRT-LLM 1.2.1 has no Qwen3 Medusa path on either route (the PyTorch "
+                "backend has no Medusa); use --backend torch, or train an EAGLE-3 head "
+                "(specserve train-eagle3) and use --eagle3 --flow pytorch",
+    "--eagle": "EAGLE-1/2 heads have no Qwen3 path; train an EAGLE-3 head (specserve "
+               "train-eagle3) and use --eagle3 --flow pytorch",
+    "--quantize fp8": "use the PyTorch route: --flow pytorch (ModelOpt FP8)",
+}
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     """Facts about the validated inputs that the commands depend on."""
@@ -108,7 +121,7 @@ def check_engine_family(cfg: BuildConfig, model_type: str, where: str) -> None:
         opt = f"--{cfg.spec_mode}" if cfg.spec_mode in reasons else "--quantize fp8"
         raise SpecserveError(f"{where}: model_type {model_type!r} with {opt} is not planned for "
                              f"the trtllm engine flow (TensorRT-LLM {TRTLLM_VERSION}: {why}); "
-                             "use the PyTorch route: --flow pytorch")
+                             f"{_INSTEAD[opt]}")
     if cfg.spec_mode == "medusa":
         return
     if model_type not in ENGINE_CONVERTERS or (
