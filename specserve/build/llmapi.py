@@ -11,7 +11,8 @@ renamed acceptance pair, no ``eagle3_one_model``, ``speculative_model``). For 1.
 checked against is ``tests/build/data/llmapi_fields_1.2.1.json`` (its ``source`` names the copy
 read). Facts and hazards: ``../shared/reference/llmapi-route.md`` §1-2, §4, §6. Choices made here:
 
-- ``speculative_config.decoding_type``: ``Eagle3``, ``Draft_Target`` (the pydantic ``Literal``;
+- ``speculative_config.decoding_type``: ``Eagle`` for EAGLE-3 on 1.2.1 (``Eagle3`` on 1.3),
+  ``Draft_Target`` (the pydantic ``Literal``;
   the docs' ``DraftTarget`` spelling is not what the discriminated union parses), ``NGram``,
   ``MTP``. The draft is named by ``speculative_model_dir`` (1.2's alias of ``speculative_model``).
 - Load-aware speculation in 1.2's semantics: ``draft_len_schedule`` keys are batch-size *lower*
@@ -92,6 +93,12 @@ GONE_IN_13 = {
     "posterior_threshold": "not a field of 1.3.0rc27's Eagle3DecodingConfig",
     "eagle3_one_model": "not a field of 1.3.0rc27's Eagle3DecodingConfig",
 }
+
+
+def decoding_type(mode: str, rel: Release) -> str:
+    """The ``decoding_type`` written: ``Eagle`` for EAGLE-3 on 1.2.1 (both config layouts parse
+    it, see :mod:`specserve.build.pins`), the class Literal otherwise."""
+    return rel.eagle3_type if mode == "eagle3" else DECODING_TYPES[mode]
 
 
 def spec_options_for(mode: str, rel: Release) -> tuple[str, ...]:
@@ -260,7 +267,7 @@ def default_cuda_graph_sizes(max_batch_size: int) -> list[int]:
 def speculative_config(cfg: BuildConfig) -> dict[str, Any]:
     """The ``speculative_config`` block (1.2.1 field names)."""
     mode, rel = cfg.spec_mode, RELEASES[cfg.trtllm_version]
-    spec: dict[str, Any] = {"decoding_type": DECODING_TYPES[mode]}
+    spec: dict[str, Any] = {"decoding_type": decoding_type(mode, rel)}
     if mode == "mtp":  # MTPDecodingConfig sets max_draft_len from num_nextn_predict_layers
         spec["num_nextn_predict_layers"] = cfg.max_draft_len
     else:

@@ -9,7 +9,9 @@ leaf module: it imports nothing of the package, so ``build.config``, ``build.llm
   ``acceptance_window``/``acceptance_length_threshold``; ``Eagle3DecodingConfig`` has
   ``eagle3_one_model``; the dynamic-tree fields exist but ``validate_eagle_config`` overwrites
   ``max_total_draft_tokens`` and the PyTorch dynamic-tree runtime lands after the 1.2 branch
-  (NVIDIA/TensorRT-LLM #12062, #13081), so they are refused.
+  (NVIDIA/TensorRT-LLM #12062, #13081), so they are refused. EAGLE-3 is written
+  ``decoding_type: Eagle``: the L1 layout converts it to Eagle3 (with a warning) and the older
+  ``from_dict`` layout accepts only ``Eagle`` (trtllm-audit-2.md #14), so it parses either way.
 - **1.3** (the 1.3.0 release-candidate line that NVIDIA Dynamo's ``tensorrtllm-runtime`` images
   ship: ai-dynamo/dynamo ``container/context.yaml`` @001eacbe pins ``1.3.0rc16``; Dynamo
   0.9.0 moved to 1.3.0rc1, ai-dynamo/dynamo #5811). Field set: the TensorRT-LLM API page
@@ -41,6 +43,7 @@ class Release:
     eagle3_one_model: bool         # Eagle3DecodingConfig has the field
     dynamic_tree: bool             # use_dynamic_tree is implemented (not overwritten)
     model_key: str                 # how the YAML names the draft / head directory
+    eagle3_type: str               # decoding_type written for EAGLE-3
 
     def ships(self, version: str) -> bool:
         """True when an installed TensorRT-LLM ``version`` is this line."""
@@ -51,10 +54,10 @@ class Release:
 RELEASES = {
     "1.2.1": Release("1.2.1", "1.2.1", TRTLLM_IMAGE, "lower",
                      ("acceptance_window", "acceptance_length_threshold"), True, False,
-                     "speculative_model_dir"),
+                     "speculative_model_dir", "Eagle"),
     "1.3": Release("1.3", "1.3.0rc", f"{DYNAMO_RUNTIME}:1.3.1", "upper",
                    ("acceptance_rate_window_size", "acceptance_rate_threshold"), False, True,
-                   "speculative_model"),
+                   "speculative_model", "Eagle3"),
 }
 DEFAULT_RELEASE = "1.2.1"
 

@@ -214,7 +214,7 @@ def test_dry_run_prints_yaml_and_commands(ckpt: TinyCheckpoint, tmp_path: Path) 
                  "--out", str(out), "--dry-run")
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "engines").exists()
-    for text in ("decoding_type: Eagle3", "speculative_model_dir:", "trtllm-serve ",
+    for text in ("decoding_type: Eagle\n", "speculative_model_dir:", "trtllm-serve ",
                  "--extra_llm_api_options", "trtllm-bench --model", "throughput",
                  "prepare_dataset.py"):
         assert text in result.output, text

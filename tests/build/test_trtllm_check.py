@@ -101,9 +101,19 @@ def test_gate_names_each_mismatch_on_another_release() -> None:
 
 
 def test_gate_reads_the_classvar_layout_without_keyerror() -> None:
-    """#42: the older layout keeps decoding_type a ClassVar; the gate reports the spelling."""
+    """#42: the older layout keeps decoding_type a ClassVar; the gate reports the spelling
+    (Draft_Target), and EAGLE-3's ``Eagle`` (#14) parses there too."""
     found = _check_module().field_report(fake_llm_args("1.2.1", classvar_layout=True),
                                          "1.2.1", "1.2.1")
-    assert "eagle3: decoding_type 'Eagle3': no Eagle3DecodingConfig in this release" in found
-    assert ("draft: decoding_type: this release spells it 'DraftTarget', specserve wrote "
-            "'Draft_Target'") in found
+    assert found == ["draft: decoding_type: this release spells it 'DraftTarget', specserve "
+                     "wrote 'Draft_Target'"]
+
+
+def test_eagle3_as_eagle3_would_fail_the_older_layout() -> None:
+    """#14: what writing ``Eagle3`` on 1.2.1 would meet in the older layout."""
+    chk = _check_module()
+    opts = chk.emitted_options("1.2.1")["eagle3"]
+    assert opts["speculative_config"]["decoding_type"] == "Eagle"
+    opts["speculative_config"]["decoding_type"] = "Eagle3"
+    found = chk.live_field_findings(opts, fake_llm_args("1.2.1", classvar_layout=True))
+    assert found == ["decoding_type 'Eagle3': no Eagle3DecodingConfig in this release"]
