@@ -171,7 +171,7 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
         resolved = absolute_paths(resolved)
     validate_for_route(resolved)
     if resolved.flow == "pytorch":
-        plan = llmapi.make_pytorch_plan(resolved, _trtllm_root())
+        plan = llmapi.make_pytorch_plan(resolved)
     elif resolved.backend == "trtllm":
         inputs = trtllm.PlanInputs(
             model_type=str(target_cfg.get("model_type", "llama")),
@@ -184,11 +184,6 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     else:
         plan = _torch_plan(resolved)
     return Prepared(resolved, target_cfg, medusa, plan)
-
-
-def _trtllm_root() -> str:
-    """The TensorRT-LLM source tree in the container (the parent of its examples/)."""
-    return os.path.dirname(os.path.normpath(trtllm.examples_dir()))
 
 
 def _torch_plan(cfg: BuildConfig) -> BuildPlan:
@@ -236,7 +231,7 @@ def _llm_api_summary(cfg: BuildConfig) -> dict[str, Any]:
     """What ``--dry-run`` prints for the PyTorch route: the YAML and the commands."""
     return {"options_file": llmapi.options_path(cfg), "yaml": llmapi.render_options(cfg),
             "options": llmapi.llm_api_options(cfg), "model": llmapi.served_model(cfg),
-            "serve": llmapi.serve_argv(cfg), "bench": llmapi.bench_commands(cfg, _trtllm_root())}
+            "serve": llmapi.serve_argv(cfg), "bench": llmapi.bench_commands(cfg)}
 
 
 def _build_pytorch(prep: Prepared, stage: Path, console: Console | None) -> dict[str, Any]:

@@ -28,9 +28,11 @@ read). Facts and hazards: ``../shared/reference/llmapi-route.md`` §1-2, §4, §
   @09914046: ``--pyt_ckpt_path --export_path --qformat --kv_cache_qformat --calib_size
   --inference_tensor_parallel --inference_pipeline_parallel --export_fmt hf``). FP8 KV cache:
   ``kv_cache_config.dtype: fp8``.
-- ``trtllm-bench``: the dataset from ``benchmarks/cpp/prepare_dataset.py ... token-norm-dist``
-  and ``trtllm-bench --model M --model_path P throughput --backend pytorch`` (the same script
-  above; TensorRT-LLM 1.2.0rc6 docs, developer-guide/perf-benchmarking).
+- ``trtllm-bench``: the dataset from ``trtllm-bench --model M prepare-dataset --output F
+  token-norm-dist ...`` (NVIDIA/TensorRT-LLM ``tensorrt_llm/bench/dataset/prepare_dataset.py``
+  @0c8de69a and ``prepare_synthetic_data.py`` @f00d21a3; ported from the ``benchmarks/cpp``
+  script by #9250, 2025-11-18) and ``trtllm-bench --model M --model_path P throughput --backend
+  pytorch`` (TensorRT-LLM 1.2.0rc6 docs, developer-guide/perf-benchmarking).
 """
 
 from __future__ import annotations
@@ -350,19 +352,20 @@ def serve_argv(cfg: BuildConfig) -> list[str]:
             str(cfg.pp_size), "--extra_llm_api_options", options_path(cfg)]
 
 
-def bench_commands(cfg: BuildConfig, trtllm_root: str) -> list[str]:
-    """Shell lines: the synthetic dataset, then ``trtllm-bench throughput`` with the YAML."""
+def bench_commands(cfg: BuildConfig) -> list[str]:
+    """Shell lines: the synthetic dataset with ``trtllm-bench prepare-dataset`` (the script's
+    port into the CLI, #9250; the ``benchmarks/`` script path is not in every image), then
+    ``trtllm-bench throughput`` with the YAML."""
     model = served_model(cfg)
-    dataset = os.path.join(cfg.out, f"synthetic_{BENCH_ISL}_{BENCH_OSL}.txt")
-    prepare = [
-        "python3", os.path.join(trtllm_root, "benchmarks/cpp/prepare_dataset.py"), "--stdout",
-        "--tokenizer", model, "token-norm-dist", "--input-mean", str(BENCH_ISL),
-        "--output-mean", str(BENCH_OSL), "--input-stdev", "0", "--output-stdev", "0",
-        "--num-requests", str(BENCH_REQUESTS)]
+    dataset = os.path.join(cfg.out, f"synthetic_{BENCH_ISL}_{BENCH_OSL}.json")
+    prepare = [TRTLLM_BENCH, "--model", model, "prepare-dataset", "--output", dataset,
+               "token-norm-dist", "--num-requests", str(BENCH_REQUESTS),
+               "--input-mean", str(BENCH_ISL), "--input-stdev", "0",
+               "--output-mean", str(BENCH_OSL), "--output-stdev", "0"]
     bench = [TRTLLM_BENCH, "--model", model, "--model_path", model, "throughput", "--backend",
              "pytorch", "--tp", str(cfg.tp_size), "--pp", str(cfg.pp_size), "--dataset",
              dataset, "--extra_llm_api_options", options_path(cfg)]
-    return [f"{shlex.join(prepare)} > {shlex.quote(dataset)}", shlex.join(bench)]
+    return [shlex.join(prepare), shlex.join(bench)]
 
 
 def modelopt_examples_dir() -> str:
@@ -383,14 +386,14 @@ def quantize_step(cfg: BuildConfig) -> BuildStep | None:
     return BuildStep("quantize target (ModelOpt fp8, HF export)", "modelopt", tuple(argv), out)
 
 
-def make_pytorch_plan(cfg: BuildConfig, trtllm_root: str) -> BuildPlan:
+def make_pytorch_plan(cfg: BuildConfig) -> BuildPlan:
     """The PyTorch route's plan: at most one step (ModelOpt FP8); the rest is one YAML."""
     rel = RELEASES[cfg.trtllm_version]
     step = quantize_step(cfg)
     notes = [f"writes {options_path(cfg)} and build_config.json (flow pytorch; no engine build: "
              f"TensorRT-LLM {rel.name}'s PyTorch backend loads the HF checkpoint)",
              f"serve inside {rel.image}: {shlex.join(serve_argv(cfg))}",
-             *(f"benchmark: {line}" for line in bench_commands(cfg, trtllm_root))]
+             *(f"benchmark: {line}" for line in bench_commands(cfg))]
     if step is not None:
         notes.insert(0, f"FP8 weights: ModelOpt ({modelopt_examples_dir()}, clone "
                         "NVIDIA/TensorRT-Model-Optimizer) exports an HF checkpoint with "

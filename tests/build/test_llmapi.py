@@ -216,7 +216,7 @@ def test_dry_run_prints_yaml_and_commands(ckpt: TinyCheckpoint, tmp_path: Path) 
     assert not (tmp_path / "engines").exists()
     for text in ("decoding_type: Eagle\n", "speculative_model_dir:", "trtllm-serve ",
                  "--extra_llm_api_options", "trtllm-bench --model", "throughput",
-                 "prepare_dataset.py"):
+                 "trtllm-bench --model"):
         assert text in result.output, text
 
 
@@ -406,3 +406,26 @@ def test_engine_flow_keeps_equal_widths_for_draft_logits(ckpt: TinyCheckpoint,
                                       str(draft), "--backend", "trtllm", "--out",
                                       str(tmp_path / "e"), "--dry-run"])
     assert result.exit_code == 2 and "draft_logits" in result.output, result.output
+
+
+BENCH: dict[str, Any] = json.loads((HERE / "data" / "trtllm_bench_prepare_dataset.json")
+                                   .read_text())
+
+
+def test_bench_dataset_from_trtllm_bench_prepare_dataset() -> None:
+    """#27: the dataset comes from the CLI subcommand, with its own option names
+    (data/trtllm_bench_prepare_dataset.json), not from a script path in the image."""
+    import shlex
+
+    prepare, bench = (shlex.split(line) for line in llmapi.bench_commands(CASES["eagle3"]))
+    assert prepare[0] == "trtllm-bench" and "prepare-dataset" in prepare
+    group = prepare.index("prepare-dataset")
+    sub = prepare.index(BENCH["synthetic_command"])
+    assert prepare[1:group] == ["--model", llmapi.served_model(CASES["eagle3"])]
+    group_opts = {a for a in prepare[group + 1:sub] if a.startswith("--")}
+    sub_opts = {a for a in prepare[sub + 1:] if a.startswith("--")}
+    assert group_opts <= set(BENCH["group_options"]) and sub_opts == set(BENCH[
+        "synthetic_options"])
+    dataset = prepare[prepare.index("--output") + 1]
+    assert bench[bench.index("--dataset") + 1] == dataset
+    assert not any(a.endswith("prepare_dataset.py") for a in prepare)
