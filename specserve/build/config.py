@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specserve.build.pins import DEFAULT_RELEASE, RELEASES
 from specserve.config import JsonConfig
 from specserve.errors import SpecserveError
 
@@ -26,7 +27,7 @@ PYTORCH_ONLY_MODES = ("eagle3", "mtp")
 #: engine flow's build_config.json ``config`` stays as it was.
 PYTORCH_FIELDS = ("eagle3", "eagle_choices", "dynamic_tree_top_k", "max_total_draft_tokens",
                   "ngram_size", "max_num_tokens", "kv_cache_fraction", "block_reuse",
-                  "cuda_graph_batch_sizes", "max_concurrency", "spec_options")
+                  "cuda_graph_batch_sizes", "max_concurrency", "spec_options", "trtllm_version")
 #: PyTorch-route fields the torch backend's EAGLE-3 engine reads too (its head, a static tree).
 TORCH_EAGLE3_FIELDS = ("eagle3", "eagle_choices")
 DTYPES = ("float16", "bfloat16", "float32")
@@ -72,6 +73,7 @@ class BuildConfig(JsonConfig):
     cuda_graph_batch_sizes: tuple[int, ...] | None = None
     max_concurrency: int | None = None
     spec_options: tuple[tuple[str, str], ...] = ()  # extra speculative_config KEY=VALUE
+    trtllm_version: str = DEFAULT_RELEASE  # the release line the YAML is written for (pins.py)
 
     @property
     def world_size(self) -> int:
@@ -126,12 +128,10 @@ class BuildConfig(JsonConfig):
                                  f"--max-seq-len {self.max_seq_len}")
         if self.medusa_choices is not None and self.spec_mode != "medusa":
             raise SpecserveError("--medusa-choices: only with --medusa")
+        _one_of("trtllm_version", self.trtllm_version, tuple(RELEASES))
         self._validate_flow()
         if self.flow == "pytorch":
-            from specserve.build.llmapi import validate_pytorch_config
-
-            validate_pytorch_config(self)
-            return
+            return  # the route's own checks: specserve.build.builder.validate_for_route
         self._validate_schedule()
         self._validate_backend()
 
@@ -160,7 +160,7 @@ class BuildConfig(JsonConfig):
                                  "use --backend trtllm --flow pytorch")
         torch_e3 = TORCH_EAGLE3_FIELDS if self.spec_mode == "eagle3" else ("eagle3",)
         set_ = [n for n in PYTORCH_FIELDS if n not in torch_e3
-                and getattr(self, n) not in (None, ())]
+                and getattr(self, n) not in (None, (), DEFAULT_RELEASE)]
         if set_:
             raise SpecserveError(f"--{set_[0].replace('_', '-')}: a --flow pytorch option "
                                  "(LLM API YAML); the engine flow does not read it")

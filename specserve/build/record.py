@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.build.config import BuildConfig
+from specserve.build.pins import DEFAULT_RELEASE
 from specserve.versions import collect_versions
 
 RECORD_VERSION = 1
@@ -106,6 +107,8 @@ def _pytorch_argv(cfg: BuildConfig) -> list[str]:
         argv.append("--block-reuse" if cfg.block_reuse else "--no-block-reuse")
     for key, value in cfg.spec_options:
         argv += ["--spec-option", f"{key}={value}"]
+    if cfg.trtllm_version != DEFAULT_RELEASE:
+        argv += ["--trtllm-version", cfg.trtllm_version]
     return argv
 
 

@@ -1,4 +1,5 @@
-"""TensorRT-LLM engine-flow commands for the pinned release (the one place the pin is named).
+"""TensorRT-LLM engine-flow commands for the pinned release (the pin itself is named in
+:mod:`specserve.build.pins`).
 
 Pinned: **TensorRT-LLM 1.2.1** (PyPI 2026-04-20), shipped in
 ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``. It is the newest stable release that
@@ -53,11 +54,10 @@ from specserve.build.config import (
     EAGLE_NUM_LAYERS,
     BuildConfig,
 )
+from specserve.build.pins import TRTLLM_IMAGE, TRTLLM_VERSION
 from specserve.build.plan import BuildPlan, BuildStep, staging_dir
 from specserve.errors import SpecserveError
 
-TRTLLM_VERSION = "1.2.1"
-TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 #: Where the TensorRT-LLM ``examples/`` tree is; override with $TRTLLM_EXAMPLES_DIR.
 DEFAULT_EXAMPLES_DIR = "/app/tensorrt_llm/examples"
 PYTHON = "python3"
@@ -78,6 +78,19 @@ _PLAIN_ONLY = {"qwen3": {
     "medusa": "examples/medusa/convert_checkpoint.py takes --model_type llama, mixtral or qwen2",
     "eagle": "examples/eagle/convert_checkpoint.py builds Llama targets only",
     "fp8": "examples/quantization/quantize.py's Qwen3 export is not verified at the pin"}}
+
+
+#: What to do instead, per refused option: only FP8 has a PyTorch-route path; the PyTorch
+#: backend has no Medusa (MedusaDecodingConfig.supports_backend excludes pytorch) and serves
+#: EAGLE-3 heads, not EAGLE-1/2 ones (trtllm-audit-2.md #39).
+_INSTEAD = {
+    "--medusa": "TensorRT-LLM 1.2.1 has no Qwen3 Medusa path on either route (the PyTorch "
+                "backend has no Medusa); use --backend torch, or train an EAGLE-3 head "
+                "(specserve train-eagle3) and use --eagle3 --flow pytorch",
+    "--eagle": "EAGLE-1/2 heads have no Qwen3 path; train an EAGLE-3 head (specserve "
+               "train-eagle3) and use --eagle3 --flow pytorch",
+    "--quantize fp8": "use the PyTorch route: --flow pytorch (ModelOpt FP8)",
+}
 
 
 @dataclass(frozen=True)
@@ -108,7 +121,7 @@ def check_engine_family(cfg: BuildConfig, model_type: str, where: str) -> None:
         opt = f"--{cfg.spec_mode}" if cfg.spec_mode in reasons else "--quantize fp8"
         raise SpecserveError(f"{where}: model_type {model_type!r} with {opt} is not planned for "
                              f"the trtllm engine flow (TensorRT-LLM {TRTLLM_VERSION}: {why}); "
-                             "use the PyTorch route: --flow pytorch")
+                             f"{_INSTEAD[opt]}")
     if cfg.spec_mode == "medusa":
         return
     if model_type not in ENGINE_CONVERTERS or (

@@ -167,6 +167,10 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--spec-option", "spec_options", multiple=True, metavar="KEY=VALUE",
               help="--flow pytorch: another 1.2.1 speculative_config field, e.g. "
               "is_keep_all=false (keys newer than 1.2.1 are refused).")
+@click.option("--trtllm-version", type=click.Choice(["1.2.1", "1.3"]), default="1.2.1",
+              show_default=True, help="--flow pytorch: the TensorRT-LLM release the YAML is "
+              "written for (1.3 = the 1.3.0 rc line NVIDIA Dynamo's images ship); field names "
+              "and draft_len_schedule semantics follow it.")
 @click.option("--out", required=True, type=click.Path(), help="Engine directory, engines/NAME.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; write nothing.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
@@ -180,7 +184,8 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
             dynamic_tree_top_k: int | None, max_total_draft_tokens: int | None,
             ngram_size: int | None, max_num_tokens: int | None, kv_cache_fraction: float | None,
             block_reuse: bool | None, cuda_graph_batch_sizes: str | None,
-            max_concurrency: int | None, spec_options: tuple[str, ...], out: str,
+            max_concurrency: int | None, spec_options: tuple[str, ...], trtllm_version: str,
+            out: str,
             dry_run: bool, force: bool, fmt: str) -> None:
     """Validate a checkpoint and its speculation inputs, then build engines into --out
     (written to a sibling temp dir and renamed on success; nothing is left on failure)."""
@@ -205,5 +210,6 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
         ngram_size=ngram_size, max_num_tokens=max_num_tokens,
         kv_cache_fraction=kv_cache_fraction, block_reuse=block_reuse,
         cuda_graph_batch_sizes=_sizes(cuda_graph_batch_sizes),
-        max_concurrency=max_concurrency, spec_options=_spec_options(spec_options))
+        max_concurrency=max_concurrency, spec_options=_spec_options(spec_options),
+        trtllm_version=trtllm_version)
     emit(build_engine(cfg, dry_run=dry_run, force=force), fmt, _text)
