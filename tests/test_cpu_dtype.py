@@ -3,8 +3,9 @@ bfloat16 instructions, bfloat16 where it is fast, a flag overrides, and the choi
 
 An AVX2-only CPU (no AVX-512 BF16) is emulated on this machine with oneDNN's and ATen's own ISA
 caps, ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN docs, "CPU Dispatcher Control") and
-``ATEN_CPU_CAPABILITY=avx2`` (PyTorch, aten/src/ATen/native/DispatchStub.cpp), each in a fresh
-subprocess since both are read once at start-up."""
+``ATEN_CPU_CAPABILITY=avx2`` (PyTorch, aten/src/ATen/native/DispatchStub.cpp) and MKL's
+``MKL_ENABLE_INSTRUCTIONS=AVX2`` (float32 GEMM at AVX2 speed), each in a fresh
+subprocess since each is read once at start-up."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from specserve.errors import SpecserveError
 from tests.helpers.tiny import TinyCheckpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
