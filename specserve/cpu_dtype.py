@@ -79,7 +79,8 @@ def _best_us(dtype: Any, size: int, budget_s: float) -> float:
     return round(best * 1e6, 1)
 
 
-def _onednn_bf16() -> bool:
+def onednn_bf16() -> bool:
+    """oneDNN has bfloat16 kernels on this CPU (AVX-512 BF16 / AMX; not under an AVX2 cap)."""
     import torch
 
     try:
@@ -95,7 +96,7 @@ def probe_cpu() -> CpuProbe:
     import torch
 
     return CpuProbe(cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
-                    onednn_bf16=_onednn_bf16(),
+                    onednn_bf16=onednn_bf16(),
                     float32_us=_best_us(torch.float32, PROBE_SIZE, PROBE_BUDGET_S),
                     bfloat16_us=_best_us(torch.bfloat16, PROBE_SIZE, PROBE_BUDGET_S))
 
