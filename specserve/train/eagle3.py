@@ -384,9 +384,9 @@ def run_train_eagle3(cfg: Eagle3TrainConfig, reporter: Reporter | None = None, *
     rep = reporter or NullReporter()
     out = Path(cfg.out)
     check_replaceable(out, force, WRITER)
+    target, size = load_target(cfg)
     choice = choose_dtype(cfg.dtype, cfg.device)
     rep.log(f"training dtype {choice.dtype} ({choice.reason})")
-    target, size = load_target(cfg)
     torch.manual_seed(cfg.seed)
     with staged_output(out, force, WRITER) as work:
         seqs = sequences if sequences is not None else make_sequences(
