@@ -35,6 +35,8 @@ def _summary(data: dict[str, Any]) -> str:
                                  for m in measured))
     if ev.get("fastest_method"):
         lines.append(f"fastest {ev['fastest_method']} (measured; what `make engine` builds)")
+    if ev.get("dtype"):
+        lines.append(f"dtype   {ev['dtype']['dtype']} ({ev['dtype']['reason']})")
     times = ev.get("timings_s", {})
     if times:
         order = [p for p in PHASES if p in times] + sorted(set(times) - set(PHASES))
