@@ -95,3 +95,15 @@ def test_builds_eval_json_fastest_then_reuses_it(writable_ckpt: TinyCheckpoint,
     assert rec["spec_mode"] == "medusa" and rec["medusa_choices"] == tree
     assert rec["dtype_choice"]["requested"] == "auto"
     assert rec["dtype"] == rec["dtype_choice"]["dtype"]
+
+
+def test_build_dtype_auto_records_the_choice(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    from specserve.cpu_dtype import choose_dtype
+
+    out = tmp_path / "e"
+    res = CliRunner().invoke(cli, ["build", "--model", str(tiny_ckpt.target), "--ngram",
+                                   "--backend", "torch", "--dtype", "auto", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rec = json.loads((out / "build_config.json").read_text())
+    assert rec["dtype_choice"] == choose_dtype("auto").to_dict()
+    assert rec["dtype"] == rec["config"]["dtype"] == rec["dtype_choice"]["dtype"]
