@@ -12,9 +12,9 @@ takes longer rather than training less. The dtype is the one this CPU runs fast
 (:mod:`specserve.cpu_dtype`: bfloat16 autocast where oneDNN has bf16 kernels and a timed matmul
 agrees, else float32; ``--dtype`` overrides), recorded with its evidence in ``eval.json``
 ("dtype"). Without that choice an AVX2-only CPU ran bf16 autocast emulated, ~10x slower than
-float32. The wall time is what the machine takes for those steps: ``--minutes 5`` was about 6
-minutes on 2 idle AVX-512-BF16 cores in bfloat16, and on 2 shared cores 9.6 minutes there against
-13 minutes on an (emulated) AVX2-only CPU in float32 (docs/benchmarks.md, "Training dtype").
+float32. The wall time is what the machine takes for those steps: ``--minutes 5`` took 5.1
+minutes on 2 lightly shared AVX-512-BF16 cores in bfloat16 and 10.8 minutes on an (emulated)
+AVX2-only CPU in float32 (docs/benchmarks.md, "Training dtype").
 """
 
 from __future__ import annotations
