@@ -35,6 +35,7 @@ from specserve.build.validate import (
 from specserve.checkpoint import check_tokenizers_match, read_json
 from specserve.config import write_json_atomic as write_json
 from specserve.config import write_text_atomic as write_text
+from specserve.cpu_dtype import DtypeChoice, choose_dtype
 from specserve.errors import SpecserveError
 from specserve.interrupts import sigterm_as_interrupt
 from specserve.outputs import check_replaceable, staged_output
@@ -62,6 +63,16 @@ def resolve_backend(name: str) -> str:
     import torch
 
     return "trtllm" if torch.cuda.is_available() else "torch"
+
+
+def resolve_dtype(name: str, backend: str) -> tuple[str, DtypeChoice | None]:
+    """``--dtype auto``: what :mod:`specserve.cpu_dtype` finds fast where the engine runs (the
+    torch engine: this CPU; TensorRT-LLM: a GPU, bfloat16), with the evidence for
+    ``build_config.json``; any other name as given."""
+    if name != "auto":
+        return name, None
+    choice = choose_dtype("auto", "cpu" if backend == "torch" else "cuda")
+    return choice.dtype, choice
 
 
 def gpu_capability() -> tuple[int, int] | None:
@@ -199,8 +210,11 @@ def _torch_plan(cfg: BuildConfig) -> BuildPlan:
 
 
 def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False,
-                 console: Console | None = None) -> dict[str, Any]:
-    """Build (or with ``dry_run`` only plan) an engine; return a summary for printing."""
+                 console: Console | None = None,
+                 dtype_choice: DtypeChoice | None = None) -> dict[str, Any]:
+    """Build (or with ``dry_run`` only plan) an engine; return a summary for printing.
+    ``dtype_choice`` (``--dtype auto``) is recorded in ``build_config.json`` as
+    ``dtype_choice``: the serving dtype and why."""
     prep = prepare(cfg, force=force)
     summary: dict[str, Any] = {"dry_run": dry_run, "out": prep.cfg.out,
                                "config": prep.cfg.to_dict(), "plan": prep.plan.to_dict()}
@@ -222,6 +236,8 @@ def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False
             record = _build_trtllm(prep, stage, console)
         else:
             record = _build_torch(prep, stage)
+        if dtype_choice is not None:
+            record["dtype_choice"] = dtype_choice.to_dict()
         write_json(stage / "build_config.json", record)
     summary["build_config"] = str(out / "build_config.json")
     return summary

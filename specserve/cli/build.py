@@ -126,8 +126,10 @@ def _text(summary: dict[str, Any]) -> str:
               "pytorch = the LLM API YAML (extra_llm_api_options.yaml) for trtllm-serve, "
               "trtllm-bench and Triton's llmapi model. [default: pytorch for --eagle3/--mtp "
               "with --backend trtllm (they have no engine-flow path), else engine]")
-@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]),
-              default="float16", show_default=True)
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32", "auto"]),
+              default="float16", show_default=True, help="Weights and compute dtype. auto: "
+              "torch backend: bfloat16 where this CPU has bf16 instructions, else float32 "
+              "(recorded with its evidence in build_config.json, dtype_choice); trtllm: bfloat16.")
 @click.option("--quantize", type=click.Choice(["fp8"]), help="FP8 weights (Hopper+ for trtllm; "
               "emulated e4m3 + per-channel scales for torch).")
 @click.option("--kv-cache-dtype", type=click.Choice(["fp8"]), help="FP8 KV cache (trtllm).")
@@ -189,13 +191,14 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
             dry_run: bool, force: bool, fmt: str) -> None:
     """Validate a checkpoint and its speculation inputs, then build engines into --out
     (written to a sibling temp dir and renamed on success; nothing is left on failure)."""
-    from specserve.build.builder import build_engine, resolve_backend
+    from specserve.build.builder import build_engine, resolve_backend, resolve_dtype
     from specserve.build.config import BuildConfig
 
     if flow == "pytorch" and backend == "auto":
         backend = "trtllm"  # the PyTorch route is TensorRT-LLM's; plans need no GPU here
     mode = _spec_mode(medusa, draft, ngram, eagle, eagle3, mtp)
     resolved = resolve_backend(backend)
+    dtype, dtype_choice = resolve_dtype(dtype, resolved)
     if flow is None:  # EAGLE-3 and MTP exist only on TensorRT-LLM's PyTorch route
         flow = "pytorch" if resolved == "trtllm" and mode in ("eagle3", "mtp") else "engine"
     cfg = BuildConfig(
@@ -212,4 +215,4 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
         cuda_graph_batch_sizes=_sizes(cuda_graph_batch_sizes),
         max_concurrency=max_concurrency, spec_options=_spec_options(spec_options),
         trtllm_version=trtllm_version)
-    emit(build_engine(cfg, dry_run=dry_run, force=force), fmt, _text)
+    emit(build_engine(cfg, dry_run=dry_run, force=force, dtype_choice=dtype_choice), fmt, _text)
