@@ -27,7 +27,6 @@ from specserve.doctor.probe import ProbeConfig, check_probe, run_probe
 from specserve.doctor.sides import Kind, Side, read_side
 from specserve.engine_record import EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
-from specserve.spec.tree import MC_SIM_7B_63
 
 DEFAULT_DRAFT_LEN = 4
 
@@ -125,6 +124,8 @@ def verify_tokens(p: Pairing, proposer: Side) -> int:
     if tree:
         return len(tree) + 1
     if proposer.kind == "medusa":
+        from specserve.spec.tree import MC_SIM_7B_63  # torch: imported only when needed
+
         heads = int(proposer.config.get("medusa_num_heads") or 1)
         return sum(1 for c in MC_SIM_7B_63 if len(c) <= heads) + 1
     return p.draft_len + 1
