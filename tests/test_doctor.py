@@ -15,8 +15,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from specserve.checkpoint import TensorInfo
 from specserve.cli.main import cli
+from specserve.doctor.checks import check_precision, check_sampler, check_shapes, quantization
 from specserve.doctor.run import DoctorConfig, doctor
+from specserve.doctor.sides import Kind, Side
 from tests.helpers.tiny import TinyCheckpoint, make_llama, make_medusa_heads
 
 TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
@@ -187,3 +190,57 @@ def test_cli_lines_json_and_exit_codes(pair: tuple[Path, Path]) -> None:
     assert bad.exit_code == 2
     assert bad.output.strip().splitlines() == [
         "error: doctor checks a pairing: pass --draft, --medusa or --eagle3"]
+
+
+def test_special_token_ids_that_differ(pair: tuple[Path, Path]) -> None:
+    target, draft = pair
+    _edit_json(draft / "generation_config.json", eos_token_id=[1, 2])
+    r = run(target, probe=False, draft=str(draft))
+    assert problems(r) == ["special-tokens-mismatch"]
+    assert "eos_token_id (1, 2) vs (2,)" in r["findings"][0]["message"]
+
+
+def test_draft_vocab_of_another_width(pair: tuple[Path, Path]) -> None:
+    target, draft = pair
+    _edit_json(draft / "config.json", vocab_size=300)
+    assert problems(run(target, probe=False, draft=str(draft))) == ["vocab-mismatch"]
+
+
+def _side(kind: Kind, **kw: Any) -> Side:
+    return Side(kind=kind, path=Path(kind), config=kw.pop("config", {}), **kw)
+
+
+def test_quantization_read_from_each_source() -> None:
+    f8 = {"w": TensorInfo("F8_E4M3", (2, 2), (0, 4)), "s": TensorInfo("F32", (2,), (4, 12))}
+    assert quantization(_side("draft", config={"quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3"}})) == "fp8:e4m3"
+    assert quantization(_side("draft", quant_config={"quantization": {
+        "quant_algo": "NVFP4"}})) == "modelopt:nvfp4"
+    assert quantization(_side("draft", config={"specserve_quantization": {
+        "quant_algo": "FP8_PER_CHANNEL"}})) == "specserve:fp8_per_channel"
+    assert quantization(_side("draft", tensors=f8)) == "stored:fp8"
+    assert quantization(_side("draft", tensors={"w": f8["s"]})) is None
+    # an NVFP4 target with an unquantized head is a mismatch too (vLLM #41789)
+    codes = [f.code for f in check_precision(
+        _side("target", quant_config={"quantization": {"quant_algo": "NVFP4"}}),
+        _side("eagle3", config={"torch_dtype": "bfloat16"}))]
+    assert codes == ["precision", "precision-mismatch"]
+
+
+def test_target_sampler_defaults_and_penalty() -> None:
+    target = _side("target", generation={"do_sample": True, "temperature": 0.6,
+                                         "repetition_penalty": 1.1})
+    found = check_sampler(target, _side("eagle3"))
+    assert [(f.severity, f.code) for f in found] == [("info", "sampler-defaults"),
+                                                     ("warning", "sampler-penalty")]
+    assert "temperature=0.6" in found[0].message
+
+
+def test_eagle3_head_for_another_hidden_size() -> None:
+    target = _side("target", config={"hidden_size": 64, "vocab_size": 260})
+    head = _side("eagle3", config={"hidden_size": 64, "target_hidden_size": 4096,
+                                   "vocab_size": 260})
+    assert [f.code for f in check_shapes(target, head)] == ["head-hidden-size"]
+    fine = _side("eagle3", config={"hidden_size": 32, "target_hidden_size": 64,
+                                   "vocab_size": 260})
+    assert check_shapes(target, fine) == []

@@ -31,6 +31,7 @@ from specserve.doctor.sides import Side
 SAMPLER_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "top_p": 1.0,
                                     "top_k": 50, "repetition_penalty": 1.0}
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+STORED_DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _QUANT_FLOAT_DTYPES = {"F8_E4M3": "fp8", "F8_E5M2": "fp8"}
 TLI_HINT = ("a draft from another tokenizer family needs vLLM's Token-Level Intersection "
             "(vllm-project/vllm PR #38174, draft_model only); TensorRT-LLM and specserve need one "
@@ -101,7 +102,10 @@ def weight_dtype(side: Side) -> str:
     counts: dict[str, int] = {}
     for t in side.tensors.values():
         counts[t.dtype] = counts.get(t.dtype, 0) + 1
-    return max(counts, key=lambda k: counts[k]).lower() if counts else "unknown"
+    if not counts:
+        return "unknown"
+    common = max(counts, key=lambda k: counts[k])
+    return STORED_DTYPE_NAMES.get(common, common.lower())
 
 
 def quantization(side: Side) -> str | None:
