@@ -244,3 +244,27 @@ def test_eagle3_head_for_another_hidden_size() -> None:
     fine = _side("eagle3", config={"hidden_size": 32, "target_hidden_size": 64,
                                    "vocab_size": 260})
     assert check_shapes(target, fine) == []
+
+
+def test_eagle3_head_end_to_end(pair: tuple[Path, Path]) -> None:
+    """A random EAGLE-3 head for the target: read (weights, one layer of KV), loaded and
+    probed by the reference engine, where its acceptance collapses."""
+    import torch
+
+    from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head
+    from specserve.runtime.eagle3_dir import save_eagle3
+    from specserve.runtime.model_config import ModelConfig
+
+    target, _ = pair
+    cfg = ModelConfig.from_hf(json.loads((target / "config.json").read_text()))
+    head = Eagle3Head(Eagle3Config.for_target(cfg, cfg.vocab_size))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    d = save_eagle3(head, target.parent / "eagle3")
+    r = run(target, eagle3=str(d))
+    assert problems(r) == ["acceptance-collapse"] and r["probe"]["draft_tokens"] > 0
+    m = r["memory"]
+    assert m["draft"]["weight_bytes"] == (d / "model.safetensors").stat().st_size
+    assert m["draft"]["kv_bytes_per_token"] == 2 * 1 * cfg.num_kv_heads * cfg.head_dim * 4
