@@ -225,6 +225,10 @@ def test_quantization_read_from_each_source() -> None:
         _side("target", quant_config={"quantization": {"quant_algo": "NVFP4"}}),
         _side("eagle3", config={"torch_dtype": "bfloat16"}))]
     assert codes == ["precision", "precision-mismatch"]
+    # the same format recorded two ways is no mismatch
+    same = check_precision(_side("target", quant_config={"quantization": {"quant_algo": "FP8"}}),
+                           _side("draft", tensors=f8))
+    assert [f.code for f in same] == ["precision"]
 
 
 def test_target_sampler_defaults_and_penalty() -> None:

@@ -127,6 +127,18 @@ def quantization(side: Side) -> str | None:
     return f"stored:{stored.pop()}" if stored else None
 
 
+def quant_scheme(q: str | None) -> str | None:
+    """The number format of a quantization, whoever recorded it (``modelopt:fp8``,
+    ``fp8:e4m3`` and ``stored:fp8`` are all ``fp8``)."""
+    if q is None:
+        return None
+    for scheme, marks in (("fp4", ("fp4",)), ("fp8", ("fp8", "e4m3", "e5m2")),
+                          ("int4", ("awq", "int4", "w4a16")), ("int8", ("int8", "w8a8"))):
+        if any(m in q for m in marks):
+            return scheme
+    return q
+
+
 def _precision(side: Side) -> str:
     q = quantization(side)
     return weight_dtype(side) + (f" quantized {q}" if q else "")
@@ -134,7 +146,7 @@ def _precision(side: Side) -> str:
 
 def check_precision(target: Side, proposer: Side) -> list[Finding]:
     """A quantized side opposite an unquantized one (either way), or two quantizations."""
-    qt, qp = quantization(target), quantization(proposer)
+    qt, qp = quant_scheme(quantization(target)), quant_scheme(quantization(proposer))
     pt, pp = _precision(target), _precision(proposer)
     out = [info("precision", f"target {pt}; {proposer.name} {pp}")]
     if qt != qp:
