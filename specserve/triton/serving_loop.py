@@ -82,14 +82,14 @@ class Pending:
     req: LlmRequest
     params: SamplingParams
     sender: Sender
-    arrival: int
+    arrival: int  # steady-clock ns, as the perf outputs' other times
+    handle: Any = None  # its scheduler Handle
+    done: bool = False  # an answer ended it, or the client went away
+    final_sent: bool = False  # the final flag went out
+    hold: TokenHoldBack | None = None  # streaming: tokens held while they end mid-character
     first_scheduled: int = 0
     first_token: int = 0
     last_token: int = 0
-    done: bool = False  # an answer ended it, or the client went away
-    hold: TokenHoldBack | None = None  # streaming: tokens held while they end mid-character
-    handle: Any = None  # its scheduler Handle
-    final_sent: bool = False  # the final flag went out
 
 
 # verify(p, on_step) -> the result of ONE verify step of p's draft_input_ids
