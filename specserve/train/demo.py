@@ -286,8 +286,8 @@ def build_demo(cfg: DemoConfig, out: Path, reporter: Reporter | None = None,
     torch.set_num_threads(cfg.threads)
     timer = _Timer(rep)
     dtype = choose_dtype(cfg.dtype)
-    rep.log(f"training dtype {dtype.dtype} ({dtype.reason})")
-    with staged_output(out, force, WRITER) as work:
+    with staged_output(out, force, WRITER) as work:  # refuses a directory we did not write
+        rep.log(f"training dtype {dtype.dtype} ({dtype.reason})")
         (work / "demo_config.json").write_text(cfg.to_json())
         ev = _build(cfg, work, rep, timer, dtype)
         ev["dtype"] = dtype.to_dict()  # the training dtype and why (specserve.cpu_dtype)
