@@ -40,8 +40,8 @@ verify step per iteration.
 
 Bad requests fail alone with one message: ``num_draft_tokens`` < 0 or above the parameter
 ``max_draft_len`` (the target's), no draft source, a draft model that is not in the repository,
-a draft vocabulary (the width of its ``generation_logits``, asked for once per request) that
-differs from parameter ``tensorrt_llm_vocab_size``, beam search.
+a draft vocabulary (the width of its ``generation_logits``, asked for only with
+``use_draft_logits``) that differs from parameter ``tensorrt_llm_vocab_size``, beam search.
 """
 
 from __future__ import annotations
@@ -281,16 +281,15 @@ class TritonPythonModel:
 
     def _model_draft(self, inputs: Arrays, pre: Arrays, opts: spec_io.SpecOptions
                      ) -> spec_loop.DraftFn:
-        """The draft model's calls of one request (its vocabulary checked on the first)."""
-        cfg, vocab_checked = self.cfg, [self.cfg.vocab is None]
+        """The draft model's calls of one request (ids and, with logits, vocabulary checked)."""
+        cfg = self.cfg
 
         def draft(ctx: list[int], n: int, s: spec_loop.Sampling) -> tuple[list[int], Any]:
-            want = opts.use_logits or not vocab_checked[0]
-            out = self._exec("draft", cfg.draft, spec_io.draft_call(inputs, pre, ctx, n, s, want),
+            out = self._exec("draft", cfg.draft, spec_io.draft_call(inputs, pre, ctx, n, s, opts),
                              cfg.draft_decoupled)
-            logits = out.get("generation_logits")
-            vocab_checked[0] |= spec_io.check_draft(cfg, out["output_ids"], logits)
-            return out["output_ids"], (logits if opts.use_logits else None)
+            logits = out.get("generation_logits") if opts.use_logits else None
+            spec_io.check_draft(cfg, out["output_ids"], logits)
+            return out["output_ids"], logits
         return draft
 
     def _target(self, inputs: Arrays, pre: Arrays) -> spec_loop.TargetFn:

@@ -122,11 +122,16 @@ def spec_request(inputs: Arrays, pre: Arrays, k: int) -> spec_loop.SpecRequest:
         prompt=prompt_of(pre), max_tokens=int(scalar(inputs, "max_tokens", 0)),
         num_draft_tokens=k,
         sampling=spec_loop.Sampling(
-            temperature=float(scalar(inputs, "temperature", 0.0)),
-            top_k=int(scalar(inputs, "top_k", 0)), top_p=float(scalar(inputs, "top_p", 1.0)),
-            seed=None if seed is None else int(seed)),
+            temperature=_opt(inputs, "temperature", float), top_k=_opt(inputs, "top_k", int),
+            top_p=_opt(inputs, "top_p", float), seed=None if seed is None else int(seed)),
         end_id=end_id_of(pre), stop_words=word_lists(pre.get("stop_words_list")),
         min_tokens=int(scalar(inputs, "min_tokens", 0)))
+
+
+def _opt(inputs: Arrays, name: str, kind: Callable[[Any], Any]) -> Any:
+    """The client's value of a sampling input, None when it sent none."""
+    value = scalar(inputs, name, None)
+    return None if value is None else kind(value)
 
 
 def spec_options(inputs: Arrays, decoupled: bool) -> SpecOptions:
@@ -143,24 +148,41 @@ def _i32(v: int) -> Any:
     return np.array([[v]], dtype=np.int32)
 
 
+def sampling_inputs(s: spec_loop.Sampling) -> Arrays:
+    """The sampling tensors of one draft or target call: only those with a value. A sampling
+    input the client did not set stays unset (upstream's ``triton_decoder.py``
+    ``create_triton_tensors`` skips ``None``), so the executor keeps its greedy default: sending
+    ``temperature`` 0 instead runs top-p sampling over logits scaled by ``1/(T + 1e-6)``, which
+    is not the greedy path (``../shared/reference/trtllm-audit-2.md`` #5). ``min_tokens`` 0 (a
+    target call with none left) is unset too."""
+    out: Arrays = {}
+    if s.temperature is not None:
+        out["temperature"] = np.array([[s.temperature]], dtype=np.float32)
+    if s.top_k is not None:
+        out["runtime_top_k"] = _i32(s.top_k)
+    if s.top_p is not None:
+        out["runtime_top_p"] = np.array([[s.top_p]], dtype=np.float32)
+    if s.min_tokens > 0:
+        out["min_tokens"] = _i32(s.min_tokens)
+    if s.seed is not None:
+        out["seed"] = np.array([[s.seed]], dtype=np.uint64)
+    return out
+
+
 def call_inputs(inputs: Arrays, pre: Arrays, ctx: Sequence[int], s: spec_loop.Sampling,
                 out_len: int, end_id: int) -> Arrays:
     """The inputs every draft and target call gets: the context, ``request_output_len``,
-    ``end_id``, only new tokens back, the call's sampling, preprocessing's ``pad_id`` /
-    ``bad_words_list``, and the inputs the models judge themselves (:data:`SPEC_PASS`)."""
+    ``end_id``, only new tokens back, the call's sampling (:func:`sampling_inputs`),
+    preprocessing's ``pad_id`` / ``bad_words_list``, and the inputs the models judge themselves
+    (:data:`SPEC_PASS`)."""
     out: Arrays = {
         "input_ids": np.array([list(ctx)], dtype=np.int32),
         "input_lengths": _i32(len(ctx)),
         "request_output_len": _i32(out_len),
         "end_id": _i32(end_id),
         "exclude_input_in_output": np.array([[True]], dtype=bool),
-        "temperature": np.array([[s.temperature]], dtype=np.float32),
-        "runtime_top_k": _i32(s.top_k),
-        "runtime_top_p": np.array([[s.top_p]], dtype=np.float32),
-        "min_tokens": _i32(s.min_tokens),
+        **sampling_inputs(s),
     }
-    if s.seed is not None:
-        out["seed"] = np.array([[s.seed]], dtype=np.uint64)
     for name in ("pad_id", "bad_words_list"):
         if name in pre:
             out[name] = pre[name]
@@ -171,12 +193,14 @@ def call_inputs(inputs: Arrays, pre: Arrays, ctx: Sequence[int], s: spec_loop.Sa
 
 
 def draft_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], n: int, s: spec_loop.Sampling,
-               want_logits: bool) -> tuple[Arrays, list[str]]:
+               opts: SpecOptions) -> tuple[Arrays, list[str]]:
     """(inputs, requested outputs) of the draft call: ``n`` tokens, never stopping on a token
-    (``end_id`` -1), ``generation_logits`` when ``want_logits``."""
+    (``end_id`` -1), and ``return_generation_logits`` = ``use_draft_logits``, as upstream's
+    ``_get_llm_tensors_from_request`` sets it for the draft: the logits are asked for (and their
+    vocabulary checked, :func:`check_draft`) only when they go to the target."""
     out = call_inputs(inputs, pre, ctx, s, n, -1)
-    out["return_generation_logits"] = np.array([[want_logits]], dtype=bool)
-    return out, OUTPUTS + (["generation_logits"] if want_logits else [])
+    out["return_generation_logits"] = np.array([[opts.use_logits]], dtype=bool)
+    return out, OUTPUTS + (["generation_logits"] if opts.use_logits else [])
 
 
 def target_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], drafts: Sequence[int],
@@ -227,8 +251,11 @@ def call_error(role: str, model: str, message: str) -> str:
 
 
 def check_draft(cfg: BlsParams, tokens: Sequence[int], logits: Any) -> bool:
-    """ValueError unless the draft's vocabulary (the width of its ``generation_logits``) is the
-    target's and its ids are inside it; True when the vocabulary was checked here."""
+    """ValueError unless the draft's vocabulary (the width of its ``generation_logits``, sent
+    with ``use_draft_logits`` only) is the target's and its ids are inside it; True when the
+    vocabulary was checked here. Without logits only the ids are checked: acceptance is by token
+    id then, and a draft whose embeddings are padded wider serves (upstream does not compare
+    widths either)."""
     if cfg.vocab is None:
         return False
     checked = logits is not None and len(tokens) > 0
