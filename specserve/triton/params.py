@@ -46,6 +46,9 @@ LLM_PARAMETER_PLACEHOLDERS = (
 _DECODING_MODE = {"medusa": "medusa", "eagle": "eagle"}
 #: Nodes of the C++ backend's default tree (``mc_sim_7b_63``, also the default ``eagle_choices``).
 DEFAULT_TREE_NODES = 63
+#: ``${logits_datatype}`` of every template (tensorrt_llm, ensemble, BLS): the type of
+#: ``context_logits`` / ``generation_logits`` / ``draft_logits`` (upstream fills TYPE_FP32).
+LOGITS_DATATYPE = "TYPE_FP32"
 SPEC_STATS_OUTPUT = ',\n  { name: "spec_stats_json" data_type: TYPE_STRING dims: [ 1 ] }'
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
 
@@ -91,7 +94,7 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
         model_name=name, triton_backend="python" if reference else "tensorrtllm",
         triton_max_batch_size=str(batch), decoupled_mode=_b(decoupled),
         max_queue_delay_microseconds=str(opts.max_queue_delay_us), max_queue_size="0",
-        encoder_input_features_data_type="TYPE_FP16", logits_datatype="TYPE_FP32",
+        encoder_input_features_data_type="TYPE_FP16", logits_datatype=LOGITS_DATATYPE,
         prompt_embedding_table_data_type="TYPE_FP16",
         specserve_extra_outputs=SPEC_STATS_OUTPUT if reference else "",
         specserve_parameters=(
@@ -144,7 +147,7 @@ def _brace(cfg: EngineRecord) -> str:
 def ensemble_mapping(name: str, llm: str, batch: int, reference: bool) -> dict[str, str]:
     return {
         "ensemble_name": name, "tensorrt_llm_model_name": llm,
-        "triton_max_batch_size": str(batch),
+        "triton_max_batch_size": str(batch), "logits_datatype": LOGITS_DATATYPE,
         "specserve_extra_outputs": SPEC_STATS_OUTPUT if reference else "",
         "specserve_extra_output_map": SPEC_STATS_MAP if reference else "",
     }
@@ -154,7 +157,7 @@ def bls_mapping(batch: int, opts: RepoOptions, reference: bool, draft: bool,
                 spec: dict[str, str]) -> dict[str, str]:
     """Values for ``tensorrt_llm_bls/config.pbtxt``; ``spec``: :func:`bls_spec_mapping`."""
     return {
-        "triton_max_batch_size": str(batch),
+        "triton_max_batch_size": str(batch), "logits_datatype": LOGITS_DATATYPE,
         "decoupled_mode": _b(opts.decoupled),
         "bls_instance_count": str(opts.bls_instance_count),
         "accumulate_tokens": _b(opts.accumulate_tokens),

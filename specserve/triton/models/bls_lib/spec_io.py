@@ -33,7 +33,17 @@ import numpy as np
 
 from . import ngram, spec_loop
 from .detok import IncrementalDetokenizer
-from .request import LLM, MISSING, SPEC_PASS, as_batch, flag, param, scalar, word_lists
+from .request import (
+    LLM,
+    LOGITS_INPUTS,
+    MISSING,
+    SPEC_PASS,
+    as_batch,
+    flag,
+    param,
+    scalar,
+    word_lists,
+)
 
 Arrays = dict[str, Any]  # name -> numpy array
 DEFAULT_MAX_INFLIGHT = 256  # decoupled requests served at once (parameter specserve_max_inflight)
@@ -103,6 +113,11 @@ def check_spec_request(cfg: BlsParams, inputs: Arrays, k: int) -> None:
     for name in ("beam_width", "num_return_sequences"):
         if int(scalar(inputs, name, 1)) > 1:
             raise ValueError(f"{name} > 1 is not supported with speculative decoding")
+    for name in LOGITS_INPUTS:
+        if bool(scalar(inputs, name, False)):
+            raise ValueError(f"{name} is not supported with speculative decoding "
+                             "(num_draft_tokens > 0): the answer is made of many draft and "
+                             "target calls; send num_draft_tokens 0 for log probs or logits")
 
 
 def prompt_of(pre: Arrays) -> tuple[int, ...]:
