@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specserve.errors import SpecserveError
 from specserve.triton.options import (
     RepoOptions,
     kv_fractions,
@@ -43,7 +44,7 @@ LLM_PARAMETER_PLACEHOLDERS = (
     "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
     "xgrammar_tokenizer_info_path",
 )
-_DECODING_MODE = {"medusa": "medusa", "eagle": "eagle"}
+_DECODING_MODE = {"medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead"}
 #: Nodes of the C++ backend's default tree (``mc_sim_7b_63``, also the default ``eagle_choices``).
 DEFAULT_TREE_NODES = 63
 #: ``${logits_datatype}`` of every template (tensorrt_llm, ensemble, BLS): the type of
@@ -86,6 +87,8 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
     )
     if reference and not speculation:
         values["decoding_mode"] = "top_k_top_p"
+    if mode == "lookahead" and speculation and not draft:
+        values.update(lookahead_parameters(cfg))
     # Draft-target and n-gram TensorRT-LLM engines: the BLS drives the engines step by step
     # through request.exec(decoupled=False) (upstream's triton_decoder.py), so neither the
     # target nor the draft may be decoupled; the BLS itself may stream.
@@ -105,6 +108,21 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
                if draft else "")) if reference else "",
     )
     return values
+
+
+def lookahead_parameters(cfg: EngineRecord) -> dict[str, str]:
+    """``lookahead_window_size`` / ``lookahead_ngram_size`` / ``lookahead_verification_set_size``
+    of a lookahead engine, from its record (the C++ backend refuses to load ``decoding_mode
+    lookahead`` without all three; ``specserve.spec.lookahead``); the recorded (W, N, G) must
+    give the engine's ``max_draft_len``."""
+    from specserve.spec.lookahead import Lookahead
+
+    la = Lookahead.from_dict(cfg.get("lookahead"), str(cfg.path))
+    if la.max_draft_len != cfg.max_draft_len:
+        raise SpecserveError(f"{cfg.path}: lookahead {la.text()} gives max_draft_len "
+                             f"{la.max_draft_len}, the engine was built with "
+                             f"{cfg.max_draft_len} (rebuild the engine)")
+    return la.triton_parameters()
 
 
 def bls_driven(cfg: EngineRecord) -> bool:
