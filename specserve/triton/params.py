@@ -22,6 +22,7 @@ from specserve.triton.options import (
     RepoOptions,
     kv_fractions,
     parse_device_ids,
+    trtllm_draft,
 )
 
 if TYPE_CHECKING:
@@ -89,6 +90,9 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
         values["decoding_mode"] = "top_k_top_p"
     if mode == "lookahead" and speculation and not draft:
         values.update(lookahead_parameters(cfg))
+    if opts.fast_logits and trtllm_draft(cfg):
+        values.update(speculative_decoding_fast_logits="1",
+                      participant_ids=participant_ids(cfg, draft=draft))
     # Draft-target and n-gram TensorRT-LLM engines: the BLS drives the engines step by step
     # through request.exec(decoupled=False) (upstream's triton_decoder.py), so neither the
     # target nor the draft may be decoupled; the BLS itself may stream.
@@ -123,6 +127,14 @@ def lookahead_parameters(cfg: EngineRecord) -> dict[str, str]:
                              f"{la.max_draft_len}, the engine was built with "
                              f"{cfg.max_draft_len} (rebuild the engine)")
     return la.triton_parameters()
+
+
+def participant_ids(cfg: EngineRecord, *, draft: bool) -> str:
+    """MPI ranks of a fast-logits draft-target repository (upstream's draft-target README §8:
+    rank 0 is the orchestrator, rank 1 the draft (one rank), the rest the target's
+    ``world_size`` ranks); ``specserve serve`` starts 1 + draft + target ranks."""
+    ranks = [1] if draft else list(range(2, 2 + cfg.world_size))
+    return ",".join(map(str, ranks))
 
 
 def bls_driven(cfg: EngineRecord) -> bool:
