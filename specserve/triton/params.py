@@ -194,6 +194,9 @@ def bls_mapping(batch: int, opts: RepoOptions, reference: bool, draft: bool,
         "tensorrt_llm_model_name": "tensorrt_llm",
         "tensorrt_llm_draft_model_name": "tensorrt_llm_draft" if draft else "",
         "multimodal_encoders_name": "",
+        # the draft's generation_logits are then a fast-logits handle, passed to the target as
+        # they are (lib/spec_io.py); "" = per-position logits
+        "speculative_decoding_fast_logits": "1" if opts.fast_logits and draft else "",
         "specserve_extra_outputs": SPEC_STATS_OUTPUT if reference else "",
         **spec,
     }

@@ -10,12 +10,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 import specserve.triton.server as srv
 from specserve.errors import ServerError, SpecserveError
+from specserve.triton.models.bls_lib import spec_io
+from specserve.triton.models.bls_lib.spec_loop import Sampling
 from specserve.triton.repository import RepoOptions, write_repository
 from tests.triton.test_triton_launcher import capture_launch
 from tests.triton.test_triton_repository import fake_engine
@@ -105,3 +108,29 @@ def test_serve_starts_every_rank_with_spawning_off(tmp_path: Path,
         assert "--model-control-mode=explicit" in r
         assert "--load-model=tensorrt_llm " in r + " " and "--load-model=tensorrt_llm_draft" in r
     assert not any(flag in cmd for flag in UPSTREAM["rank0_without"])
+
+
+def test_the_bls_is_told_and_forwards_the_draft_s_handle(tmp_path: Path) -> None:
+    """With fast logits the draft answers a handle [1, 1, 1, W] (W floats of {request id,
+    rank}) in place of its logits: the BLS passes it to the target whole as draft_logits
+    [1, 1, W], checks no vocabulary on it and gives the loop no per-position logits."""
+    bls = params(repo_of(tmp_path), "tensorrt_llm_bls")
+    cfg = spec_io.BlsParams.from_params(bls)
+    assert cfg.fast_logits and not spec_io.BlsParams.from_params(
+        params(repo_of(tmp_path / "plain", fast=False), "tensorrt_llm_bls")).fast_logits
+    handle = np.arange(UPSTREAM["handle_floats"], dtype=np.float32).reshape(1, 1, 1, -1)
+    out = {"output_ids": [5, 6, 7], "generation_logits": handle}
+    opts = spec_io.SpecOptions(use_logits=True)
+    logits, fast = spec_io.draft_logits(cfg, out, opts)
+    assert logits is None
+    spec_io.check_draft(cfg, out["output_ids"], logits)  # no width check on a handle
+    pre = {"input_ids": np.array([[4]], dtype=np.int32),
+           "input_lengths": np.array([[1]], dtype=np.int32)}
+    call, _ = spec_io.target_call({}, pre, [4], [5, 6, 7], logits, Sampling(), fast)
+    assert call["draft_logits"].shape == (1, 1, UPSTREAM["handle_floats"])
+    assert call["draft_logits"].tobytes() == handle.tobytes()
+    assert spec_io.draft_logits(cfg, out, spec_io.SpecOptions()) == (None, None)
+    plain = spec_io.BlsParams(draft="d")
+    rows = np.ones((1, 1, 3, 8), dtype=np.float32)
+    got, none = spec_io.draft_logits(plain, {"generation_logits": rows}, opts)
+    assert none is None and got is rows  # per-position logits go to the loop as before

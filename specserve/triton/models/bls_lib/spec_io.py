@@ -15,7 +15,9 @@ it directly (``tests/triton/test_bls_spec_io.py``).
 - :func:`check_spec_request`, :func:`spec_request`, :func:`spec_options`: a request's checks and
   its :class:`spec_loop.SpecRequest`.
 - :func:`draft_call`, :func:`target_call`: the inputs and requested outputs of the draft and
-  target calls (the I/O contract with ``tensorrt_llm``); :func:`merge_outputs` the outputs of a
+  target calls (the I/O contract with ``tensorrt_llm``; :func:`sampling_inputs` only what the
+  client set; :func:`draft_logits` per-position logits or the fast-logits handle);
+  :func:`merge_outputs` the outputs of a
   call over its responses; :func:`check_draft` the draft vocabulary and id checks;
   :func:`target_counts` the accepted drafts of a target answer.
 - :class:`TextStream`: the streamed per-iteration text and token counts, and the final response
@@ -62,6 +64,7 @@ class BlsParams:
     ngram_max: int = ngram.DEFAULT_MAX_NGRAM
     max_draft_len: int | None = None
     vocab: int | None = None
+    fast_logits: bool = False  # the draft's generation_logits are a fast-logits handle
     llm_decoupled: bool = False
     draft_decoupled: bool = False
     max_inflight: int = DEFAULT_MAX_INFLIGHT
@@ -78,6 +81,7 @@ class BlsParams:
             ngram_max=int(param(params, "ngram_max_size", str(ngram.DEFAULT_MAX_NGRAM))),
             max_draft_len=int(max_draft) if max_draft else None,
             vocab=int(vocab) if vocab else None,
+            fast_logits=flag(params, "speculative_decoding_fast_logits"),
             llm_decoupled=flag(params, "tensorrt_llm_decoupled"),
             draft_decoupled=flag(params, "tensorrt_llm_draft_decoupled"),
             max_inflight=max(1, int(param(params, "specserve_max_inflight",
@@ -218,9 +222,25 @@ def draft_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], n: int, s: spec_
     return out, OUTPUTS + (["generation_logits"] if opts.use_logits else [])
 
 
+def draft_logits(cfg: BlsParams, out: Arrays, opts: SpecOptions) -> tuple[Any, Any]:
+    """(the loop's per-position logits [n, V] or None, the fast-logits handle or None) of a
+    draft answer. With ``speculative_decoding_fast_logits`` the draft engine answers, in place
+    of its logits, a handle the target engine fetches them with (TensorRT-LLM
+    ``LlmRequest::createResult``: ``specDecFastLogitsInfo`` {request id, MPI rank};
+    ``ExternalDraftTokensConfig`` expects ``draft_logits`` [1, (sizeof(info) + 1) / 4]): it
+    goes to the target unchanged, as upstream's BLS forwards it (one row, so its
+    ``draft_logits[-len(drafts):]`` keeps it whole); none with ``use_draft_logits`` off."""
+    logits = out.get("generation_logits") if opts.use_logits else None
+    if logits is None or not cfg.fast_logits:
+        return logits, None
+    return None, np.ascontiguousarray(logits, dtype=np.float32).reshape(1, -1)
+
+
 def target_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], drafts: Sequence[int],
-                logits: Any, s: spec_loop.Sampling) -> tuple[Arrays, list[str]]:
-    """(inputs, requested outputs) of the target call: the drafts (+ their logits [1, k, V]),
+                logits: Any, s: spec_loop.Sampling, fast: Any = None
+                ) -> tuple[Arrays, list[str]]:
+    """(inputs, requested outputs) of the target call: the drafts (+ their logits [1, k, V],
+    or the fast-logits handle ``fast`` [1, 1, W] of :func:`draft_logits`),
     ``request_output_len`` = drafts + 1, preprocessing's ``end_id`` and stop words; exactly the
     outputs the target produces (no perf outputs: see ``bls.py`` ``_keep``)."""
     out = call_inputs(inputs, pre, ctx, s, len(drafts) + 1, end_id_of(pre))
@@ -228,7 +248,9 @@ def target_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], drafts: Sequenc
         out["stop_words_list"] = pre["stop_words_list"]
     if drafts:
         out["draft_input_ids"] = np.array([list(drafts)], dtype=np.int32)
-        if logits is not None:
+        if fast is not None:
+            out["draft_logits"] = np.ascontiguousarray(fast, dtype=np.float32)[None]
+        elif logits is not None:
             out["draft_logits"] = np.ascontiguousarray(logits, dtype=np.float32)[None]
     return out, list(OUTPUTS)
 
