@@ -36,6 +36,10 @@ from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.
 - EAGLE: ``examples/eagle/convert_checkpoint.py`` (pp must be 1), mode ``eagle``. Triton's
   default ``eagle_choices`` is ``mc_sim_7b_63`` (63 nodes); below 63 draft tokens
   ``specserve repo`` sets ``eagle_choices`` to that tree cut to ``max_draft_len`` nodes.
+- Lookahead (``--lookahead W,N,G``): the target alone through its family's converter, built with
+  ``lookahead_decoding`` and ``--max_draft_len`` = upstream's formula of (W, N, G)
+  (:mod:`specserve.spec.lookahead`); the repository writes the same (W, N, G) as Triton's
+  ``lookahead_*`` parameters.
 - N-gram: the target alone with ``draft_tokens_external``; the C++ backend has no n-gram
   proposer, so specserve's BLS proposes by prompt lookup and sends ``draft_input_ids`` (the
   repository sets KV reuse on, as the prompt-lookup README requires, and a non-decoupled target).
@@ -178,6 +182,11 @@ def make_trtllm_plan(cfg: BuildConfig, inputs: PlanInputs) -> BuildPlan:
                      f"default eagle_choices (mc_sim_7b_63, {EAGLE_MAX_DRAFT_LEN} nodes) does not "
                      f"fit; specserve repo sets eagle_choices to its first {cfg.max_draft_len} "
                      "nodes")
+    if cfg.spec_mode == "lookahead":
+        notes.append(f"lookahead (W,N,G) = ({cfg.lookahead}): max_draft_len {cfg.max_draft_len} "
+                     "= (N-2) + (W-1+G)*(N-1); `specserve repo` writes decoding_mode lookahead "
+                     "and lookahead_window_size / lookahead_ngram_size / "
+                     "lookahead_verification_set_size (examples/lookahead/README.md)")
     if cfg.quantize == "fp8":
         notes.append(f"FP8 calibration reads cnn_dailymail ({FP8_CALIB_SIZE} samples) and needs "
                      "a Hopper (sm90) or newer GPU")
@@ -261,7 +270,8 @@ def _build(cfg: BuildConfig, ckpt: str, out: str, *, target: bool) -> BuildStep:
     argv += ["--max_batch_size", str(cfg.max_batch_size), "--max_input_len",
              str(cfg.max_input_len), "--max_seq_len", str(cfg.max_seq_len)]
     mode = {"medusa": "medusa", "draft": "draft_tokens_external",
-            "ngram": "draft_tokens_external", "eagle": "eagle"}[cfg.spec_mode]
+            "ngram": "draft_tokens_external", "eagle": "eagle",
+            "lookahead": "lookahead_decoding"}[cfg.spec_mode]
     if target:
         argv += ["--speculative_decoding_mode", mode, "--max_draft_len", str(cfg.max_draft_len)]
         world = cfg.world_size

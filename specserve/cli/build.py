@@ -24,6 +24,8 @@ Examples:
       --quantize fp8 --kv-cache-dtype fp8 --tp 2 --out engines/l3 --dry-run --format json
   # draft-target, custom tree sizes
   specserve build --model target --draft draft --max-draft-len 5 --out engines/dt
+  # lookahead decoding (W,N,G) = (7,7,7): trtllm-build lookahead_decoding, max_draft_len 83
+  specserve build --model target --lookahead 7,7,7 --backend trtllm --out engines/la --dry-run
   specserve build --model target --medusa heads --medusa-choices "{0}, {0, 0}, {1}" \\
       --out engines/small-tree
   # TensorRT-LLM's PyTorch route: the LLM-API YAML, trtllm-serve and trtllm-bench commands
@@ -53,12 +55,14 @@ def _choices(value: str | None, what: str = "medusa") -> tuple[tuple[int, ...], 
 
 
 def _spec_mode(medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
-               eagle3: str | None = None, mtp: bool = False) -> str:
+               eagle3: str | None = None, mtp: bool = False, lookahead: str | None = None
+               ) -> str:
     given = [m for m, v in (("medusa", medusa), ("draft", draft), ("ngram", ngram),
-                            ("eagle", eagle), ("eagle3", eagle3), ("mtp", mtp)) if v]
+                            ("eagle", eagle), ("eagle3", eagle3), ("mtp", mtp),
+                            ("lookahead", lookahead)) if v]
     if len(given) != 1:
         raise SpecserveError("give exactly one of --medusa DIR, --draft DIR, --ngram, "
-                             "--eagle DIR, --eagle3 DIR, --mtp "
+                             "--eagle DIR, --eagle3 DIR, --mtp, --lookahead W,N,G "
                              f"(got {', '.join(given) or 'none'})")
     return given[0]
 
@@ -118,6 +122,9 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--eagle3", type=click.Path(), help="EAGLE-3 head directory (--flow pytorch).")
 @click.option("--mtp", is_flag=True, help="The checkpoint's MTP layers (--flow pytorch; needs "
               "num_nextn_predict_layers > 0 in config.json).")
+@click.option("--lookahead", metavar="W,N,G", help="Lookahead decoding (trtllm engine flow): "
+              "window, n-gram and verification set sizes, e.g. 7,7,7; max_draft_len = "
+              "(N-2) + (W-1+G)*(N-1).")
 @click.option("--backend", type=click.Choice(["trtllm", "torch", "auto"]), default="auto",
               show_default=True, help="auto = trtllm when tensorrt_llm imports and a GPU is "
               "present, else torch (with --flow pytorch: trtllm).")
@@ -178,7 +185,8 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @FORMAT_OPTION
 def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
-            eagle3: str | None, mtp: bool, backend: str, flow: str | None, dtype: str,
+            eagle3: str | None, mtp: bool, lookahead: str | None, backend: str,
+            flow: str | None, dtype: str,
             quantize: str | None, kv_cache_dtype: str | None,
             tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
             max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
@@ -196,7 +204,7 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
 
     if flow == "pytorch" and backend == "auto":
         backend = "trtllm"  # the PyTorch route is TensorRT-LLM's; plans need no GPU here
-    mode = _spec_mode(medusa, draft, ngram, eagle, eagle3, mtp)
+    mode = _spec_mode(medusa, draft, ngram, eagle, eagle3, mtp, lookahead)
     resolved = resolve_backend(backend)
     dtype, dtype_choice = resolve_dtype(dtype, resolved)
     if flow is None:  # EAGLE-3 and MTP exist only on TensorRT-LLM's PyTorch route
@@ -208,7 +216,8 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
         quantize=quantize, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, pp_size=pp_size,
         max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices),
-        draft_len_schedule=draft_len_schedule, eagle_choices=_choices(eagle_choices, "eagle"),
+        draft_len_schedule=draft_len_schedule, lookahead=lookahead,
+        eagle_choices=_choices(eagle_choices, "eagle"),
         dynamic_tree_top_k=dynamic_tree_top_k, max_total_draft_tokens=max_total_draft_tokens,
         ngram_size=ngram_size, max_num_tokens=max_num_tokens,
         kv_cache_fraction=kv_cache_fraction, block_reuse=block_reuse,

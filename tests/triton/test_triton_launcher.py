@@ -268,6 +268,33 @@ def _trt_repo(root: Path, kind: str, **record: object) -> Path:
     return write_repository(fake_engine(root, kind, **record), root / f"repo-{kind}")
 
 
+def capture_launch(server: TritonServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   gpus: int) -> dict[str, object]:
+    """``server.start()`` with a fake tritonserver binary, mpirun and ``gpus`` GPUs: the argv
+    and env it launched ({"cmd", "env"}); the process it starts exits at once (code 7)."""
+    import specserve.triton.server as srv
+
+    binary = tmp_path / "tritonserver"
+    binary.write_text("")
+    monkeypatch.setenv("SPECSERVE_TRITONSERVER", str(binary))
+    monkeypatch.setenv("NVIDIA_TRITON_SERVER_VERSION", "26.04")
+    monkeypatch.setattr(srv, "gpu_count", lambda: gpus)
+    real_which = shutil.which
+    monkeypatch.setattr(srv.shutil, "which",
+                        lambda name: "/usr/bin/mpirun" if name == "mpirun" else real_which(name))
+    seen: dict[str, object] = {}
+    real_popen = subprocess.Popen
+
+    def fake_popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        seen.update(cmd=cmd, env=kw["env"])  # then a real process that exits at once
+        return real_popen([sys.executable, "-c", "raise SystemExit(7)"], **kw)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(srv.subprocess, "Popen", fake_popen)
+    with pytest.raises(ServerError, match="exited with code 7"):
+        server.start(timeout_s=30)
+    return seen
+
+
 def test_tensorrtllm_models_of_written_repos(tmp_path: Path) -> None:
     from specserve.triton.server import tensorrtllm_models
 
@@ -284,29 +311,10 @@ def test_start_launches_multi_model_repos_in_orchestrator_mode(
         orchestrator: bool) -> None:
     """TritonServer.start (what `specserve serve` calls, world_size from specserve_repo.json)
     on a draft-target TensorRT-LLM repository: the env and argv it really launches with."""
-    import specserve.triton.server as srv
-
     record = {"tp_size": world, "world_size": world}
     repo = _trt_repo(tmp_path, kind, **record)
-    binary = tmp_path / "tritonserver"
-    binary.write_text("")
-    monkeypatch.setenv("SPECSERVE_TRITONSERVER", str(binary))
-    monkeypatch.setenv("NVIDIA_TRITON_SERVER_VERSION", "26.04")
-    monkeypatch.setattr(srv, "gpu_count", lambda: 2)
-    real_which = shutil.which
-    monkeypatch.setattr(srv.shutil, "which",
-                        lambda name: "/usr/bin/mpirun" if name == "mpirun" else real_which(name))
-    seen: dict[str, object] = {}
-    real_popen = subprocess.Popen
-
-    def fake_popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        seen.update(cmd=cmd, env=kw["env"])  # then a real process that exits at once
-        return real_popen([sys.executable, "-c", "raise SystemExit(7)"], **kw)  # type: ignore[call-overload, no-any-return]
-
-    monkeypatch.setattr(srv.subprocess, "Popen", fake_popen)
     server = TritonServer(repo, world_size=world, log_path=tmp_path / "log")
-    with pytest.raises(ServerError, match="exited with code 7"):
-        server.start(timeout_s=30)
+    seen = capture_launch(server, tmp_path, monkeypatch, gpus=2)
     cmd, env = seen["cmd"], seen["env"]
     assert isinstance(cmd, list) and isinstance(env, dict)
     assert server.orchestrator is orchestrator
@@ -316,4 +324,5 @@ def test_start_launches_multi_model_repos_in_orchestrator_mode(
         assert cmd[0] == "mpirun" and cmd[cmd.index("-n") + 1] == "1" and ":" not in cmd
         assert "--cuda-memory-pool-byte-size=1:0" in cmd
     else:
-        assert cmd[0] == str(binary) and "--enable-peer-access=false" not in cmd
+        assert cmd[0] == str(tmp_path / "tritonserver")
+        assert "--enable-peer-access=false" not in cmd
