@@ -95,6 +95,7 @@ class Pending:
 # verify(p, on_step) -> the result of ONE verify step of p's draft_input_ids
 VerifyFn = Callable[[Pending, OnStep], "GenerationResult"]
 TextFn = Callable[[list[int]], str]
+StatsFn = Callable[[dict[str, Any]], None]  # a finished request's AcceptanceStats.to_dict()
 
 
 def make_scheduler(decoder: SpecDecoder, capacity: int, max_seq_len: int,
@@ -162,9 +163,11 @@ class ServingLoop:
 
     def __init__(self, scheduler: Scheduler, source: queue.Queue[Pending | None],
                  max_pending: int, verify: VerifyFn, text: TextFn,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 on_stats: StatsFn | None = None) -> None:
         self.sch, self.source, self.max_pending = scheduler, source, max_pending
         self.verify, self.text, self.clock = verify, text, clock
+        self.on_stats = on_stats  # the model's Prometheus counters (triton/spec_counters.py)
         self.live: dict[int, Pending] = {}  # id(handle) -> request, while in the scheduler
         self.later: list[Pending] = []  # draft_input_ids requests: their own call
         self.stop = False
@@ -266,6 +269,7 @@ class ServingLoop:
         return on_done
 
     def _finish(self, p: Pending, result: GenerationResult) -> None:
+        self._count(result)
         try:
             if p.done:
                 self.fail(p, "")  # client gone: only the final flag, once
@@ -276,3 +280,12 @@ class ServingLoop:
                 p.done = p.final_sent = True
         except Exception as e:
             self.fail(p, f"tensorrt_llm: {e}")
+
+    def _count(self, result: GenerationResult) -> None:
+        """The request's verify steps into the counters (their failure never fails it)."""
+        if self.on_stats is None:
+            return
+        try:
+            self.on_stats(result.stats.to_dict())
+        except Exception:  # a metrics failure must not cost a response
+            pass

@@ -44,6 +44,7 @@ from specserve.triton.serving_loop import (
     external_verify,
     make_scheduler,
 )
+from specserve.triton.spec_counters import HELP, SpecCounters
 
 if TYPE_CHECKING:
     from specserve.engine_record import EngineRecord
@@ -135,9 +136,10 @@ class TritonPythonModel:
         self.queue: queue.Queue[Pending | None] = queue.Queue(maxsize=self.params.max_pending)
         scheduler = make_scheduler(self.decoder, self.params.max_batch, self.limits.max_seq_len,
                                    self.params.prefill_chunk)
+        self.counters = spec_counters(args)
         self.loop = ServingLoop(scheduler, self.queue, self.params.max_pending,
                                 external_verify(self.decoder, self.limits.max_draft_len),
-                                self._text)
+                                self._text, on_stats=self.counters.observe)
         self.worker = threading.Thread(target=self.loop.run, name="specserve-llm", daemon=True)
         self.worker.start()
 
@@ -167,6 +169,21 @@ class TritonPythonModel:
     def _text(self, ids: list[int]) -> str:
         """Text of ``ids`` as postprocessing decodes them (special tokens skipped)."""
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def spec_counters(args: dict[str, Any]) -> SpecCounters:
+    """The model's speculation counters (:mod:`specserve.triton.spec_counters`) as Python
+    backend custom metrics, labelled with the model's name and version."""
+    families: dict[str, Any] = {}
+
+    def make(name: str, labels: dict[str, str]) -> Any:
+        if name not in families:
+            families[name] = pb_utils.MetricFamily(name=name, description=HELP[name],
+                                                   kind=pb_utils.MetricFamily.COUNTER)
+        return families[name].Metric(labels=labels)
+
+    return SpecCounters(make, {"model": str(args.get("model_name", "")),
+                               "version": str(args.get("model_version", ""))})
 
 
 def engine_limits(build: EngineRecord, vocab_size: int, eos: int | None) -> EngineLimits:
