@@ -10,8 +10,9 @@ Series per engine, from the upstream source that defines them:
   ``SpecDecodingProm``: prometheus_client Counters ``vllm:spec_decode_num_drafts`` etc., exposed
   with ``_total`` and a ``_created`` gauge each; labels ``model_name``, ``engine``).
 - ``trtllm``: ``trtllm_spec_decode_num_draft_tokens_total`` and
-  ``trtllm_spec_decode_num_accepted_tokens_total`` (counters), ``trtllm_spec_decode_acceptance_length``
-  (gauge, the last iteration's) on ``trtllm-serve``'s ``/prometheus/metrics``
+  ``trtllm_spec_decode_num_accepted_tokens_total`` (counters),
+  ``trtllm_spec_decode_acceptance_length`` (gauge, the last iteration's) on ``trtllm-serve``'s
+  ``/prometheus/metrics``
   (NVIDIA/TensorRT-LLM ``tensorrt_llm/metrics/collector.py`` ``MetricsCollector``, from PR
   #12545, release 1.3; needs ``enable_iter_perf_stats`` and ``return_perf_metrics``). No count of
   verify steps: tau is the gauge. TensorRT-LLM 1.2.1 exports no speculative series there (the
@@ -73,9 +74,11 @@ SCHEMAS: dict[str, Schema] = {
     "vllm": _vllm_like("vllm", "vllm:spec_decode_", "vllm:spec_decode_num_drafts_created"),
     "trtllm": Schema("trtllm", None, "trtllm_spec_decode_num_draft_tokens_total",
                      "trtllm_spec_decode_num_accepted_tokens_total", None,
-                     gauge_tau="trtllm_spec_decode_acceptance_length"),
+                     gauge_tau="trtllm_spec_decode_acceptance_length",
+                     created="trtllm_spec_decode_num_draft_tokens_created"),
     "sglang": Schema("sglang", None, None, None, None, tokens="sglang:generation_tokens_total",
-                     gauge_tau="sglang:spec_accept_length", gauge_rate="sglang:spec_accept_rate"),
+                     gauge_tau="sglang:spec_accept_length", gauge_rate="sglang:spec_accept_rate",
+                     created="sglang:generation_tokens_created"),
 }
 
 
