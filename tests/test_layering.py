@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "specserve"
 FORBIDDEN = {("build", "runtime"), ("runtime", "build")} | {
-    (pkg, "cli") for pkg in ("build", "runtime", "spec", "triton", "client", "train", "doctor")}
+    (pkg, "cli") for pkg in ("build", "runtime", "spec", "triton", "client", "train", "doctor",
+                            "watch")}
 
 
 def _node(module: str) -> str:

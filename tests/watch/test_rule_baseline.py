@@ -20,7 +20,8 @@ def iv(rate: float | None, tau: float | None, activity: float = 400.0) -> Interv
     return Interval(1, 0, None, activity, None, (), activity, rate, tau)
 
 
-def run(intervals: list[Interval], rule: Rule = Rule()) -> list[tuple[str, bool, bool]]:
+def run(intervals: list[Interval], rule: Rule | None = None) -> list[tuple[str, bool, bool]]:
+    rule = rule or Rule()
     th, st, out = thresholds(BASE, rule), State(), []
     for i in intervals:
         v = judge(i, th, rule, st)
