@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ def vllm_text(drafts: float, draft_tokens: float, accepted: float,
     return "\n".join(lines) + "\n"
 
 
-def script(steps: list[tuple[float, float, float]], start: tuple[float, float, float] = (0, 0, 0)
+def script(steps: Sequence[tuple[float, float, float]],
+           start: tuple[float, float, float] = (0, 0, 0)
            ) -> list[str | int]:
     """Cumulative texts: the start, then one per interval adding each step's counts."""
     d, t, a = start

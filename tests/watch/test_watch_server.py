@@ -85,9 +85,12 @@ def bench_baseline(dep: TinyDeployment, out: Path) -> Path:
     return out / "summary.json"
 
 
-def run_watch(cfg: WatchConfig) -> tuple[int, list[dict[str, Any]]]:
+def run_watch(cfg: WatchConfig, log: Path | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """The watch's exit code and events (also written to ``log``, one JSON line each)."""
     events: list[dict[str, Any]] = []
     code = watch(cfg, events.append)
+    if log is not None:
+        log.write_text("".join(json.dumps(e) + "\n" for e in events))
     return code, events
 
 
@@ -95,15 +98,15 @@ def test_healthy_server_under_load_raises_nothing(tiny_server: TinyDeployment,
                                                   tmp_path: Path) -> None:
     summary = bench_baseline(tiny_server, tmp_path / "bench")
     cfg = WatchConfig(urls=(tiny_server.server.metrics_url,), baseline=str(summary),
-                      interval_s=2.0, duration_s=12.0, rule=Rule(min_activity=16))
+                      interval_s=2.0, duration_s=10.0, rule=Rule(min_activity=16))
     with Load(tiny_server.server.grpc_url):
-        code, events = run_watch(cfg)
+        code, events = run_watch(cfg, tmp_path / "events.jsonl")
     intervals = [e for e in events if e["event"] == "interval"]
     assert code == 0, [e for e in events if e["event"] != "interval"]
     assert not [e for e in events if e["event"] == "alarm"]
     assert events[0]["engine"] == "specserve"
     active = [e for e in intervals if e["status"] != "idle"]
-    assert len(active) >= 4, intervals
+    assert len(active) >= 3, intervals
     assert all(e["status"] == "ok" for e in active), active
     assert all(e["acceptance_rate"] == pytest.approx(1.0) for e in active), active
 
@@ -149,6 +152,7 @@ def swappable(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory
         server.stop(timeout_s=TEARDOWN_STOP_S)
 
 
+@pytest.mark.slow  # a server of its own: ~60 s on 2 cores (make test-slow)
 def test_random_draft_swapped_in_mid_run_alarms_within_two_intervals(
         swappable: tuple[TinyDeployment, Path], tmp_path: Path) -> None:
     dep, bad = swappable
@@ -158,16 +162,19 @@ def test_random_draft_swapped_in_mid_run_alarms_within_two_intervals(
                       interval_s=interval, duration_s=30.0, rule=Rule(min_activity=16),
                       exit_on_alarm=True)
     result: dict[str, Any] = {}
+    log = tmp_path / "events.jsonl"
     t0 = time.monotonic()
     with Load(dep.server.grpc_url):
         th = threading.Thread(target=lambda: result.update(zip(("code", "events"),
-                                                               run_watch(cfg), strict=True)))
+                                                               run_watch(cfg, log),
+                                                               strict=True)))
         th.start()
         time.sleep(3 * interval)
         _reload(dep.server.http_url, "tensorrt_llm", bad)
         swapped_s = time.monotonic() - t0
         th.join(timeout=120)
     events = result["events"]
+    (tmp_path / "swap.json").write_text(json.dumps({"reload_done_s": swapped_s}))
     alarms = [e for e in events if e["event"] == "alarm"]
     intervals = [e for e in events if e["event"] == "interval"]
     assert result["code"] == 1, events
