@@ -1,0 +1,123 @@
+"""Checks 4-6 of issue 32: seeds reproduce at T > 0; the sampled distribution equals the
+baseline's (two-sample chi-square, ``specserve.conform.stats``: speculative sampling is exact,
+Leviathan et al. 2023 Theorem 1, so any difference is a fault); ``n > 1`` choices valid,
+independent, each with its finish reason."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from specserve.conform.checks.base import (
+    PROMPTS,
+    Context,
+    Outcome,
+    check,
+    error_outcome,
+    evidence,
+    not_expressible,
+)
+from specserve.conform.probe import NotExpressible, Probe, Reply
+from specserve.conform.stats import chi_square_two_sample, detectable_tv
+
+DIST_PREFIXES = (PROMPTS[0], PROMPTS[2])
+DIST_TEMPERATURE = 0.8
+
+
+@check("seed", 4, "same seed, same text at T > 0")
+async def seed(ctx: Context) -> Outcome:
+    st = ctx.settings
+    try:
+        for i, prompt in enumerate(PROMPTS[:2]):
+            p = Probe(prompt, st.max_tokens, temperature=1.0, seed=st.seed + i, ignore_eos=True)
+            for name, target in (("speculative", ctx.spec), ("baseline", ctx.base)):
+                a = await ctx.send(target, p)
+                b = await ctx.send(target, p)
+                c = await ctx.send(target, p.but(stream=True))
+                for r in (a, b, c):
+                    if (bad := error_outcome(r)) is not None:
+                        bad.detail = f"{name}: {bad.detail}"
+                        return bad
+                texts = [a.first.text, b.first.text, c.first.text]
+                if len(set(texts)) > 1:
+                    return Outcome("fail", f"{name} server: seed {p.seed} gave different texts "
+                                   f"(twice non-streamed, once streamed): "
+                                   f"{[t[:20] for t in texts]}", evidence(a, b))
+    except NotExpressible as e:
+        return not_expressible(e)
+    return Outcome("pass", "each seed repeats its text (twice non-streamed, once streamed), "
+                   "speculative and baseline")
+
+
+def category(r: Reply) -> Hashable:
+    c = r.first
+    return tuple(c.token_ids) if c.token_ids is not None else c.text
+
+
+@check("distribution", 5, "chi-square: sampled continuations vs baseline")
+async def distribution(ctx: Context) -> Outcome:
+    st = ctx.settings
+    alpha = st.alpha / len(DIST_PREFIXES)   # Bonferroni
+    results = []
+    for j, prefix in enumerate(DIST_PREFIXES):
+        samples: dict[str, list[Hashable]] = {}
+        for side, target, offset in (("spec", ctx.spec, 0), ("base", ctx.base, 1_000_003)):
+            probes = [Probe(prefix, st.dist_tokens, temperature=DIST_TEMPERATURE,
+                            seed=st.seed + offset + 10_000 * j + i, ignore_eos=True)
+                      for i in range(st.samples)]
+            try:
+                replies = await ctx.many(target, probes, 2 * st.concurrency)
+            except NotExpressible as e:
+                return not_expressible(e)
+            for r in replies:
+                if (bad := error_outcome(r)) is not None:
+                    bad.detail = f"{side}: {bad.detail}"
+                    return bad
+            samples[side] = [category(r) for r in replies]
+        res = chi_square_two_sample(samples["spec"], samples["base"], alpha=alpha)
+        results.append(res)
+        if res.reject:
+            from collections import Counter
+
+            top = Counter(samples["spec"]), Counter(samples["base"])
+            keys = [k for k, _ in (top[0] + top[1]).most_common(8)]
+            table = [{"continuation": str(k), "spec": top[0][k], "baseline": top[1][k]}
+                     for k in keys]
+            return Outcome("fail", f"prefix {j}: chi2 {res.statistic:.1f}, dof {res.dof}, p "
+                           f"{res.p_value:.2g} < {alpha:.2g} (TV {res.tv:.3f})",
+                           {"request": replies[0].wire, "seeds": "seed + i per sample",
+                            "test": res.to_dict(), "most_common": table,
+                            "samples_per_side": st.samples, "temperature": DIST_TEMPERATURE})
+    bound = detectable_tv(st.samples, alpha)
+    return Outcome("pass", f"{len(results)} prefixes x {st.samples} samples per side at T "
+                   f"{DIST_TEMPERATURE}: p {', '.join(f'{r.p_value:.2g}' for r in results)} "
+                   f"(alpha {alpha:.2g}; TV ~{bound:.2f} detectable)",
+                   {"tests": [r.to_dict() for r in results]})
+
+
+def choices_problem(r: Reply, n: int) -> str | None:
+    idx = [c.index for c in r.choices]
+    if sorted(idx) != list(range(n)):
+        return f"choice indices {idx}, expected 0..{n - 1}"
+    if any(c.finish_reason is None for c in r.choices):
+        return "a choice without its finish_reason"
+    if len({c.text for c in r.choices}) == 1:
+        return f"all {n} choices identical at T = 1 ({r.choices[0].text[:24]!r})"
+    return None
+
+
+@check("n", 6, "n > 1 choices")
+async def n_choices(ctx: Context) -> Outcome:
+    n = 3
+    try:
+        for stream in (False, True):
+            p = Probe(PROMPTS[0], ctx.settings.max_tokens, temperature=1.0, n=n,
+                      seed=ctx.settings.seed, stream=stream)
+            s, b = await ctx.both(p)
+            if (bad := error_outcome(s, b)) is not None:
+                return bad
+            why = choices_problem(s, n)
+            if why is not None:
+                return Outcome("fail", f"stream={stream}: {why}", evidence(s, b))
+    except NotExpressible as e:
+        return not_expressible(e)
+    return Outcome("pass", f"n = {n}: every choice present, distinct, with its finish reason")
