@@ -7,7 +7,9 @@ tensors) or raises :class:`NotExpressible` naming what the protocol lacks.
 
 Classification (issue 32): an HTTP 4xx, or an error whose text says the feature is not
 supported, is a clean refusal; a 5xx, a timeout, a cut connection, a stream without its end, or
-a body of the wrong shape is broken.
+a body of the wrong shape is broken. Triton's gRPC errors carry no usable status (a Python
+model's errors are all INTERNAL): there an error answer is a refusal unless its text is one of
+a crash (:data:`CRASH_WORDS`: a dead stub process, an unavailable model, a timeout, ...).
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from typing import Any
 REFUSAL_WORDS = ("not supported", "unsupported", "not served", "not implemented", "invalid",
                  "must be", "must hold", "exceeds", "is empty", "unexpected inference input",
                  "is not allowed", "not allowed", "cannot be", "refused")
+
+
+CRASH_WORDS = ("stub process", "not healthy", "unavailable", "segmentation", "traceback",
+               "internal error", "timeout", "cancelled", "socket closed", "connection",
+               "stream cut", "exited", "killed", "core dumped")
 
 
 class NotExpressible(Exception):
@@ -120,8 +127,16 @@ def is_refusal(status: int | None, message: str) -> bool:
     return any(w in low for w in REFUSAL_WORDS)
 
 
+def is_triton_refusal(message: str) -> bool:
+    """A Triton error answer without an HTTP status: a refusal unless it reads as a crash."""
+    low = message.lower()
+    return not any(w in low for w in CRASH_WORDS)
+
+
 def failed(wire: dict[str, Any], message: str, status: int | None = None,
-           transport_failure: bool = False) -> Reply:
-    """A reply that is an error: broken unless it is a clean refusal."""
-    broken = transport_failure or not is_refusal(status, message)
+           transport_failure: bool = False, refusal: bool | None = None) -> Reply:
+    """A reply that is an error: broken unless it is a clean refusal (``refusal`` overrides
+    the classification by status and text)."""
+    clean = is_refusal(status, message) if refusal is None else refusal
+    broken = transport_failure or not clean
     return Reply(wire=wire, status=status, error=message, broken=broken)

@@ -19,6 +19,7 @@ are ``specserve.client``'s (``AiohttpClient``, ``error_text``; the Triton transp
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -39,6 +40,7 @@ from specserve.conform.probe import (
     Reply,
     TokenLogprob,
     failed,
+    is_triton_refusal,
 )
 
 
@@ -310,8 +312,12 @@ class TritonTarget:
                 "inputs": build_inputs(probe.prompt, params, declared)}
         raw = await self.transport.generate(self.model, probe.prompt, params, declared, timeout_s)
         if raw.error:
-            return failed(wire, raw.error, transport_failure=raw.connection_error
-                          or raw.error.startswith(("timeout", "stream cut")))
+            m = re.match(r"HTTP (\d+):", raw.error)
+            status = int(m.group(1)) if m else None
+            return failed(wire, raw.error, status=status,
+                          transport_failure=raw.connection_error
+                          or raw.error.startswith(("timeout", "stream cut")),
+                          refusal=None if status is not None else is_triton_refusal(raw.error))
         counts = [n for n in raw.chunk_num_tokens if n is not None]
         text = "".join(raw.chunk_texts)
         chunks = [c for c in raw.chunk_texts if c] if probe.stream else []
