@@ -42,6 +42,7 @@ from specserve.conform.probe import (
     failed,
     is_triton_refusal,
 )
+from specserve.errors import SpecserveError
 
 
 @dataclass(frozen=True)
@@ -188,9 +189,17 @@ class OpenAITarget(AiohttpClient):
             return None
 
     async def info(self) -> ServerInfo:
+        """What the server says about itself; SpecserveError when it does not answer as an
+        OpenAI server or does not serve the model."""
         models = await self._get_json("/v1/models")
+        if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+            raise SpecserveError(f"{self.url} does not answer GET /v1/models as an OpenAI "
+                                 "server")
+        listed = models["data"]
+        if self.model not in [m.get("id") for m in listed if isinstance(m, dict)]:
+            raise SpecserveError(f"{self.url}: model '{self.model}' is not served here; give "
+                                 "--model")
         version = await self._get_json("/version")
-        listed = (models or {}).get("data", [])
         entry: dict[str, Any] = next((m for m in listed if m.get("id") == self.model), {})
         engine = str(entry.get("owned_by") or "openai")
         ver = str(version.get("version")) if isinstance(version, dict) else "unknown"
