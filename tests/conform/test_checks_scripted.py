@@ -5,6 +5,7 @@ streamed chunk split mid-character, a dropped logprob, ...)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,8 @@ def test_clean_scripted_server_passes_every_check(tmp_path: Path) -> None:
     # the scripted server refuses the empty prompt on both sides: a clean refusal
     assert verdicts.pop("empty-prompt") == "refused"
     assert set(verdicts.values()) == {"pass"}, verdicts
-    assert "inside an accepted run" in rows["stop-string"]["detail"]
+    inside = re.search(r"(\d+) with the stop inside an accepted run", rows["stop-string"]["detail"])
+    assert inside and int(inside.group(1)) > 0, rows["stop-string"]["detail"]
     assert "multi-byte" in rows["stream-bytes"]["detail"]
 
 
