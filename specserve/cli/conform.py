@@ -59,6 +59,8 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 @click.option("--engine-version", default=None, help="Engine version (default: asked).")
 @click.option("--extra-body", default=None,
               help="OpenAI: JSON merged into every request, e.g. '{\"return_token_ids\": true}'.")
+@click.option("--num-draft-tokens", type=click.IntRange(min=1), default=None,
+              help="Triton: num_draft_tokens K for the speculative model (tensorrt_llm_bls).")
 @click.option("--tokenizer", type=click.Path(exists=True), default=None,
               help="tokenizer.json or its directory: token ids where answers carry none.")
 @click.option("--context-limit", type=click.IntRange(min=8), default=None,
@@ -79,9 +81,9 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 def command(url: str, protocol: str, model: str, baseline_url: str | None,
             baseline_model: str | None, checks: str | None, budget_s: float, method: str,
             engine: str | None, engine_version: str | None, extra_body: str | None,
-            tokenizer: str | None, context_limit: int | None, max_tokens: int, samples: int,
-            seed: int, alpha: float, logprob_tol: float, timeout_s: float, out: str,
-            fmt: str) -> None:
+            num_draft_tokens: int | None, tokenizer: str | None, context_limit: int | None,
+            max_tokens: int, samples: int, seed: int, alpha: float, logprob_tol: float,
+            timeout_s: float, out: str, fmt: str) -> None:
     """Run the conformance checks against a speculative server and its baseline."""
     from specserve.conform.checks import ORDER, Settings
     from specserve.conform.run import ConformConfig, run_conform
@@ -94,6 +96,7 @@ def command(url: str, protocol: str, model: str, baseline_url: str | None,
                         baseline_url=baseline_url, baseline_model=baseline_model,
                         checks=names, budget_s=budget_s, method=method, engine=engine,
                         engine_version=engine_version, extra_body=_extra_body(extra_body),
+                        num_draft_tokens=num_draft_tokens,
                         settings=settings)
     report = run_conform(cfg, progress=fmt == "text" and sys.stderr.isatty())
     emit(report, fmt, lambda r: r["summary"] + f"\nwrote {out}/matrix.md, {out}/matrix.json")

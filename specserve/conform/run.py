@@ -40,6 +40,7 @@ class ConformConfig:
     engine: str | None = None          # default: what the server says (owned_by / "triton")
     engine_version: str | None = None
     extra_body: dict[str, Any] = field(default_factory=dict, hash=False)
+    num_draft_tokens: int | None = None   # Triton: the speculative model's num_draft_tokens
     settings: Settings = field(default_factory=Settings)
 
     def validate(self) -> None:
@@ -56,10 +57,13 @@ class ConformConfig:
             raise SpecserveError(f"--budget-s must be positive, got {self.budget_s:g}")
         if self.extra_body and self.protocol != "openai":
             raise SpecserveError("--extra-body is for --protocol openai")
+        if self.num_draft_tokens is not None and self.protocol == "openai":
+            raise SpecserveError("--num-draft-tokens is for --protocol grpc/http "
+                                 "(tensorrt_llm_bls)")
 
 
 def _targets(cfg: ConformConfig) -> tuple[Target, Target]:
-    spec = make_target(cfg.protocol, cfg.url, cfg.model, cfg.extra_body)
+    spec = make_target(cfg.protocol, cfg.url, cfg.model, cfg.extra_body, cfg.num_draft_tokens)
     base = make_target(cfg.protocol, cfg.baseline_url or cfg.url,
                        cfg.baseline_model or cfg.model, cfg.extra_body)
     return spec, base

@@ -272,10 +272,12 @@ def triton_inputs(p: Probe, declared: frozenset[str]) -> dict[str, Any]:
 class TritonTarget:
     """The Triton ensemble (or BLS) over gRPC streaming or the HTTP generate extension."""
 
-    def __init__(self, url: str, model: str, protocol: str) -> None:
+    def __init__(self, url: str, model: str, protocol: str,
+                 num_draft_tokens: int | None = None) -> None:
         if protocol not in ("grpc", "http"):
             raise ValueError(f"unknown Triton protocol {protocol!r}")
         self.url, self.model, self.protocol = url, model, protocol
+        self.num_draft_tokens = num_draft_tokens   # tensorrt_llm_bls: K of its loop
         self.transport: GrpcTransport | HttpTransport = (
             GrpcTransport(url) if protocol == "grpc" else HttpTransport(url))
         self._declared: frozenset[str] | None = None
@@ -313,6 +315,7 @@ class TritonTarget:
         params = GenParams(
             max_tokens=probe.max_tokens, stream=probe.stream, temperature=probe.temperature,
             seed=probe.seed, perf_outputs=True, extra=tuple(extra.items()),
+            num_draft_tokens=self.num_draft_tokens,
             end_id=-1 if probe.ignore_eos else (probe.stop_token_ids[0]
                                                  if probe.stop_token_ids else None))
         from specserve.client.transport import build_inputs
@@ -340,10 +343,9 @@ class TritonTarget:
 
 
 def make_target(protocol: str, url: str, model: str,
-                extra_body: dict[str, Any] | None = None) -> Target:
+                extra_body: dict[str, Any] | None = None,
+                num_draft_tokens: int | None = None) -> Target:
     """The adapter for ``protocol`` (openai | grpc | http)."""
     if protocol == "openai":
         return OpenAITarget(url, model, extra_body)
-    if extra_body:
-        raise NotExpressible("--extra-body is for the OpenAI protocol")
-    return TritonTarget(url, model, protocol)
+    return TritonTarget(url, model, protocol, num_draft_tokens)
