@@ -72,6 +72,7 @@ class Choice:
     index: int = 0
     text: str = ""
     chunks: list[str] = field(default_factory=list)   # streamed text pieces, in order
+    chunk_tokens: list[int | None] = field(default_factory=list)  # tokens in each piece
     token_ids: list[int] | None = None
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
@@ -111,6 +112,7 @@ class Reply:
                 "broken": self.broken, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "choices": [{"index": c.index, "text": c.text, "chunks": c.chunks,
+                             "chunk_tokens": c.chunk_tokens,
                              "token_ids": c.token_ids, "finish_reason": c.finish_reason,
                              "logprobs": None if c.logprobs is None else [
                                  {"token": t.token, "logprob": t.logprob, "top": t.top}

@@ -126,6 +126,8 @@ def _merge(choices: dict[int, Choice], c: dict[str, Any], chat: bool, stream: bo
     ch.text += text
     if stream and text:
         ch.chunks.append(text)
+        ids = c.get("token_ids")
+        ch.chunk_tokens.append(len(ids) if isinstance(ids, list) else None)
     if isinstance(c.get("token_ids"), list):
         ch.token_ids = (ch.token_ids or []) + [int(t) for t in c["token_ids"]]
     lp = _logprobs(c.get("logprobs"), chat)
@@ -332,9 +334,12 @@ class TritonTarget:
                           refusal=None if status is not None else is_triton_refusal(raw.error))
         counts = [n for n in raw.chunk_num_tokens if n is not None]
         text = "".join(raw.chunk_texts)
-        chunks = [c for c in raw.chunk_texts if c] if probe.stream else []
+        pieces = [(c, n) for c, n in zip(raw.chunk_texts, raw.chunk_num_tokens, strict=True)
+                  if c] if probe.stream else []
         n_in = raw.server.get("num_input_tokens")
-        return Reply(wire=wire, choices=[Choice(text=text, chunks=chunks)],
+        choice = Choice(text=text, chunks=[c for c, _ in pieces],
+                        chunk_tokens=[n for _, n in pieces])
+        return Reply(wire=wire, choices=[choice],
                      completion_tokens=sum(counts) if counts else None,
                      prompt_tokens=int(n_in) if n_in is not None else None)
 

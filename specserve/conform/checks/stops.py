@@ -25,16 +25,17 @@ from specserve.conform.checks.base import (
 from specserve.conform.probe import NotExpressible, Probe, Reply
 
 
-def pick_stop(full: str, chunks: list[str]) -> tuple[str, bool] | None:
-    """A one-character stop string whose first occurrence in ``full`` is inside a multi-
-    character streamed chunk (not its last character: the stop completes inside an accepted
-    run); else any mid-text character seen once before. (stop, inside_a_run) or None."""
+def pick_stop(full: str, chunks: list[str], counts: list[int | None]
+              ) -> tuple[str, bool] | None:
+    """A one-character stop string that completes inside an accepted run: the first
+    character of a streamed chunk of two or more tokens (so it lies in the chunk's first token
+    and accepted tokens follow it in the same step), seen there first; else any mid-text
+    character seen first there. (stop, inside_a_run) or None."""
     pos = 0
-    for ch in chunks:
-        for j, c in enumerate(ch[:-1]):
-            at = pos + j
-            if j > 0 and not c.isspace() and full.find(c) == at and at > 0:
-                return c, True
+    for ch, n in zip(chunks, counts, strict=False):
+        c = ch[:1]
+        if n is not None and n >= 2 and c and not c.isspace() and full.find(c) == pos > 0:
+            return c, True
         pos += len(ch)
     for at in range(len(full) // 3, len(full) - 1):
         c = full[at]
@@ -59,7 +60,7 @@ async def stop_string(ctx: Context) -> Outcome:
             ref = await ctx.send(ctx.spec, p.but(stream=True))
             if (bad := error_outcome(ref)) is not None:
                 return bad
-            picked = pick_stop(ref.first.text, ref.first.chunks)
+            picked = pick_stop(ref.first.text, ref.first.chunks, ref.first.chunk_tokens)
             if picked is None:
                 continue
             stop, inside = picked
