@@ -3,7 +3,9 @@ front doors. For each method (draft, ngram, medusa, eagle3; the demo pair, torch
 as ``benchmarks/peers.py`` builds them) one repository with ``--baseline`` and one
 tritonserver; the speculative ``ensemble`` is compared with ``ensemble_baseline`` (the same
 engine, speculation off) over gRPC and over HTTP. The "none" row is ``ensemble_baseline``
-against itself. Matrices go to ``WORK/ours-METHOD-PROTOCOL/``, the pivot to ``WORK/ours.md``.
+against itself. For draft and n-gram also ``tensorrt_llm_bls`` with ``num_draft_tokens`` 4
+(its own speculation loop, "draft-bls" / "ngram-bls"). Matrices go to
+``WORK/ours-METHOD-PROTOCOL/``, the pivot to ``WORK/ours.md``.
 
     .venv/bin/python benchmarks/conform_ours.py --work reports/conform
 """
@@ -22,17 +24,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 DEMO = ROOT / "checkpoints" / "demo"
+BLS_KINDS = ("draft", "ngram")   # tensorrt_llm_bls drafts itself (draft model or prompt lookup)
 
 
 def conform(args: argparse.Namespace, method: str, protocol: str, url: str, model: str,
-            limit: int) -> dict[str, Any]:
+            limit: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     out = args.work / f"ours-{method}-{protocol}"
     cmd = [sys.executable, "-m", "specserve.cli.main", "conform", "--url", url,
            "--protocol", protocol, "--model", model, "--baseline-model", "ensemble_baseline",
            "--method", method, "--engine", "specserve-torch",
            "--tokenizer", str(DEMO / "tokenizer"), "--context-limit", str(limit),
            "--samples", str(args.samples), "--budget-s", str(args.budget_s),
-           "--out", str(out), "--format", "json"]
+           "--out", str(out), "--format", "json", *extra]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s + 900)
     if proc.returncode not in (0, 1):
@@ -82,6 +85,10 @@ def main() -> None:
                     continue
                 print(f"== {kind} ({protocol})", flush=True)
                 rows += conform(args, kind, protocol, url, "ensemble", limit)["rows"]
+                if kind in BLS_KINDS:   # the BLS's own speculation loop, K = 4
+                    print(f"== {kind}-bls ({protocol})", flush=True)
+                    rows += conform(args, f"{kind}-bls", protocol, url, "tensorrt_llm_bls",
+                                    limit, ("--num-draft-tokens", "4"))["rows"]
                 (args.work / "ours-rows.json").write_text(json.dumps(rows, indent=1))
         finally:
             srv.stop()
