@@ -39,7 +39,7 @@ PLANTS = frozenset({
     "finish_missing",    # streamed answers carry no finish_reason
     "usage_off",         # streamed usage counts one token too many
     "seed_ignored",      # seed ignored
-    "skewed_sampler",    # T > 0: tokens after the first sampled from p^2 (not p)
+    "skewed_sampler",    # T > 0: tokens after the first sampled from p^3 (not p)
     "n_clone",           # n > 1: every choice a copy of the first
     "drop_logprob",      # the second token's logprob dropped (null)
     "grammar_leak",      # structured output: an invalid answer
@@ -119,7 +119,7 @@ class Toy:
                     nxt = (nxt + 1) % len(VOCAB) or 1
             else:
                 if "skewed_sampler" in self.plants and ids:
-                    p = [x * x for x in p]
+                    p = [x ** 3 for x in p]
                 nxt = rng.choices(range(len(p)), weights=p)[0]
             top.append(logprobs_of(last))
             if nxt == EOS and not ignore_eos:

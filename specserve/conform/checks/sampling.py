@@ -5,6 +5,7 @@ independent, each with its finish reason."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable
 
 from specserve.conform.checks.base import (
@@ -19,8 +20,8 @@ from specserve.conform.checks.base import (
 from specserve.conform.probe import NotExpressible, Probe, Reply
 from specserve.conform.stats import chi_square_two_sample, detectable_tv
 
-DIST_PREFIXES = (PROMPTS[0], PROMPTS[2])
-DIST_TEMPERATURE = 0.8
+DIST_PREFIXES = (PROMPTS[0], PROMPTS[1])
+DIST_TEMPERATURE = 1.0
 
 
 @check("seed", 4, "same seed, same text at T > 0")
@@ -48,18 +49,23 @@ async def seed(ctx: Context) -> Outcome:
                    "speculative and baseline")
 
 
-def category(r: Reply) -> Hashable:
+def views(r: Reply, k: int) -> list[Hashable]:
+    """What each sample is compared on: the whole continuation, then (with token ids) the token
+    at each position after the first (those come from verify steps; fewer categories, more
+    power)."""
     c = r.first
-    return tuple(c.token_ids) if c.token_ids is not None else c.text
+    if c.token_ids is None:
+        return [c.text]
+    ids = c.token_ids
+    return [tuple(ids), *(ids[i] if i < len(ids) else None for i in range(1, k))]
 
 
 @check("distribution", 5, "chi-square: sampled continuations vs baseline")
 async def distribution(ctx: Context) -> Outcome:
     st = ctx.settings
-    alpha = st.alpha / len(DIST_PREFIXES)   # Bonferroni
     results = []
+    samples: dict[tuple[int, str], list[list[Hashable]]] = {}
     for j, prefix in enumerate(DIST_PREFIXES):
-        samples: dict[str, list[Hashable]] = {}
         for side, target, offset in (("spec", ctx.spec, 0), ("base", ctx.base, 1_000_003)):
             probes = [Probe(prefix, st.dist_tokens, temperature=DIST_TEMPERATURE,
                             seed=st.seed + offset + 10_000 * j + i, ignore_eos=True)
@@ -72,26 +78,31 @@ async def distribution(ctx: Context) -> Outcome:
                 if (bad := error_outcome(r)) is not None:
                     bad.detail = f"{side}: {bad.detail}"
                     return bad
-            samples[side] = [category(r) for r in replies]
-        res = chi_square_two_sample(samples["spec"], samples["base"], alpha=alpha)
+            samples[(j, side)] = [views(r, st.dist_tokens) for r in replies]
+    tests = [(j, v) for j in range(len(DIST_PREFIXES))
+             for v in range(min(len(samples[(j, "spec")][0]), len(samples[(j, "base")][0])))]
+    alpha = st.alpha / len(tests)   # Bonferroni over prefixes and views
+    for j, v in tests:
+        a = [s[v] for s in samples[(j, "spec")]]
+        b = [s[v] for s in samples[(j, "base")]]
+        res = chi_square_two_sample(a, b, alpha=alpha)
         results.append(res)
         if res.reject:
-            from collections import Counter
-
-            top = Counter(samples["spec"]), Counter(samples["base"])
-            keys = [k for k, _ in (top[0] + top[1]).most_common(8)]
-            table = [{"continuation": str(k), "spec": top[0][k], "baseline": top[1][k]}
-                     for k in keys]
-            return Outcome("fail", f"prefix {j}: chi2 {res.statistic:.1f}, dof {res.dof}, p "
-                           f"{res.p_value:.2g} < {alpha:.2g} (TV {res.tv:.3f})",
+            ca, cb = Counter(a), Counter(b)
+            table = [{"value": str(k), "spec": ca[k], "baseline": cb[k]}
+                     for k, _ in (ca + cb).most_common(8)]
+            what = "the whole continuation" if v == 0 else f"token {v}"
+            return Outcome("fail", f"prefix {j}, {what}: chi2 {res.statistic:.1f}, dof "
+                           f"{res.dof}, p {res.p_value:.2g} < {alpha:.2g} (TV {res.tv:.3f})",
                            {"request": replies[0].wire, "seeds": "seed + i per sample",
                             "test": res.to_dict(), "most_common": table,
                             "samples_per_side": st.samples, "temperature": DIST_TEMPERATURE})
     bound = detectable_tv(st.samples, alpha)
-    return Outcome("pass", f"{len(results)} prefixes x {st.samples} samples per side at T "
-                   f"{DIST_TEMPERATURE}: p {', '.join(f'{r.p_value:.2g}' for r in results)} "
-                   f"(alpha {alpha:.2g}; TV ~{bound:.2f} detectable)",
-                   {"tests": [r.to_dict() for r in results]})
+    return Outcome("pass", f"{len(DIST_PREFIXES)} prefixes x {st.samples} samples per side at "
+                   f"T {DIST_TEMPERATURE}, {len(results)} tests: min p "
+                   f"{min(r.p_value for r in results):.2g}, categories "
+                   f"{'/'.join(str(r.categories) for r in results)} (alpha {alpha:.2g}; "
+                   f"TV ~{bound:.2f} detectable)", {"tests": [r.to_dict() for r in results]})
 
 
 def choices_problem(r: Reply, n: int) -> str | None:
