@@ -42,6 +42,7 @@ class Probe:
     chat: bool = False
     stream: bool = False
     temperature: float | None = 0.0
+    top_k: int | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()

@@ -78,7 +78,7 @@ def openai_request(model: str, p: Probe, extra_body: dict[str, Any]) -> dict[str
     if p.stream:
         body["stream_options"] = {"include_usage": True}
     fields: dict[str, Any] = {
-        "temperature": p.temperature, "seed": p.seed, "n": p.n,
+        "temperature": p.temperature, "top_k": p.top_k, "seed": p.seed, "n": p.n,
         "stop": list(p.stop) or None, "stop_token_ids": list(p.stop_token_ids) or None,
         "min_tokens": p.min_tokens, "ignore_eos": True if p.ignore_eos else None,
         "response_format": p.response_format,
@@ -316,7 +316,7 @@ class TritonTarget:
         extra = triton_inputs(probe, declared)
         params = GenParams(
             max_tokens=probe.max_tokens, stream=probe.stream, temperature=probe.temperature,
-            seed=probe.seed, perf_outputs=True, extra=tuple(extra.items()),
+            top_k=probe.top_k, seed=probe.seed, perf_outputs=True, extra=tuple(extra.items()),
             num_draft_tokens=self.num_draft_tokens,
             end_id=-1 if probe.ignore_eos else (probe.stop_token_ids[0]
                                                  if probe.stop_token_ids else None))

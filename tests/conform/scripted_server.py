@@ -113,6 +113,10 @@ class Toy:
             if len(ids) < min_tokens or ignore_eos:
                 for j in (stop_ids | ({EOS} if len(ids) < min_tokens or ignore_eos else set())):
                     p[j] = 0.0
+            top_k = int(body.get("top_k") or 0)
+            if top_k > 0:
+                keep = set(sorted(range(len(p)), key=lambda j: -p[j])[:top_k])
+                p = [x if j in keep else 0.0 for j, x in enumerate(p)]
             if t == 0:
                 nxt = max(range(len(p)), key=lambda j: p[j])
                 if "greedy_drift" in self.plants and len(ids) == 5:

@@ -80,7 +80,7 @@ async def stream_bytes(ctx: Context) -> Outcome:
     probes = [Probe(UNICODE_PROMPT, st.max_tokens, temperature=0.0)]
     # T = 2: byte-level tokens of unfinished characters come often (invalid or multi-byte)
     probes += [Probe(UNICODE_PROMPT, st.max_tokens, temperature=2.0, seed=st.seed + i)
-               for i in range(6)]
+               for i in range(3)]
     probes += [Probe(p, st.max_tokens, temperature=0.0) for p in PROMPTS[:2]]
     compared, multibyte, skipped = 0, 0, 0
     try:
