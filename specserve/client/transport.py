@@ -54,6 +54,7 @@ class GenParams:
     perf_outputs: bool = True   # ask for perf metrics and per-response token counts
     num_draft_tokens: int | None = None  # tensorrt_llm_bls only (left out where undeclared)
     ignore_eos: bool = False             # OpenAI protocol: generate exactly max_tokens
+    messages: tuple[tuple[str, str], ...] = ()  # OpenAI chat: the history, sent as messages
 
 
 def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:
