@@ -30,7 +30,7 @@ new set is one :class:`BuiltinSet`:
   library's docstrings (module, class and function documentation written as prose: no doctest,
   few symbols).
 - ``builtin-json`` (``structured``): JSON arrays of records generated from a seeded generator
-  (ids, names, e-mail addresses, flags, tags, scores), cut inside the next record.
+  (ids, names, flags, tags, scores), cut inside the next record.
 - ``builtin-chat`` (``multi-turn``): two- and three-turn conversations about a stdlib function
   (explain it, then follow-ups from a fixed list).
 - ``builtin-mix``: the four above in turn (code, prose, structured, multi-turn, code, ...).
@@ -363,12 +363,11 @@ _TAGS = ("alpha", "beta", "stable", "internal", "public", "legacy", "gpu", "cpu"
 def json_record(rng: random.Random, i: int) -> dict[str, Any]:
     """One generated record (pure given the generator's state)."""
     name = rng.choice(_NAMES)
-    return {"id": i, "name": name.title(), "email": f"{name}{rng.randint(1, 99)}@example.org",
-            "active": rng.random() < 0.7, "tags": rng.sample(_TAGS, rng.randint(1, 3)),
+    return {"id": i, "name": name.title(), "active": rng.random() < 0.7, "tags": rng.sample(_TAGS, rng.randint(1, 3)),
             "score": round(rng.random(), 3)}
 
 
-def builtin_json_prompts(n: int, seed: int = 0, records: int = 3) -> list[Prompt]:
+def builtin_json_prompts(n: int, seed: int = 0, records: int = 2) -> list[Prompt]:
     """``n`` structured-data prompts: a JSON array of ``records`` generated records and the
     opening of the next one (``{"id": N, "name": ``), to be continued by the model."""
     rng = random.Random(seed)
