@@ -363,7 +363,8 @@ _TAGS = ("alpha", "beta", "stable", "internal", "public", "legacy", "gpu", "cpu"
 def json_record(rng: random.Random, i: int) -> dict[str, Any]:
     """One generated record (pure given the generator's state)."""
     name = rng.choice(_NAMES)
-    return {"id": i, "name": name.title(), "active": rng.random() < 0.7, "tags": rng.sample(_TAGS, rng.randint(1, 3)),
+    return {"id": i, "name": name.title(), "active": rng.random() < 0.7,
+            "tags": rng.sample(_TAGS, rng.randint(1, 3)),
             "score": round(rng.random(), 3)}
 
 

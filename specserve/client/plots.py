@@ -225,3 +225,34 @@ def sweep_plots(summary: dict[str, Any], out: Path) -> list[str]:
     ax.legend(fontsize=8)
     _save(plt, fig, out / "sweep_speedup.png")
     return ["sweep_throughput.png", "sweep_speedup.png"]
+
+
+def context_plots(summary: dict[str, Any], out: Path) -> list[str]:
+    """``sweep_context.png``: against input length, one line per concurrency, the measured step
+    cost of both variants (spec solid: a verify step with its proposal; baseline dashed: a decode
+    step), tau, and the per-user tok/s speedup; the file names."""
+    plt = _plt()
+    rows = summary["levels"]
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 4.2))
+    for c in sorted({r["concurrency"] for r in rows}):
+        mine = sorted((r for r in rows if r["concurrency"] == c), key=lambda r: r["input_length"])
+        xs = [r["input_length"] for r in mine]
+        line = a1.plot(xs, [r["spec"]["step_ms"] or float("nan") for r in mine], "o-",
+                       label=f"c={c} spec")[0]
+        a1.plot(xs, [r["baseline"]["step_ms"] or float("nan") for r in mine], "s--",
+                color=line.get_color(), label=f"c={c} baseline")
+        a2.plot(xs, [r["spec"]["tau"] or float("nan") for r in mine], "o-", label=f"c={c}")
+        a3.plot(xs, [(r["per_user_speedup"] or {}).get("speedup", float("nan")) for r in mine],
+                "o-", label=f"c={c}")
+    a3.axhline(1.0, color="grey", lw=1)
+    for ax, title, ylabel in ((a1, "step cost against context", "ms per step"),
+                              (a2, "tau against context", "tokens per verify step"),
+                              (a3, "speedup against context", "per-user tok/s spec / baseline")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("input tokens")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    _save(plt, fig, out / "sweep_context.png")
+    return ["sweep_context.png"]
