@@ -3,6 +3,12 @@ Inference Server (127.0.0.1), benchmark speculation against the no-speculation b
 beside it (``ensemble`` vs ``ensemble_baseline``, interleaved in one run), write the report, and
 check the measured tokens per step (tau) against the checkpoint's offline ``eval.json``.
 
+The prompts (written to ``OUT/prompts.jsonl``, so ``specserve bench --dataset`` replays them):
+the ``builtin-code`` prompts ``eval.json``'s served tau was measured on, first and in the same
+order, then a few ``builtin-prose`` and ``builtin-json`` (structured) prompts with a shorter
+answer, so the report splits tau and speedup by category (issue 33) for a few seconds more;
+the tau check reads the ``code`` category, the prompts the offline figure is for.
+
 The server is stopped on success, on failure and on Ctrl-C/SIGTERM (a context manager around
 :class:`specserve.triton.server.TritonServer`).
 """
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specserve.config import JsonConfig, read_json, write_json_atomic
+from specserve.config import JsonConfig, read_json, write_json_atomic, write_text_atomic
 from specserve.engine_record import RECORD_FILE, EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
 from specserve.interrupts import sigterm_as_interrupt
@@ -37,6 +43,8 @@ class DemoRunConfig(JsonConfig):
     metrics_port: int = 0
     startup_timeout_s: float = 180.0
     tau_tolerance: float = 0.10
+    extra_per_category: int = 4     # prose and structured prompts after the code ones
+    extra_max_tokens: int = 48      # their answers' length
 
     def validate(self) -> None:
         if not (Path(self.repo) / "ensemble_baseline").is_dir():
@@ -46,6 +54,8 @@ class DemoRunConfig(JsonConfig):
             )
         if self.requests < 1 or self.max_tokens < 1 or self.concurrency < 1:
             raise SpecserveError("requests, max_tokens and concurrency must be >= 1")
+        if self.extra_per_category < 0 or self.extra_max_tokens < 1:
+            raise SpecserveError("extra_per_category must be >= 0 and extra_max_tokens >= 1")
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,34 @@ class DemoOutcome:
     summary: dict[str, Any]
     check: dict[str, Any]
     exit_code: int
+
+
+EXTRA_SETS = ("builtin-prose", "builtin-json")
+
+
+def demo_prompts(cfg: DemoRunConfig) -> list[Any]:
+    """The demo's prompts: the code prompts of eval.json's ``served_prompts`` (warmup first),
+    then ``extra_per_category`` prompts of each set in :data:`EXTRA_SETS` answering
+    ``extra_max_tokens`` tokens."""
+    from dataclasses import replace
+
+    from specserve.client.datasets import load_prompts
+
+    code = load_prompts(None, "builtin-code", cfg.warmup + cfg.requests, 0)
+    extra = [replace(p, max_tokens=cfg.extra_max_tokens) for name in EXTRA_SETS
+             for p in load_prompts(None, name, cfg.extra_per_category, 0)]
+    return code + extra
+
+
+def served_tau(summary: dict[str, Any]) -> tuple[float | None, str]:
+    """The served tau to check and what it covers: the ``code`` category's when the run had
+    several categories (the prompts eval.json measured offline), else the whole run's."""
+    cats = summary.get("categories") or {}
+    acc: dict[str, Any] = summary["variants"]["spec"].get("acceptance") or {}
+    if len(cats) > 1 and "spec" in (cats.get("code") or {}).get("variants", {}):
+        c = cats["code"]["variants"]["spec"]
+        return c.get("tau_server") or c.get("tau_stream"), "code"
+    return acc.get("tau_server") or acc.get("tau_stream"), "all"
 
 
 def engine_record(engine_dir: str | None) -> EngineRecord | None:
@@ -135,11 +173,10 @@ def _same_tree(a: Any, b: Any) -> bool:
 def tau_check(summary: dict[str, Any], engine: str | None, eval_json: str | None,
               tolerance: float, served: dict[str, Any] | None = None) -> dict[str, Any]:
     """Compare the served tau with the offline one (relative difference within tolerance)."""
-    acc = summary["variants"]["spec"].get("acceptance") or {}
-    measured = acc.get("tau_server") or acc.get("tau_stream")
+    measured, category = served_tau(summary)
     expected, mode = expected_tau(engine, eval_json, served)
     out: dict[str, Any] = {"mode": mode, "tau_served": measured, "tau_eval": expected,
-                           "tolerance": tolerance}
+                           "tolerance": tolerance, "tau_served_category": category}
     if measured is None or expected is None:
         out["ok"] = None
         return out
@@ -171,9 +208,11 @@ def summary_lines(summary: dict[str, Any], check: dict[str, Any]) -> list[str]:
             return "n/a"
         return f"{s['speedup']:.2f}x (95% CI {s['ci_low']:.2f}-{s['ci_high']:.2f})"
 
-    tau_line = f"tau (tokens/step)      {acc.get('tau_server', float('nan')):.2f}"
+    tau_line = f"tau (tokens/step)      {acc.get('tau_server') or float('nan'):.2f}"
     if check.get("tau_eval") is not None:
         where = " on these prompts" if "served prompts" in str(check.get("mode")) else ""
+        if check.get("tau_served_category") == "code":
+            tau_line += f"; code {check['tau_served']:.2f}"
         tau_line += (f"   offline eval.json{where} {check['tau_eval']:.2f} "
                      f"({'within' if check['ok'] else 'OUTSIDE'} "
                      f"{check['tolerance']:.0%})")
@@ -188,14 +227,29 @@ def summary_lines(summary: dict[str, Any], check: dict[str, Any]) -> list[str]:
         tau_line,
         f"speedup TPOT           {speed('tpot_s')}",
         f"speedup tokens/s/user  {speed('per_user_tok_s')}",
+        *category_lines(summary),
         *offline_lines(check.get("offline") or {}),
         "",
     ]
 
 
+def category_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per category: its spec tau and per-user tok/s speedup."""
+    out = []
+    for cat, c in (summary.get("categories") or {}).items():
+        tau = (c["variants"].get("spec") or {}).get("tau")
+        sp = c["speedup"].get("per_user_tok_s")
+        out.append(f"  {cat:13s} tau {tau if tau is not None else float('nan'):.2f}   "
+                   f"speedup tokens/s/user "
+                   + (f"{sp['speedup']:.2f}x ({sp['ci_low']:.2f}-{sp['ci_high']:.2f})"
+                      if sp else "n/a"))
+    return ["by category:", *out] if out else []
+
+
 def run_demo(cfg: DemoRunConfig, progress: bool | None = None) -> DemoOutcome:
     """Start the server, benchmark, stop the server (always), check tau, return the outcome."""
     from specserve.client.config import BenchmarkConfig
+    from specserve.client.datasets import dump_jsonl
     from specserve.client.run import run_benchmark
     from specserve.triton.server import TritonServer
 
@@ -209,10 +263,14 @@ def run_demo(cfg: DemoRunConfig, progress: bool | None = None) -> DemoOutcome:
         try:
             server.start(timeout_s=cfg.startup_timeout_s)
             startup_s = time.monotonic() - started
+            prompts = demo_prompts(cfg)
+            dataset = Path(cfg.out) / "prompts.jsonl"
+            dataset.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(dataset, dump_jsonl(prompts))
             bench = BenchmarkConfig(
                 url=server.grpc_url, out=cfg.out, model="ensemble",
-                baseline_model="ensemble_baseline", prompts="builtin-code",
-                requests=cfg.requests, warmup=cfg.warmup, max_tokens=cfg.max_tokens,
+                baseline_model="ensemble_baseline", dataset=str(dataset),
+                requests=len(prompts) - cfg.warmup, warmup=cfg.warmup, max_tokens=cfg.max_tokens,
                 concurrency=cfg.concurrency, temperature=0.0, seed=0,
             )
             outcome = run_benchmark(bench, progress=progress)

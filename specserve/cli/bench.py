@@ -25,6 +25,10 @@ Examples:
   specserve bench --url 10.0.0.5:8001 --url 10.0.0.6:8001 --balance least-outstanding \\
       --concurrency 16 --requests 256 --out reports/pool
 \b
+  # load x context: 3 concurrencies x 3 input lengths of the served tokenizer
+  specserve bench --url 127.0.0.1:8001 --baseline-model ensemble_baseline \\
+      --sweep 1,4,8 --input-lengths 128,256,448 --engine engines/demo --out reports/ctx
+\b
   # machine-readable summary
   specserve bench --url 127.0.0.1:8001 --requests 8 --format json --out reports/q
 
@@ -51,16 +55,33 @@ def _text(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _sweep(cfg: Any, levels_text: str, fmt: str) -> None:
+def _sweep(cfg: Any, levels_text: str, fmt: str, lengths_text: str | None = None,
+           engine: str | None = None) -> None:
     from specserve.client.run import run_benchmark
-    from specserve.client.sweep import crossover_line, parse_levels, run_sweep, sweep_table
+    from specserve.client.sweep import (
+        build_contexts,
+        crossover_line,
+        parse_levels,
+        run_sweep,
+        sweep_table,
+    )
     from specserve.errors import SpecserveError
 
     levels = parse_levels(levels_text)
     if cfg.concurrency is not None or cfg.request_rate is not None:
         raise SpecserveError("--sweep sets the concurrency of each phase: drop --concurrency "
                              "and --request-rate")
-    summary = run_sweep(cfg, levels, lambda c: run_benchmark(c).summary)
+    contexts: list[Any] = []
+    note = None
+    if lengths_text is not None:
+        from specserve.client.context import parse_lengths
+
+        if not cfg.has_baseline:
+            raise SpecserveError("--sweep compares speculation with a baseline: give "
+                                 "--baseline-model or --baseline-url")
+        cfg, contexts, note = build_contexts(cfg, parse_lengths(lengths_text), engine)
+    summary = run_sweep(cfg, levels, lambda c: run_benchmark(c).summary, contexts=contexts,
+                        context_limits=note)
     emit(summary, fmt, lambda s: "\n".join(
         [sweep_table(s), "", crossover_line(s), f"report in {s['config']['out']} ({s['status']})"]))
     if summary["exit_code"]:
@@ -89,13 +110,23 @@ def _sweep(cfg: Any, levels_text: str, fmt: str) -> None:
 @click.option("--sweep", default=None, metavar="C1,C2,...",
               help="Spec and baseline at each concurrency, each in its own phase; reports the "
                    "speedup per level and where speculation stops paying (needs a baseline).")
+@click.option("--input-lengths", default=None, metavar="L1,L2,...",
+              help="With --sweep: also sweep the context, prompts of exactly L tokens of the "
+                   "served tokenizer built from the prompt set; per (length, concurrency) cell "
+                   "spec and baseline in their own phases, step cost and tau against length.")
+@click.option("--engine", "engine_dir", type=click.Path(file_okay=False), default=None,
+              help="The served engine's folder: its build_config.json bounds --input-lengths "
+                   "(max_input_len, max_seq_len) and its tokenizer/ counts the tokens.")
 @click.option("--request-rate", type=float, default=None, help="Open loop: Poisson req/s.")
 @click.option("--requests", "n_requests", type=int, default=32, show_default=True,
               help="Measured requests per variant.")
 @click.option("--warmup", type=int, default=2, show_default=True, help="Per variant.")
 @click.option("--dataset", type=click.Path(dir_okay=False), default=None,
-              help="JSONL prompts: {\"prompt\": ..., \"max_tokens\": optional}.")
-@click.option("--prompts", default=None, help="Builtin prompt set: builtin-code (default).")
+              help="JSONL ({\"prompt\"|\"messages\"|\"turns\": ..., \"category\", "
+                   "\"max_tokens\": optional}) or ShareGPT JSON.")
+@click.option("--prompts", default=None,
+              help="Builtin prompt set: builtin-code (default), builtin-prose, builtin-json, "
+                   "builtin-chat (multi-turn), builtin-mix (docs/benchmarks.md, Workloads).")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @click.option("--temperature", type=float, default=None)
 @click.option("--top-k", type=int, default=None)
@@ -123,7 +154,8 @@ def _sweep(cfg: Any, levels_text: str, fmt: str) -> None:
               help="Per-request timeout (s).")
 @click.option("--out", default="reports/bench", show_default=True, help="Report directory.")
 @FORMAT_OPTION
-def command(fmt: str, n_requests: int, sweep: str | None, **kw: Any) -> None:
+def command(fmt: str, n_requests: int, sweep: str | None, input_lengths: str | None,
+            engine_dir: str | None, **kw: Any) -> None:
     """Stream requests to Triton or an OpenAI server, record every request, summarize, plot.
 
     Records TTFT, ITL per token (a chunk's gap divided over its tokens), TPOT, E2E, tokens per
@@ -139,8 +171,12 @@ def command(fmt: str, n_requests: int, sweep: str | None, **kw: Any) -> None:
         kw["baseline_url"] = host_port(kw["baseline_url"])
     cfg = BenchmarkConfig(requests=n_requests, **kw)
     cfg.validate()
+    if input_lengths is not None and sweep is None:
+        from specserve.errors import SpecserveError
+
+        raise SpecserveError("--input-lengths is an axis of --sweep: give --sweep C1,C2,...")
     if sweep is not None:
-        _sweep(cfg, sweep, fmt)
+        _sweep(cfg, sweep, fmt, input_lengths, engine_dir)
         return
     outcome = run_benchmark(cfg)
     emit(outcome.summary, fmt, _text)

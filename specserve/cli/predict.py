@@ -70,6 +70,21 @@ def _text(r: dict[str, Any]) -> str:
         lines.append("load-aware: " + ", ".join(
             f"batch {lv['batch']}: K={lv['k']} ({lv['speedup']:.3f}x)" for lv in sch["levels"]))
         lines.append(f"schedule: --draft-len-schedule {sch['schedule']}")
+    for row in r.get("context") or []:
+        lines.append(f"context {row['context']}: T(1) {row['t1_ms']:.4g} ms"
+                     + (f", verify (K={row['k']}) {row['verify_ms']:.4g} ms = "
+                        f"{row['verify_cost_ratio']:.3g}x, speedup {row['speedup']:.3f}"
+                        if "k" in row else ""))
+    vc = r.get("verify_check")
+    if vc:
+        lines.append(f"verify step per sweep cell (n = {vc['n_verify']}, {vc['step_times']} "
+                     f"T(n); predicted / measured ms):")
+        for a, b in zip(vc["per_cell"], vc["from_shortest"], strict=True):
+            lines.append(f"  L={a['input_length']:>5} c={a['concurrency']:>3}: "
+                         f"{a['predicted_step_ms']:.3g} / {a['measured_step_ms']:.3g} "
+                         f"({a['relative_error']:+.0%}); overhead from the shortest length: "
+                         f"{b['predicted_step_ms']:.3g} ({b['relative_error']:+.0%})")
+        lines += [f"OUTSIDE {vc['tolerance']:.0%}: {x}" for x in vc["outside"]]
     return "\n".join(lines)
 
 
@@ -115,6 +130,14 @@ def _text(r: dict[str, Any]) -> str:
 @click.option("--schedule-batches", default=None, metavar="B1,B2,...",
               help="Also predict at each batch size and give the best K per batch as a "
                    "load-aware schedule (build --draft-len-schedule).")
+@click.option("--context-lengths", default=None, metavar="L1,L2,...",
+              help="Also predict at each context length (--kv-len = L): T(1), the verify "
+                   "step, their ratio and the speedup.")
+@click.option("--sweep", default=None, metavar="SUMMARY",
+              help="A `bench --sweep --input-lengths` summary.json: predicted against "
+                   "measured verify step per (length, concurrency) cell (needs --draft-len).")
+@click.option("--tolerance", type=float, default=0.2, show_default=True,
+              help="--sweep: the relative error a cell may have.")
 @FORMAT_OPTION
 def command(fmt: str, **opts: Any) -> None:
     """Predict decode time per step, tokens/s ceiling and speculative speedup."""

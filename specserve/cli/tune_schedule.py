@@ -5,6 +5,7 @@ Parses the options into a :class:`specserve.tune_schedule.TuneScheduleConfig`, c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,27 @@ num_speculative_tokens, and flags fixed budgets slower than no speculation.
 
 
 def _text(r: dict[str, Any]) -> str:
-    lines = ["| concurrency | best | output tok/s by budget (0 = none) |", "|---|---|---|"]
+    ctx = "context" in r
+    lines = [("| input tokens " if ctx else "") + "| concurrency | best | output tok/s by "
+             "budget (0 = none) |", "|---" * (3 + ctx) + "|"]
     for lv in r["levels"]:
         opts = ", ".join(f"{k}: {v:.1f}" for k, v in lv["output_tok_s"].items())
-        lines.append(f"| {lv['concurrency']} | {lv['best'] or 'off'} | {opts} |")
+        lines.append((f"| {lv['input_length']} " if ctx else "")
+                     + f"| {lv['concurrency']} | {lv['best'] or 'off'} | {opts} |")
+    if ctx:
+        lines += ["", "schedule per input length: " + "; ".join(
+            f"{n}: {f['schedule']}" for n, f in r["by_context"].items()),
+            f"deploying the {r['context']['input_length']}-token schedule; "
+            f"{r['context']['caveat']}"]
     t = r["trtllm_pytorch"]
     lines += ["", f"specserve build {r['build_option']}",
               f"TensorRT-LLM 1.2 speculative_config: max_draft_len {t['1.2']['max_draft_len']}, "
               f"draft_len_schedule {t['1.2']['draft_len_schedule']} ({t['1.2']['note']})",
               f"TensorRT-LLM later: draft_len_schedule {t['later']['draft_len_schedule']} "
-              f"({t['later']['note']})", f"vLLM: {r['vllm']}"]
+              f"({t['later']['note']})", f"vLLM: {r['vllm']}",
+              f"vLLM 0.32 speculative_config: {json.dumps(r['vllm_config'])}",
+              "SGLang (one static setting): " + ", ".join(
+                  f"c={c}: {v}" for c, v in r["sglang"].items())]
     lines += [f"WARNING: {f}" for f in r["flags"]]
     if r["files"]:
         lines.append("wrote " + ", ".join(r["files"]))
@@ -53,11 +65,15 @@ def _text(r: dict[str, Any]) -> str:
               help="A sweep's draft budget and its folder or summary.json (repeatable).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the report (JSON) here.")
+@click.option("--context", type=click.IntRange(1), default=None, metavar="TOKENS",
+              help="Sweeps with --input-lengths: the input length the deployment expects "
+                   "(its schedule is the smallest measured length at or above it; default the "
+                   "longest).")
 @FORMAT_OPTION
-def command(sources: tuple[str, ...], out: str | None, fmt: str) -> None:
+def command(sources: tuple[str, ...], out: str | None, context: int | None, fmt: str) -> None:
     """Choose the draft budget per concurrency from `specserve bench --sweep` summaries."""
     from specserve.tune_schedule import TuneScheduleConfig, parse_source, tune_schedule
 
     cfg = TuneScheduleConfig(tuple(parse_source(s) for s in sources),
-                             Path(out) if out else None)
+                             Path(out) if out else None, context)
     emit(tune_schedule(cfg), fmt, _text)

@@ -35,7 +35,7 @@ from specserve.client.acceptance import (
 )
 from specserve.client.balance import PooledTransport
 from specserve.client.config import BenchmarkConfig
-from specserve.client.datasets import Prompt, load_prompts
+from specserve.client.datasets import Prompt, conversation_text, load_prompts
 from specserve.client.metrics import RequestRecord, make_record
 from specserve.client.openai import OpenAITransport
 from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
@@ -127,26 +127,48 @@ class Runner:
     def stopping(self) -> bool:
         return self.aborted is not None or self.interrupted
 
-    def _params(self, job: Job) -> GenParams:
+    def _params(self, job: Job, messages: tuple[tuple[str, str], ...] = ()) -> GenParams:
         c = self.cfg
         return GenParams(max_tokens=job.prompt.max_tokens or c.max_tokens, stream=c.stream,
                          temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed,
                          end_id=c.end_id, perf_outputs=c.perf_outputs,
-                         num_draft_tokens=c.num_draft_tokens, ignore_eos=c.ignore_eos)
+                         num_draft_tokens=c.num_draft_tokens, ignore_eos=c.ignore_eos,
+                         messages=messages)
 
     async def run_job(self, job: Job) -> None:
+        """One request, or every turn of a conversation (one record per turn)."""
+        if job.prompt.turns:
+            await self._conversation(job)
+            return
+        await self._send(job, job.prompt.text, job.prompt.messages, 0)
+
+    async def _conversation(self, job: Job) -> None:
+        """Turn ``i`` resends the conversation so far, the model's own replies appended (a
+        failed turn ends the conversation)."""
+        history: list[tuple[str, str]] = []
+        for turn, user in enumerate(job.prompt.turns):
+            if self.stopping:
+                return
+            history.append(("user", user))
+            rec = await self._send(job, conversation_text(history), tuple(history), turn)
+            if rec.status != "completed":
+                return
+            history.append(("assistant", rec.output_text.strip()))
+
+    async def _send(self, job: Job, text: str, messages: tuple[tuple[str, str], ...],
+                    turn: int) -> RequestRecord:
         t = self.targets[job.variant]
         raw = RawResult(send_wall_s=time.time())
         try:
-            raw = await t.transport.generate(t.model, job.prompt.text, self._params(job),
+            raw = await t.transport.generate(t.model, text, self._params(job, messages),
                                              t.declared, self.cfg.timeout_s)
         except asyncio.CancelledError:
             raw.cancelled, raw.error = True, None
-            self._record(job, raw)
+            self._record(job, raw, text, turn)
             raise
-        self._record(job, raw)
+        return self._record(job, raw, text, turn)
 
-    def _record(self, job: Job, raw: RawResult) -> None:
+    def _record(self, job: Job, raw: RawResult, text: str = "", turn: int = 0) -> RequestRecord:
         counts, source = resolve_chunk_tokens(raw.chunk_num_tokens, raw.chunk_texts,
                                               self.cfg.num_output_tokens_mode, self.count_text)
         if raw.usage_tokens is not None and sum(counts) != raw.usage_tokens:
@@ -166,13 +188,16 @@ class Runner:
             end_s=raw.end_s if not (raw.error or raw.cancelled) else None,
             token_count_source=source, server=server, spec_stats=spec_stats,
             acceptance_source=acc_source,
-            error=raw.error, cancelled=raw.cancelled, output_text="".join(raw.chunk_texts))
+            error=raw.error, cancelled=raw.cancelled, output_text="".join(raw.chunk_texts),
+            category=job.prompt.category, turn=turn,
+            input_tokens=self.count_text(text) if self.count_text and text else None)
         self._errors_in_row = self._errors_in_row + 1 if rec.status == "error" else 0
         if self._errors_in_row >= self.cfg.abort_after_errors and not self.aborted:
             kind = "connection errors" if raw.connection_error else "failed requests"
             self.aborted = f"{self._errors_in_row} {kind} in a row; last: {raw.error}"
         self.records.append(rec)
         self.on_record(rec)
+        return rec
 
     async def closed_loop(self, jobs: list[Job], concurrency: int) -> None:
         it = iter(jobs)

@@ -105,6 +105,9 @@ class RequestRecord:
     error: str | None = None
     output_text: str = ""
     acceptance_source: str | None = None       # the server field acceptance came from
+    category: str = "uncategorized"            # the prompt's category (reports split by it)
+    turn: int = 0                              # multi-turn: the turn of the conversation
+    input_tokens: int | None = None            # prompt tokens (--tokenizer), when counted
 
     @property
     def tokens_per_step(self) -> tuple[int, ...]:
@@ -144,6 +147,9 @@ def make_record(
     cancelled: bool = False,
     output_text: str = "",
     acceptance_source: str | None = None,
+    category: str = "uncategorized",
+    turn: int = 0,
+    input_tokens: int | None = None,
 ) -> RequestRecord:
     """Build a record from a raw timeline; the status follows from ``error``/``cancelled``."""
     timing = derive_timing(chunk_times_s, chunk_tokens, end_s)
@@ -159,7 +165,8 @@ def make_record(
         chunk_tokens=tuple(int(k) for k in chunk_tokens),
         itl_token_s=timing.itl_token_s, itl_chunk_s=timing.itl_chunk_s,
         server=dict(server or {}), spec_stats=spec_stats, error=error, output_text=output_text,
-        acceptance_source=acceptance_source,
+        acceptance_source=acceptance_source, category=category, turn=turn,
+        input_tokens=input_tokens,
     )
 
 

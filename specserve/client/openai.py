@@ -36,7 +36,8 @@ def openai_body(model: str, prompt: str, p: GenParams, endpoint: str) -> dict[st
     """The JSON body of one request (fields left as ``None`` are not sent)."""
     body: dict[str, Any] = {"model": model, "max_tokens": p.max_tokens, "stream": p.stream}
     if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+        msgs = p.messages or (("user", prompt),)  # a conversation's history, else the prompt
+        body["messages"] = [{"role": r, "content": c} for r, c in msgs]
     else:
         body["prompt"] = prompt
     if p.stream:

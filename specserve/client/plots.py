@@ -137,8 +137,38 @@ def speedup_bars(speedups: dict[str, Speedup], path: Path) -> None:
     _save(plt, fig, path)
 
 
+def category_bars(cats: dict[str, Any], path: Path) -> None:
+    """tau per category and variant (left) and, with a baseline, the per-user tok/s speedup per
+    category with its bootstrap 95% CI (right)."""
+    plt = _plt()
+    names = list(cats)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    variants = sorted({v for c in cats.values() for v in c["variants"]}, key=lambda v: v != "spec")
+    width = 0.8 / max(len(variants), 1)
+    for j, v in enumerate(variants):
+        taus = [(cats[c]["variants"].get(v) or {}).get("tau") or 0.0 for c in names]
+        ax1.bar([i + (j - (len(variants) - 1) / 2) * width for i in range(len(names))], taus,
+                width, color=COLORS.get(v), label=v)
+    ax1.set_xticks(range(len(names)), names, rotation=15)
+    ax1.set_ylabel("tau (tokens per step)")
+    ax1.set_title("tau by category")
+    ax1.legend()
+    sp = [cats[c]["speedup"].get("per_user_tok_s") for c in names]
+    pts = [s["speedup"] if s else float("nan") for s in sp]
+    err = [[p - s["ci_low"] if s else 0.0 for p, s in zip(pts, sp, strict=True)],
+           [s["ci_high"] - p if s else 0.0 for p, s in zip(pts, sp, strict=True)]]
+    ax2.bar(range(len(names)), pts, yerr=err, capsize=6, color="tab:green")
+    ax2.axhline(1.0, color="black", lw=1, ls="--")
+    ax2.set_xticks(range(len(names)), names, rotation=15)
+    ax2.set_ylabel("per-user tok/s speedup (x)")
+    ax2.set_title("speedup by category (95% CI)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3, axis="y")
+    _save(plt, fig, path)
+
+
 def write_plots(records: Sequence[RequestRecord], speedups: dict[str, Speedup],
-                out: Path) -> list[str]:
+                out: Path, categories: dict[str, Any] | None = None) -> list[str]:
     """Write every plot that has data into ``out``; return their file names."""
     names = ["latency_cdf.png", "itl_histogram.png", "tokens_per_step.png"]
     latency_cdfs(records, out / names[0])
@@ -147,6 +177,9 @@ def write_plots(records: Sequence[RequestRecord], speedups: dict[str, Speedup],
     if speedups:
         names.append("speedup.png")
         speedup_bars(speedups, out / names[3])
+    if categories:
+        names.append("category.png")
+        category_bars(categories, out / "category.png")
     return names
 
 
@@ -192,3 +225,34 @@ def sweep_plots(summary: dict[str, Any], out: Path) -> list[str]:
     ax.legend(fontsize=8)
     _save(plt, fig, out / "sweep_speedup.png")
     return ["sweep_throughput.png", "sweep_speedup.png"]
+
+
+def context_plots(summary: dict[str, Any], out: Path) -> list[str]:
+    """``sweep_context.png``: against input length, one line per concurrency, the measured step
+    cost of both variants (spec solid: a verify step with its proposal; baseline dashed: a decode
+    step), tau, and the per-user tok/s speedup; the file names."""
+    plt = _plt()
+    rows = summary["levels"]
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 4.2))
+    for c in sorted({r["concurrency"] for r in rows}):
+        mine = sorted((r for r in rows if r["concurrency"] == c), key=lambda r: r["input_length"])
+        xs = [r["input_length"] for r in mine]
+        line = a1.plot(xs, [r["spec"]["step_ms"] or float("nan") for r in mine], "o-",
+                       label=f"c={c} spec")[0]
+        a1.plot(xs, [r["baseline"]["step_ms"] or float("nan") for r in mine], "s--",
+                color=line.get_color(), label=f"c={c} baseline")
+        a2.plot(xs, [r["spec"]["tau"] or float("nan") for r in mine], "o-", label=f"c={c}")
+        a3.plot(xs, [(r["per_user_speedup"] or {}).get("speedup", float("nan")) for r in mine],
+                "o-", label=f"c={c}")
+    a3.axhline(1.0, color="grey", lw=1)
+    for ax, title, ylabel in ((a1, "step cost against context", "ms per step"),
+                              (a2, "tau against context", "tokens per verify step"),
+                              (a3, "speedup against context", "per-user tok/s spec / baseline")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("input tokens")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    _save(plt, fig, out / "sweep_context.png")
+    return ["sweep_context.png"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from specserve.client.acceptance import EngineAcceptance
 from specserve.client.metrics import RequestRecord
-from specserve.client.summary import Slo, Speedup, summarize
+from specserve.client.summary import Slo, Speedup, by_category, summarize
 from specserve.config import write_json_atomic, write_text_atomic
 
 DIST_METRICS = (("ttft_ms", "ms"), ("tpot_ms", "ms"), ("itl_ms", "ms"), ("itl_chunk_ms", "ms"),
@@ -47,6 +47,7 @@ def build_summary(records: Sequence[RequestRecord], duration_s: float, slo: Slo 
                                   interleaved=len(variants) > 1).to_dict() for v in variants},
         "combined": _combined(meas, duration_s) if len(variants) > 1 else None,
         "speedup": {m: asdict(s) for m, s in sp.items()},
+        "categories": by_category(records, seed=int((extra.get("config") or {}).get("seed", 0))),
     }
     summary["flags"] = [f for v in summary["variants"].values() for f in v["flags"]]
     return summary
@@ -120,11 +121,31 @@ def csv_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for m, s in summary["speedup"].items():
         rows.append({"variant": "speedup", "metric": m, "unit": "x", "value": s["speedup"],
                      "ci_low": s["ci_low"], "ci_high": s["ci_high"], "n": s["n_spec"]})
+    for r in rows:
+        r["category"] = "all"
+    return rows + category_rows(summary.get("categories") or {})
+
+
+CATEGORY_CSV = (("tau", ""), ("acceptance_rate", ""), ("ttft_ms_p50", "ms"),
+                ("tpot_ms_p50", "ms"), ("e2e_ms_p50", "ms"), ("per_user_tok_s_mean", "tok/s"))
+
+
+def category_rows(cats: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flat rows of the per-category split: one per (category, variant, figure) and one per
+    (category, speedup)."""
+    rows: list[dict[str, Any]] = []
+    for cat, c in cats.items():
+        for v, fig in c["variants"].items():
+            rows += [{"category": cat, "variant": v, "metric": name, "unit": unit,
+                      "value": fig[name], "n": fig["completed"]} for name, unit in CATEGORY_CSV]
+        rows += [{"category": cat, "variant": "speedup", "metric": m, "unit": "x",
+                  "value": s["speedup"], "ci_low": s["ci_low"], "ci_high": s["ci_high"],
+                  "n": s["n_spec"]} for m, s in c["speedup"].items()]
     return rows
 
 
 CSV_FIELDS = ("variant", "metric", "unit", "n", "mean", "p50", "p90", "p99", "min", "max",
-              "value", "ci_low", "ci_high")
+              "value", "ci_low", "ci_high", "category")
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -159,6 +180,30 @@ def text_table(summary: dict[str, Any]) -> str:
                 _fmt((vs[v].get("engine_counters") or {}).get(key), 3) for v in names) + " |")
         lines.append("| counters from | " + " | ".join(
             (vs[v].get("engine_counters") or {}).get("source", "–") for v in names) + " |")
+    return "\n".join(lines)
+
+
+def category_table(summary: dict[str, Any]) -> str:
+    """A Markdown table of the per-category split: one row per (category, variant); with a
+    baseline the spec rows carry the per-user tok/s and TPOT speedups ("" without categories)."""
+    cats = summary.get("categories") or {}
+    if not cats:
+        return ""
+    lines = ["| category | variant | requests | tau | acceptance | TTFT p50 ms | TPOT p50 ms | "
+             "E2E p50 ms | tok/s/user | speedup tok/s/user [95% CI] | speedup TPOT |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for cat, c in cats.items():
+        for v, f in c["variants"].items():
+            sp = c["speedup"] if v == "spec" else {}
+            pu, tp = sp.get("per_user_tok_s"), sp.get("tpot_s")
+            ci = (f"{pu['speedup']:.2f} [{pu['ci_low']:.2f}, {pu['ci_high']:.2f}]"
+                  if pu else "–")
+            lines.append(
+                f"| {cat} | {v} | {f['completed']} | {_fmt(f['tau'])} | "
+                f"{_fmt(f['acceptance_rate'])} | {_fmt(f['ttft_ms_p50'])} | "
+                f"{_fmt(f['tpot_ms_p50'])} | {_fmt(f['e2e_ms_p50'])} | "
+                f"{_fmt(f['per_user_tok_s_mean'], 1)} | {ci} | "
+                f"{_fmt(tp['speedup']) if tp else '–'} |")
     return "\n".join(lines)
 
 
@@ -210,6 +255,8 @@ def readme(summary: dict[str, Any], plots: list[str]) -> str:
     if summary["speedup"]:
         parts += ["", "## Speedup vs baseline (ratio of means, >1 = speculation better)", "",
                   speedup_table(summary["speedup"])]
+    if summary.get("categories"):
+        parts += ["", "## By category", "", category_table(summary)]
     parts += ["", "ITL is per token: a chunk's gap divided over the tokens it carries; "
               "`itl_chunk` is the naive per-chunk gap. TPOT = (E2E - TTFT) / (tokens - 1).", ""]
     parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots]
@@ -232,6 +279,6 @@ def write_report(out: Path, summary: dict[str, Any], records: Sequence[RequestRe
     if plots:
         from specserve.client.plots import write_plots
 
-        names = write_plots(records, sp, out)
+        names = write_plots(records, sp, out, summary.get("categories"))
     write_text_atomic(out / "README.md", readme(summary, names))
     return ["requests.jsonl", "summary.json", "summary.csv", *names, "README.md"]

@@ -277,3 +277,36 @@ def speedups(records: Sequence[RequestRecord], seed: int = 0,
         if s is not None:
             out[metric] = s
     return out
+
+
+# per-category figures (SPEED-Bench's qualitative split: acceptance differs by category)
+CATEGORY_SPEEDUPS = ("per_user_tok_s", "tpot_s", "ttft_s", "e2e_s")
+
+
+def category_figures(records: Sequence[RequestRecord], variant: str) -> dict[str, Any]:
+    """tau, acceptance and latency of ``variant`` over ``records`` (one category's measured
+    requests; no throughput: categories share the run's time)."""
+    vs = summarize(records, variant, 0.0, interleaved=True)
+    acc = vs.acceptance
+    return {"requests": vs.requests, "completed": vs.completed,
+            "tau": acc.tau_server or acc.tau_stream, "tau_server": acc.tau_server,
+            "tau_stream": acc.tau_stream, "acceptance_rate": acc.acceptance_rate,
+            "ttft_ms_p50": vs.ttft_ms.p50, "tpot_ms_p50": vs.tpot_ms.p50,
+            "tpot_ms_mean": vs.tpot_ms.mean, "e2e_ms_p50": vs.e2e_ms.p50,
+            "per_user_tok_s_mean": vs.per_user_tok_s.mean}
+
+
+def by_category(records: Sequence[RequestRecord], seed: int = 0,
+                n_boot: int = 2000) -> dict[str, Any]:
+    """Category -> each variant's :func:`category_figures` and, with a baseline, the speedups
+    of :data:`CATEGORY_SPEEDUPS` over that category's requests (bootstrap CIs as
+    :func:`speedups`). Categories sorted by name."""
+    meas = [r for r in records if r.phase == "measure"]
+    out: dict[str, Any] = {}
+    for cat in sorted({r.category for r in meas}):
+        rs = [r for r in meas if r.category == cat]
+        names = sorted({r.variant for r in rs}, key=lambda v: v != "spec")
+        sp = speedups(rs, seed=seed, n_boot=n_boot) if "baseline" in names else {}
+        out[cat] = {"variants": {v: category_figures(rs, v) for v in names},
+                    "speedup": {m: asdict(sp[m]) for m in CATEGORY_SPEEDUPS if m in sp}}
+    return out

@@ -59,6 +59,7 @@ class GenParams:
     ignore_eos: bool = False             # OpenAI protocol: generate exactly max_tokens
     # more ensemble inputs by name (names in INPUT_DTYPES), e.g. (("min_tokens", 4),)
     extra: tuple[tuple[str, Any], ...] = ()
+    messages: tuple[tuple[str, str], ...] = ()  # OpenAI chat: the history, sent as messages
 
 
 def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:

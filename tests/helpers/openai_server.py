@@ -33,6 +33,7 @@ class Script:
     model: str = "demo"
     gap_s: float = 0.004
     load_gap_s: float = 0.0                  # extra gap per request in flight (a loaded server)
+    context_gap_s: float = 0.0               # extra gap per 1000 prompt characters (long context)
     continuous_usage: bool = True            # honour stream_options.continuous_usage_stats
     per_request_metrics: bool = True
     fail_status: int | None = None
@@ -224,7 +225,9 @@ class ScriptedOpenAI:
                 if request.transport is not None:
                     request.transport.close()
                 return resp
-            await asyncio.sleep(self.s.gap_s + self.s.load_gap_s * self.s.inflight)
+            ctx = len(str(body.get("prompt") or body.get("messages") or "")) / 1000.0
+            await asyncio.sleep(self.s.gap_s + self.s.load_gap_s * self.s.inflight
+                                + self.s.context_gap_s * ctx)
             text, done = texts[i], done + c
             choice = {"delta": {"content": text}} if chat else {"text": text}
             ev: dict[str, Any] = {"choices": [choice]}
