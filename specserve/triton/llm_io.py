@@ -27,6 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from specserve.errors import SpecserveError
+from specserve.runtime.params import SamplingParams
+
 # Inputs the reference decoder honours; others must be absent or hold their neutral value.
 NEUTRAL: dict[str, float] = {
     "len_penalty": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
@@ -42,6 +45,69 @@ HONOURED = {
 MAYBE_EMPTY = {"draft_input_ids", "draft_logits"}  # empty = no drafts (a plain request)
 # draft_input_ids allowed on an engine whose record has no max_draft_len (a plain engine)
 PLAIN_ENGINE_MAX_DRAFT_LEN = 16
+DEFAULT_MAX_PENDING = 4096  # queued requests (parameter specserve_max_pending)
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens prefilled per step (parameter specserve_prefill_chunk)
+_OFF = ("off", "false", "0")
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """The parameters of a reference ``tensorrt_llm`` model's ``config.pbtxt``."""
+
+    engine_dir: str
+    max_batch: int = 1
+    exclude_default: bool = False
+    speculation: bool = True
+    checkpoint: str = "target"  # "target" | "draft" (the draft checkpoint alone)
+    max_pending: int = DEFAULT_MAX_PENDING
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> ModelParams:
+        """From the model config (``args["model_config"]`` parsed); raises SpecserveError on a
+        value the model does not serve. ``specserve_batching`` is gone (the model batches in
+        flight only): a repository asking for anything else is refused, never ignored."""
+        params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+        batching = params.get("specserve_batching", "") or "inflight"
+        if batching != "inflight":
+            raise SpecserveError(f"parameter specserve_batching {batching!r} is not served: the "
+                                 "reference tensorrt_llm model batches in flight only (remove "
+                                 "the parameter)")
+        checkpoint = params.get("specserve_checkpoint", "") or "target"
+        if checkpoint not in ("target", "draft"):
+            raise SpecserveError(f"parameter specserve_checkpoint must be 'target' or 'draft', "
+                                 f"got {checkpoint!r}")
+        if not params.get("gpt_model_path"):
+            raise SpecserveError("parameter gpt_model_path (the engine directory) is empty")
+        return cls(
+            engine_dir=params["gpt_model_path"],
+            max_batch=max(1, int(cfg.get("max_batch_size", 1))),
+            exclude_default=params.get("exclude_input_in_output", "").lower() in ("true", "1"),
+            speculation=params.get("specserve_speculation", "on").lower() not in _OFF,
+            checkpoint=checkpoint,
+            max_pending=max(1, _int_param(params, "specserve_max_pending", DEFAULT_MAX_PENDING)),
+            prefill_chunk=_int_param(params, "specserve_prefill_chunk", DEFAULT_PREFILL_CHUNK))
+
+
+def _int_param(params: dict[str, str], key: str, default: int) -> int:
+    value = params.get(key, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise SpecserveError(f"parameter {key} must be an integer, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What a request is checked against: the served model's vocabulary, the engine record's
+    ``max_draft_len`` / ``max_input_len`` / ``max_seq_len`` (0: not recorded) and the
+    tokenizer's EOS (the default ``end_id``)."""
+
+    vocab_size: int
+    max_draft_len: int = PLAIN_ENGINE_MAX_DRAFT_LEN
+    max_input_len: int = 0
+    max_seq_len: int = 0
+    eos: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +215,40 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
         num_output_tokens=bool(opt("return_num_output_tokens", False)),
         draft_ids=draft_ids, draft_logits=draft_logits, return_generation_logits=gen_logits,
     )
+
+
+def sampling_params(req: LlmRequest, limits: EngineLimits) -> SamplingParams:
+    """The validated SamplingParams of ``req``, or ValueError/SpecserveError with a one-line
+    reason (a bad request fails alone, before it reaches the batch)."""
+    n = len(req.prompt)
+    bad = next((t for t in req.prompt if not 0 <= t < limits.vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"generate: token id {bad} outside the vocab ({limits.vocab_size})")
+    check_drafts(req, limits.vocab_size, limits.max_draft_len)
+    if limits.max_input_len and n > limits.max_input_len:
+        raise ValueError(f"prompt has {n} tokens, the engine's max_input_len is "
+                         f"{limits.max_input_len}")
+    # draft_input_ids: one verify step answers at most K + 1 tokens
+    max_tokens = req.max_tokens if req.draft_ids is None else req.verify_max_tokens
+    if limits.max_seq_len and n + max_tokens > limits.max_seq_len:
+        raise ValueError(f"prompt {n} + request_output_len {max_tokens} exceeds the "
+                         f"engine's max_seq_len {limits.max_seq_len}")
+    end_id = limits.eos if req.end_id is None else (req.end_id if req.end_id >= 0 else None)
+    min_tokens = req.min_tokens if req.draft_ids is None else min(req.min_tokens, max_tokens)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+        seed=req.seed, end_id=end_id, stop_token_ids=req.stop_token_ids, min_tokens=min_tokens)
+    params.validate()
+    return params
+
+
+def admit(arrays: dict[str, np.ndarray[Any, Any]], model: ModelParams, decoupled: bool,
+          limits: EngineLimits) -> tuple[LlmRequest, SamplingParams]:
+    """One Triton request's inputs -> (request, its sampling parameters), every check done."""
+    req = parse_request(arrays, model.exclude_default)
+    if req.streaming and not decoupled:
+        raise ValueError("streaming needs a decoupled model (specserve repo --decoupled)")
+    return req, sampling_params(req, limits)
 
 
 def _drafts(arrays: dict[str, np.ndarray[Any, Any]]

@@ -49,7 +49,7 @@ def _python_model(name: str) -> str:
 
 
 def _bls_lib() -> dict[str, str]:
-    """The BLS helpers (``specserve/triton/models/bls_lib/*.py``, stdlib only) as
+    """The BLS helpers (``specserve/triton/models/bls_lib/*.py``, stdlib and numpy) as
     ``tensorrt_llm_bls/1/lib/*.py``: the Python backend puts the version folder on sys.path."""
     lib = resources.files("specserve.triton.models.bls_lib")
     return {f"tensorrt_llm_bls/1/lib/{f.name}": f.read_text("utf-8")
@@ -103,7 +103,6 @@ def plan_repository(engine_dir: Path, cfg: EngineRecord, opts: RepoOptions) -> d
         bls_mapping(batch, opts, reference, draft, bls_spec_mapping(
             cfg, engine_dir, target_decoupled=decoupled["tensorrt_llm"])))
     files["tensorrt_llm_bls/1/model.py"] = _python_model("bls")
-    files["tensorrt_llm_bls/1/bls_spec.py"] = _python_model("bls_spec")  # its loop (a mixin)
     files.update(_bls_lib())  # tensorrt_llm_bls/1/lib/*.py, imported by model.py as lib.*
     files[REPO_META] = json.dumps({
         "engine_dir": str(engine_dir), "backend": cfg.backend,

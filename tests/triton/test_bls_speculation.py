@@ -86,15 +86,15 @@ def test_bls_lib_is_copied_next_to_model_py(tiny_ckpt: TinyCheckpoint, tmp_path:
     repo = write_repository(engine, tmp_path / "repo")
     src = Path(bls_lib.__file__).parent
     expected = sorted(f.name for f in src.glob("*.py"))
-    assert {"spec_loop.py", "ngram.py", "detok.py", "__init__.py"} <= set(expected)
+    assert {"spec_loop.py", "spec_io.py", "ngram.py", "detok.py", "__init__.py"} <= set(expected)
     lib = repo / "tensorrt_llm_bls" / "1" / "lib"
     assert sorted(f.name for f in lib.iterdir()) == expected
     for name in expected:
         assert (lib / name).read_text() == (src / name).read_text(), name
+    assert sorted(f.name for f in lib.parent.iterdir()) == ["lib", "model.py"]
     models = Path(bls_lib.__file__).parent.parent
-    assert (lib.parent / "bls_spec.py").read_text() == (models / "bls_spec.py").read_text()
-    assert "from bls_spec import SpecLoop" in (lib.parent / "model.py").read_text()
-    assert "from lib import ngram, spec_loop" in (lib.parent / "bls_spec.py").read_text()
+    assert (lib.parent / "model.py").read_text() == (models / "bls.py").read_text()
+    assert "from lib import ngram, spec_io, spec_loop" in (lib.parent / "model.py").read_text()
 
 
 def test_ngram_repo_has_prompt_lookup_and_no_draft_model(tiny_ckpt: TinyCheckpoint,

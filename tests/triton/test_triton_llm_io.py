@@ -7,13 +7,19 @@ from typing import Any
 import numpy as np
 import pytest
 
+from specserve.errors import SpecserveError
 from specserve.triton.llm_io import (
+    DEFAULT_MAX_PENDING,
     PLAIN_ENGINE_MAX_DRAFT_LEN,
+    EngineLimits,
+    ModelParams,
     PerfTimes,
+    admit,
     check_drafts,
     generation_logits_array,
     parse_request,
     perf_arrays,
+    sampling_params,
     token_arrays,
     word_ids,
 )
@@ -176,3 +182,84 @@ def test_check_drafts_against_the_engine() -> None:
 def test_generation_logits_array_shape() -> None:
     out = generation_logits_array(np.ones((3, 16), dtype=np.float64))["generation_logits"]
     assert out.shape == (1, 1, 3, 16) and out.dtype == np.float32
+
+
+# --- the request checks against the engine (was the model's _params) -------------------------
+
+LIMITS = EngineLimits(vocab_size=32, max_draft_len=4, max_input_len=3, max_seq_len=11, eos=2)
+
+
+def test_sampling_params_map_the_request() -> None:
+    req = parse_request(base(temperature=0.5, runtime_top_k=3, runtime_top_p=0.9, seed=7,
+                             min_tokens=2))
+    got = sampling_params(req, LIMITS)
+    assert (got.max_tokens, got.temperature, got.top_k, got.seed, got.min_tokens) == \
+        (8, 0.5, 3, 7, 2)
+    assert abs(got.top_p - 0.9) < 1e-6
+    assert got.end_id == 2  # no end_id input: the tokenizer's EOS
+    assert sampling_params(parse_request(base(end_id=-1)), LIMITS).end_id is None
+    assert sampling_params(parse_request(base(end_id=5)), LIMITS).end_id == 5
+
+
+def test_max_input_len_and_max_seq_len_bounds_are_inclusive() -> None:
+    """3-token prompt: max_input_len 3 passes, 2 fails; 3 + 8 = 11 = max_seq_len passes."""
+    req = parse_request(base())
+    sampling_params(req, LIMITS)
+    with pytest.raises(ValueError, match=r"^prompt has 3 tokens, the engine's max_input_len "
+                                         r"is 2$"):
+        sampling_params(req, EngineLimits(vocab_size=32, max_input_len=2))
+    with pytest.raises(ValueError, match=r"^prompt 3 \+ request_output_len 8 exceeds the "
+                                         r"engine's max_seq_len 10$"):
+        sampling_params(req, EngineLimits(vocab_size=32, max_seq_len=10))
+
+
+def test_a_prompt_token_outside_the_vocab_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"token id 7 outside the vocab \(7\)"):
+        sampling_params(parse_request(base()), EngineLimits(vocab_size=7))
+
+
+def test_draft_requests_answer_at_most_k_plus_one_tokens() -> None:
+    """draft_input_ids: max_tokens = min(request_output_len, K + 1), checked against
+    max_seq_len as such (3 + 4 <= 7), min_tokens capped to it."""
+    req = parse_request(drafted(3, min_tokens=6))
+    got = sampling_params(req, EngineLimits(vocab_size=32, max_draft_len=4, max_seq_len=7))
+    assert (got.max_tokens, got.min_tokens) == (4, 4)
+    with pytest.raises(ValueError, match="more than the engine's max_draft_len 2"):
+        sampling_params(req, EngineLimits(vocab_size=32, max_draft_len=2))
+
+
+def test_streaming_needs_a_decoupled_model() -> None:
+    model = ModelParams(engine_dir="e")
+    admit(base(streaming=True), model, True, LIMITS)
+    with pytest.raises(ValueError, match="streaming needs a decoupled model"):
+        admit(base(streaming=True), model, False, LIMITS)
+
+
+def _cfg(**params: str) -> dict[str, Any]:
+    params = {"gpt_model_path": "/engines/e", **params}
+    return {"max_batch_size": 8, "parameters": {k: {"string_value": v}
+                                                for k, v in params.items()}}
+
+
+def test_model_params_from_the_config() -> None:
+    got = ModelParams.from_config(_cfg(specserve_speculation="off", specserve_max_pending="3",
+                                       exclude_input_in_output="true",
+                                       specserve_checkpoint="draft"))
+    assert got == ModelParams(engine_dir="/engines/e", max_batch=8, exclude_default=True,
+                              speculation=False, checkpoint="draft", max_pending=3)
+    assert ModelParams.from_config(_cfg()).max_pending == DEFAULT_MAX_PENDING
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"specserve_batching": "static"}, "specserve_batching 'static' is not served: the "
+                                       "reference tensorrt_llm model batches in flight only"),
+    ({"specserve_checkpoint": "medusa"}, "specserve_checkpoint must be 'target' or 'draft'"),
+    ({"specserve_max_pending": "many"}, "specserve_max_pending must be an integer"),
+    ({"gpt_model_path": ""}, "gpt_model_path"),
+])
+def test_model_params_refuse_what_is_not_served(params: dict[str, str], message: str) -> None:
+    """The removed static batching loop: a repository asking for it fails to load with one
+    message, it is never silently served in flight."""
+    with pytest.raises(SpecserveError, match=message):
+        ModelParams.from_config(_cfg(**params))
+    assert ModelParams.from_config(_cfg(specserve_batching="inflight")).max_batch == 8

@@ -2,11 +2,17 @@
 model (Business Logic Scripting), TensorRT-LLM 1.2.1 names and parameters, plus the draft-target
 and n-gram loop (``num_draft_tokens`` > 0).
 
-Self-contained (copied into the repository as ``tensorrt_llm_bls/1/model.py``, the loop as
-``tensorrt_llm_bls/1/bls_spec.py`` (:mod:`bls_spec`), its helpers as
+Self-contained (copied into the repository as ``tensorrt_llm_bls/1/model.py``, its helpers as
 ``tensorrt_llm_bls/1/lib/*.py``: the Python backend puts the version folder on ``sys.path``, as
 NVIDIA's BLS relies on for ``lib.decode``). Decoupled: one thread per request, inputs copied in
 ``execute()`` first (``triton-on-cpu.md`` §2).
+
+This file is the ``pb_utils`` half only, as upstream's ``lib/triton_decoder.py`` is for its
+``lib/decode.py`` (triton-inference-server/tensorrtllm_backend
+``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/`` @
+04d96ce8e635739babc0aedaac8a2ee10fa8f909): it converts Triton tensors to numpy dicts and back
+and makes the calls. What goes into each call and each response is built by ``lib/spec_io.py``
+(pure, unit tested), the loop itself is ``lib/spec_loop.py``.
 
 Without speculation the engine's responses are decoded one by one (or, with
 ``accumulate_tokens``, all tokens so far), and the perf and token-count outputs are forwarded.
@@ -50,56 +56,51 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 if TYPE_CHECKING:
-    from specserve.triton.models.bls_lib import ngram
+    from specserve.triton.models.bls_lib import ngram, spec_io, spec_loop
     from specserve.triton.models.bls_lib import request as rq
-    from specserve.triton.models.bls_spec import SpecLoop
 else:
-    try:  # in a repository: tensorrt_llm_bls/1/lib/ and 1/bls_spec.py, next to model.py
-        from bls_spec import SpecLoop
-        from lib import ngram
+    try:  # in a repository: tensorrt_llm_bls/1/lib/, next to model.py
+        from lib import ngram, spec_io, spec_loop
         from lib import request as rq
     except ImportError:  # imported from the specserve package
-        from specserve.triton.models.bls_lib import ngram
+        from specserve.triton.models.bls_lib import ngram, spec_io, spec_loop
         from specserve.triton.models.bls_lib import request as rq
-        from specserve.triton.models.bls_spec import SpecLoop
 
-DEFAULT_MAX_INFLIGHT = 256  # decoupled requests served at once (parameter specserve_max_inflight)
 KEEP_ITERATORS = 4096  # decoupled BLS response iterators held after use (see _keep)
+Arrays = dict[str, np.ndarray[Any, Any]]
 
 
 class _Cancelled(Exception):
     """The client went away: stop the loop, send nothing more."""
 
 
-def _busy(limit: int) -> Any:
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
-        f"tensorrt_llm_bls: server busy: {limit} requests in flight "
-        "(specserve_max_inflight); retry later"))
+class _CallError(RuntimeError):
+    """A draft or target call failed (the message names the model and its parameter)."""
 
 
-class TritonPythonModel(SpecLoop):
+def _error(message: str) -> Any:
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+def _tensors(arrays: Arrays) -> list[Any]:
+    return [pb_utils.Tensor(k, v) for k, v in arrays.items()]
+
+
+def _arrays(resp: Any) -> Arrays:
+    """A response's outputs as numpy copies (they outlive the response)."""
+    return {t.name(): t.as_numpy().copy() for t in resp.output_tensors()}
+
+
+class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         cfg = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
-        self.llm = rq.param(params, "tensorrt_llm_model_name", "tensorrt_llm")
-        self.draft = rq.param(params, "tensorrt_llm_draft_model_name", "")
-        self.accumulate = rq.flag(params, "accumulate_tokens")
+        self.cfg = spec_io.BlsParams.from_params(params)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.outputs = [o["name"] for o in cfg.get("output", [])]
-        # the speculation loop (specserve's parameters; NVIDIA's BLS ignores them)
-        self.spec_mode = rq.param(params, "speculative_mode", "draft" if self.draft else "")
-        self.ngram_max = int(rq.param(params, "ngram_max_size", str(ngram.DEFAULT_MAX_NGRAM)))
-        max_draft = rq.param(params, "max_draft_len", "")
-        self.max_draft_len = int(max_draft) if max_draft else None
-        vocab = rq.param(params, "tensorrt_llm_vocab_size", "")
-        self.vocab = int(vocab) if vocab else None
-        self.llm_decoupled = rq.flag(params, "tensorrt_llm_decoupled")
-        self.draft_decoupled = rq.flag(params, "tensorrt_llm_draft_decoupled")
         # One thread per in-flight decoupled request, bounded: past the bound a request fails
         # at once with "server busy" and the server stays up.
-        self.max_inflight = max(1, int(rq.param(params, "specserve_max_inflight",
-                                              str(DEFAULT_MAX_INFLIGHT))))
-        self.slots = threading.BoundedSemaphore(self.max_inflight)
+        self.slots = threading.BoundedSemaphore(self.cfg.max_inflight)
         self.kept: collections.deque[Any] = collections.deque(maxlen=KEEP_ITERATORS)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
@@ -110,7 +111,8 @@ class TritonPythonModel(SpecLoop):
             if self.decoupled:
                 sender = request.get_response_sender()
                 if not self.slots.acquire(blocking=False):
-                    sender.send(_busy(self.max_inflight),
+                    sender.send(_error(f"tensorrt_llm_bls: server busy: {self.cfg.max_inflight} "
+                                       "requests in flight (specserve_max_inflight); retry later"),
                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
                 threading.Thread(target=self._serve_slot, args=(inputs, sender, arrival),
@@ -118,8 +120,8 @@ class TritonPythonModel(SpecLoop):
             else:
                 collected: list[Any] = []
                 self._serve(inputs, None, arrival, collected)
-                responses.append(collected[-1] if collected else pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError("tensorrt_llm_bls: no output")))
+                responses.append(collected[-1] if collected else
+                                 _error("tensorrt_llm_bls: no output"))
         return None if self.decoupled else responses
 
     def _keep(self, iterator: Any) -> Any:
@@ -195,7 +197,7 @@ class TritonPythonModel(SpecLoop):
         if not self.decoupled:
             llm_in = [t for t in llm_in if t.name() != "streaming"]
         wanted = ["output_ids", "sequence_length", *[o for o in rq.FORWARD if o in self.outputs]]
-        llm = pb_utils.InferenceRequest(model_name=self.llm, inputs=llm_in,
+        llm = pb_utils.InferenceRequest(model_name=self.cfg.llm, inputs=llm_in,
                                         requested_output_names=wanted)
         seen: list[np.ndarray[Any, Any]] = []
         for resp in self._keep(llm.exec(decoupled=True)):  # also fine for a non-decoupled model
@@ -208,7 +210,7 @@ class TritonPythonModel(SpecLoop):
     def _text_response(self, resp: Any, seen: list[np.ndarray[Any, Any]]) -> Any:
         ids = pb_utils.get_output_tensor_by_name(resp, "output_ids").as_numpy()  # [1, beams, T]
         lens = pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy()
-        if self.accumulate:
+        if self.cfg.accumulate:
             seen.append(ids[:, :, : int(lens.reshape(-1)[0])])
             ids = np.concatenate(seen, axis=2)
             lens = np.array([[ids.shape[2]]], dtype=np.int32)
@@ -237,3 +239,74 @@ class TritonPythonModel(SpecLoop):
                                 np.array([[len(ids)]], dtype=np.int32))
         v = out.reshape(-1)[0]
         return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+    def _exec(self, role: str, model: str, call: tuple[Arrays, list[str]],
+              decoupled: bool) -> dict[str, Any]:
+        """One draft or target call, its outputs merged over its responses
+        (:func:`lib.spec_io.merge_outputs`)."""
+        arrays, names = call
+        req = pb_utils.InferenceRequest(model_name=model, inputs=_tensors(arrays),
+                                        requested_output_names=names)
+        try:
+            responses = self._keep(req.exec(decoupled=True)) if decoupled else [req.exec()]
+            got = []
+            for resp in responses:
+                if resp.has_error():
+                    raise _CallError(spec_io.call_error(role, model, resp.error().message()))
+                got.append(_arrays(resp))
+        except _CallError:
+            raise
+        except Exception as e:  # exec itself failed (e.g. an unknown model)
+            raise _CallError(spec_io.call_error(role, model, str(e))) from e
+        return spec_io.merge_outputs(got)
+
+    def _spec_generate(self, inputs: Arrays, emit: Any, k: int, arrival: int) -> None:
+        """:func:`lib.spec_loop.run` over draft and target calls built by ``lib/spec_io.py``."""
+        spec_io.check_spec_request(self.cfg, inputs, k)
+        pre = self._preprocess(inputs)
+        req, opts = spec_io.spec_request(inputs, pre, k), spec_io.spec_options(inputs,
+                                                                                self.decoupled)
+        draft = self._ngram_draft if self.cfg.spec_mode == "ngram" else \
+            self._model_draft(inputs, pre, opts)
+        text = spec_io.TextStream(opts, self.cfg.accumulate, req.prompt, self._decode)
+
+        def on_iteration(it: spec_loop.Iteration) -> None:
+            values = text.iteration(it)
+            if values is not None:
+                emit(self._response(values), False)
+
+        scheduled = time.monotonic_ns()
+        result = spec_loop.run(req, draft, self._target(inputs, pre), on_iteration)
+        emit(self._response(text.final(result, arrival, scheduled)), False)
+
+    def _model_draft(self, inputs: Arrays, pre: Arrays, opts: spec_io.SpecOptions
+                     ) -> spec_loop.DraftFn:
+        """The draft model's calls of one request (its vocabulary checked on the first)."""
+        cfg, vocab_checked = self.cfg, [self.cfg.vocab is None]
+
+        def draft(ctx: list[int], n: int, s: spec_loop.Sampling) -> tuple[list[int], Any]:
+            want = opts.use_logits or not vocab_checked[0]
+            out = self._exec("draft", cfg.draft, spec_io.draft_call(inputs, pre, ctx, n, s, want),
+                             cfg.draft_decoupled)
+            logits = out.get("generation_logits")
+            vocab_checked[0] |= spec_io.check_draft(cfg, out["output_ids"], logits)
+            return out["output_ids"], (logits if opts.use_logits else None)
+        return draft
+
+    def _target(self, inputs: Arrays, pre: Arrays) -> spec_loop.TargetFn:
+        """The target's calls of one request."""
+        def target(ctx: list[int], drafts: list[int], logits: Any,
+                   s: spec_loop.Sampling) -> tuple[list[int], int, int]:
+            call = spec_io.target_call(inputs, pre, ctx, drafts, logits, s)
+            out = self._exec("target", self.cfg.llm, call, self.cfg.llm_decoupled)
+            return spec_io.target_counts(drafts, out["output_ids"])
+        return target
+
+    def _ngram_draft(self, ctx: list[int], n: int, s: spec_loop.Sampling
+                     ) -> tuple[list[int], Any]:
+        return ngram.propose(ctx, n, self.cfg.ngram_max), None
+
+    def _response(self, values: dict[str, Any]) -> Any:
+        """A response of the declared outputs among ``values``."""
+        return pb_utils.InferenceResponse(
+            output_tensors=_tensors(spec_io.response_arrays(values, self.outputs)))

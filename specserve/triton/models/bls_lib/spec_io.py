@@ -1,0 +1,327 @@
+"""Request and response building of the ``tensorrt_llm_bls`` speculation loop, without Triton
+(numpy and the standard library; copied into a repository as ``tensorrt_llm_bls/1/lib/``).
+
+The split follows tensorrtllm_backend's BLS: ``lib/decode.py`` holds the requests, responses and
+the decoding logic as plain objects, ``lib/triton_decoder.py`` only converts them to and from
+``pb_utils`` (triton-inference-server/tensorrtllm_backend
+``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/decode.py`` @
+38e7c9d1a63604b46a43d4952675779565a8f3a8, ``triton_decoder.py`` @
+04d96ce8e635739babc0aedaac8a2ee10fa8f909, read, not copied). Here the BLS model (``bls.py``)
+turns the dicts of numpy arrays built below into ``pb_utils.Tensor`` lists and back; everything
+a request's answer depends on is in this module and in :mod:`spec_loop`, and the unit tests call
+it directly (``tests/triton/test_bls_spec_io.py``).
+
+- :class:`BlsParams`: the model's parameters (``config.pbtxt``).
+- :func:`check_spec_request`, :func:`spec_request`, :func:`spec_options`: a request's checks and
+  its :class:`spec_loop.SpecRequest`.
+- :func:`draft_call`, :func:`target_call`: the inputs and requested outputs of the draft and
+  target calls (the I/O contract with ``tensorrt_llm``); :func:`merge_outputs` the outputs of a
+  call over its responses; :func:`check_draft` the draft vocabulary and id checks;
+  :func:`target_counts` the accepted drafts of a target answer.
+- :class:`TextStream`: the streamed per-iteration text and token counts, and the final response
+  with the perf outputs (:func:`perf_values`); :func:`response_arrays` the declared outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import ngram, spec_loop
+from .detok import IncrementalDetokenizer
+from .request import LLM, MISSING, SPEC_PASS, as_batch, flag, param, scalar, word_lists
+
+Arrays = dict[str, Any]  # name -> numpy array
+DEFAULT_MAX_INFLIGHT = 256  # decoupled requests served at once (parameter specserve_max_inflight)
+OUTPUTS = ["output_ids", "sequence_length"]  # what every call asks for (see bls.py _keep)
+
+
+@dataclass(frozen=True)
+class BlsParams:
+    """The BLS model's parameters; the speculation ones are specserve's (NVIDIA's BLS ignores
+    them)."""
+
+    llm: str = "tensorrt_llm"
+    draft: str = ""
+    accumulate: bool = False
+    spec_mode: str = ""  # "draft" | "ngram" | "" (no speculation)
+    ngram_max: int = ngram.DEFAULT_MAX_NGRAM
+    max_draft_len: int | None = None
+    vocab: int | None = None
+    llm_decoupled: bool = False
+    draft_decoupled: bool = False
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+
+    @classmethod
+    def from_params(cls, params: dict[str, str]) -> BlsParams:
+        draft = param(params, "tensorrt_llm_draft_model_name", "")
+        max_draft = param(params, "max_draft_len", "")
+        vocab = param(params, "tensorrt_llm_vocab_size", "")
+        return cls(
+            llm=param(params, "tensorrt_llm_model_name", "tensorrt_llm"), draft=draft,
+            accumulate=flag(params, "accumulate_tokens"),
+            spec_mode=param(params, "speculative_mode", "draft" if draft else ""),
+            ngram_max=int(param(params, "ngram_max_size", str(ngram.DEFAULT_MAX_NGRAM))),
+            max_draft_len=int(max_draft) if max_draft else None,
+            vocab=int(vocab) if vocab else None,
+            llm_decoupled=flag(params, "tensorrt_llm_decoupled"),
+            draft_decoupled=flag(params, "tensorrt_llm_draft_decoupled"),
+            max_inflight=max(1, int(param(params, "specserve_max_inflight",
+                                          str(DEFAULT_MAX_INFLIGHT)))))
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """What a speculative request asks of the answer."""
+
+    use_logits: bool = False  # use_draft_logits: the draft's logits go to the target
+    streaming: bool = False  # a decoupled BLS and ``stream``
+    counts_in: bool = False
+    counts_out: bool = False
+    exclude: bool = False  # exclude_input_in_output (non-streamed text)
+    perf: bool = False
+
+
+def check_spec_request(cfg: BlsParams, inputs: Arrays, k: int) -> None:
+    """ValueError (one line) unless ``num_draft_tokens`` ``k`` can be served."""
+    if k < 0:
+        raise ValueError(f"num_draft_tokens must be >= 0, got {k}")
+    if cfg.max_draft_len is not None and k > cfg.max_draft_len:
+        raise ValueError(f"num_draft_tokens {k} exceeds the target's max_draft_len "
+                         f"{cfg.max_draft_len} (parameter max_draft_len)")
+    if cfg.spec_mode == "draft" and not cfg.draft:
+        raise ValueError("num_draft_tokens > 0 needs a draft model: parameter "
+                         "tensorrt_llm_draft_model_name is empty")
+    if cfg.spec_mode not in ("draft", "ngram"):
+        raise ValueError("num_draft_tokens > 0 needs a draft source: parameter "
+                         "tensorrt_llm_draft_model_name or speculative_mode ngram "
+                         f"(speculative_mode is {cfg.spec_mode!r})")
+    for name in ("beam_width", "num_return_sequences"):
+        if int(scalar(inputs, name, 1)) > 1:
+            raise ValueError(f"{name} > 1 is not supported with speculative decoding")
+
+
+def prompt_of(pre: Arrays) -> tuple[int, ...]:
+    """The prompt ids preprocessing made (``input_ids`` trimmed to ``input_lengths``)."""
+    n_in = int(pre["input_lengths"].reshape(-1)[0])
+    return tuple(int(t) for t in pre["input_ids"].reshape(-1)[:n_in])
+
+
+def end_id_of(pre: Arrays) -> int:
+    return int(pre["end_id"].reshape(-1)[0]) if "end_id" in pre else -1
+
+
+def spec_request(inputs: Arrays, pre: Arrays, k: int) -> spec_loop.SpecRequest:
+    """The loop's request: the BLS inputs and preprocessing's outputs."""
+    seed = scalar(inputs, "seed", None)
+    return spec_loop.SpecRequest(
+        prompt=prompt_of(pre), max_tokens=int(scalar(inputs, "max_tokens", 0)),
+        num_draft_tokens=k,
+        sampling=spec_loop.Sampling(
+            temperature=float(scalar(inputs, "temperature", 0.0)),
+            top_k=int(scalar(inputs, "top_k", 0)), top_p=float(scalar(inputs, "top_p", 1.0)),
+            seed=None if seed is None else int(seed)),
+        end_id=end_id_of(pre), stop_words=word_lists(pre.get("stop_words_list")),
+        min_tokens=int(scalar(inputs, "min_tokens", 0)))
+
+
+def spec_options(inputs: Arrays, decoupled: bool) -> SpecOptions:
+    return SpecOptions(
+        use_logits=bool(scalar(inputs, "use_draft_logits", False)),
+        streaming=decoupled and bool(scalar(inputs, "stream", False)),
+        counts_in=bool(scalar(inputs, "return_num_input_tokens", False)),
+        counts_out=bool(scalar(inputs, "return_num_output_tokens", False)),
+        exclude=bool(scalar(inputs, "exclude_input_in_output", False)),
+        perf=bool(scalar(inputs, "return_perf_metrics", False)))
+
+
+def _i32(v: int) -> Any:
+    return np.array([[v]], dtype=np.int32)
+
+
+def call_inputs(inputs: Arrays, pre: Arrays, ctx: Sequence[int], s: spec_loop.Sampling,
+                out_len: int, end_id: int) -> Arrays:
+    """The inputs every draft and target call gets: the context, ``request_output_len``,
+    ``end_id``, only new tokens back, the call's sampling, preprocessing's ``pad_id`` /
+    ``bad_words_list``, and the inputs the models judge themselves (:data:`SPEC_PASS`)."""
+    out: Arrays = {
+        "input_ids": np.array([list(ctx)], dtype=np.int32),
+        "input_lengths": _i32(len(ctx)),
+        "request_output_len": _i32(out_len),
+        "end_id": _i32(end_id),
+        "exclude_input_in_output": np.array([[True]], dtype=bool),
+        "temperature": np.array([[s.temperature]], dtype=np.float32),
+        "runtime_top_k": _i32(s.top_k),
+        "runtime_top_p": np.array([[s.top_p]], dtype=np.float32),
+        "min_tokens": _i32(s.min_tokens),
+    }
+    if s.seed is not None:
+        out["seed"] = np.array([[s.seed]], dtype=np.uint64)
+    for name in ("pad_id", "bad_words_list"):
+        if name in pre:
+            out[name] = pre[name]
+    for k in SPEC_PASS:
+        if k in inputs:
+            out[LLM[k]] = as_batch(inputs[k])
+    return out
+
+
+def draft_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], n: int, s: spec_loop.Sampling,
+               want_logits: bool) -> tuple[Arrays, list[str]]:
+    """(inputs, requested outputs) of the draft call: ``n`` tokens, never stopping on a token
+    (``end_id`` -1), ``generation_logits`` when ``want_logits``."""
+    out = call_inputs(inputs, pre, ctx, s, n, -1)
+    out["return_generation_logits"] = np.array([[want_logits]], dtype=bool)
+    return out, OUTPUTS + (["generation_logits"] if want_logits else [])
+
+
+def target_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], drafts: Sequence[int],
+                logits: Any, s: spec_loop.Sampling) -> tuple[Arrays, list[str]]:
+    """(inputs, requested outputs) of the target call: the drafts (+ their logits [1, k, V]),
+    ``request_output_len`` = drafts + 1, preprocessing's ``end_id`` and stop words; exactly the
+    outputs the target produces (no perf outputs: see ``bls.py`` ``_keep``)."""
+    out = call_inputs(inputs, pre, ctx, s, len(drafts) + 1, end_id_of(pre))
+    if "stop_words_list" in pre:
+        out["stop_words_list"] = pre["stop_words_list"]
+    if drafts:
+        out["draft_input_ids"] = np.array([list(drafts)], dtype=np.int32)
+        if logits is not None:
+            out["draft_logits"] = np.ascontiguousarray(logits, dtype=np.float32)[None]
+    return out, list(OUTPUTS)
+
+
+def merge_outputs(responses: Sequence[Arrays]) -> Arrays:
+    """One call's outputs over its responses (a decoupled model sends several): ``output_ids``
+    the new ids of all of them (each trimmed to its ``sequence_length``), ``generation_logits``
+    [n, V] concatenated, every other output its last value; empty responses skipped."""
+    out: Arrays = {"output_ids": []}
+    logits: list[Any] = []
+    for got in responses:
+        if not got:
+            continue
+        got = dict(got)
+        ids = got.pop("output_ids", np.zeros((1, 1, 0), dtype=np.int32)).reshape(-1)
+        n = int(got.pop("sequence_length", np.array([ids.size])).reshape(-1)[0])
+        out["output_ids"].extend(int(t) for t in ids[:min(n, ids.size)])
+        lg = got.pop("generation_logits", None)
+        if lg is not None and lg.size:
+            logits.append(lg.reshape(-1, lg.shape[-1]))
+        out.update(got)
+    if logits:
+        out["generation_logits"] = np.concatenate(logits)
+    return out
+
+
+def call_error(role: str, model: str, message: str) -> str:
+    """The message of a failed draft or target call, naming the model and its parameter."""
+    param_name = ("tensorrt_llm_draft_model_name" if role == "draft"
+                  else "tensorrt_llm_model_name")
+    if any(m in message.lower() for m in MISSING):
+        return (f"{role} model '{model}' (parameter {param_name}) is not available in the "
+                f"repository: {message}")
+    return f"{role} model '{model}' (parameter {param_name}): {message}"
+
+
+def check_draft(cfg: BlsParams, tokens: Sequence[int], logits: Any) -> bool:
+    """ValueError unless the draft's vocabulary (the width of its ``generation_logits``) is the
+    target's and its ids are inside it; True when the vocabulary was checked here."""
+    if cfg.vocab is None:
+        return False
+    checked = logits is not None and len(tokens) > 0
+    if checked and logits.shape[-1] != cfg.vocab:
+        raise ValueError(
+            f"draft model '{cfg.draft}' has a vocabulary of {logits.shape[-1]} (its "
+            f"generation_logits), the target's is {cfg.vocab} (parameter "
+            "tensorrt_llm_vocab_size): draft and target must share the tokenizer")
+    bad = next((t for t in tokens if not 0 <= t < cfg.vocab), None)
+    if bad is not None:
+        raise ValueError(f"draft model '{cfg.draft}' proposed token id {bad}, outside the "
+                         f"target's vocabulary ({cfg.vocab})")
+    return checked
+
+
+def target_counts(drafts: Sequence[int], tokens: list[int]) -> tuple[list[int], int, int]:
+    """(tokens, accepted, drafted) of a target answer: a rejected draft's position never holds
+    the draft, so the accepted drafts are the prefix of the tokens equal to them."""
+    return tokens, spec_loop.accepted_prefix(drafts, tokens), len(drafts)
+
+
+def perf_values(arrival: int, scheduled: int, result: spec_loop.LoopResult) -> Arrays:
+    """TensorRT-LLM's perf outputs of the request (and ``spec_stats_json``, one verify step per
+    iteration); token times fall back to the scheduled time when no token was added."""
+    return {
+        "arrival_time_ns": np.array([[arrival]], dtype=np.int64),
+        "first_scheduled_time_ns": np.array([[scheduled]], dtype=np.int64),
+        "first_token_time_ns": np.array([[result.first_token_ns or scheduled]], dtype=np.int64),
+        "last_token_time_ns": np.array([[result.last_token_ns or scheduled]], dtype=np.int64),
+        "acceptance_rate": np.array([[result.acceptance_rate]], dtype=np.float32),
+        "total_accepted_draft_tokens": _i32(result.accepted),
+        "total_draft_tokens": _i32(result.drafted),
+        "spec_stats_json": json.dumps(result.stats_dict(), sort_keys=True),
+    }
+
+
+class TextStream:
+    """The text of one request: per iteration (streaming) and at the end."""
+
+    def __init__(self, opts: SpecOptions, accumulate: bool, prompt: Sequence[int],
+                 decode: Callable[[list[int]], str]) -> None:
+        self.opts, self.accumulate, self.prompt, self.decode = opts, accumulate, prompt, decode
+        self.detok = IncrementalDetokenizer(decode)
+        self.streamed: list[str] = []
+
+    def iteration(self, it: spec_loop.Iteration) -> dict[str, Any] | None:
+        """The streamed response of an iteration (None: not streaming, or no new tokens):
+        its new text (all text so far with ``accumulate_tokens``) and token counts."""
+        if not self.opts.streaming or not it.new_tokens:
+            return None
+        piece = self.detok.push(it.new_tokens)
+        self.streamed.append(piece)
+        values: dict[str, Any] = {"text_output": "".join(self.streamed) if self.accumulate
+                                  else piece}
+        if self.opts.counts_out:
+            values["num_output_tokens"] = len(it.new_tokens)
+        if self.opts.counts_in:
+            values["num_input_tokens"] = len(self.prompt)
+        return values
+
+    def final(self, result: spec_loop.LoopResult, arrival: int, scheduled: int
+              ) -> dict[str, Any]:
+        """The final response: streamed, the text held back (0 output tokens); else the whole
+        text (after the prompt unless ``exclude_input_in_output``); counts and perf outputs."""
+        if self.opts.streaming:
+            rest = self.detok.flush()
+            self.streamed.append(rest)
+            values: dict[str, Any] = {"text_output": "".join(self.streamed) if self.accumulate
+                                      else rest}
+            n_out = 0
+        else:
+            ids = result.tokens if self.opts.exclude else [*self.prompt, *result.tokens]
+            values = {"text_output": self.decode(list(ids))}
+            n_out = len(ids)
+        if self.opts.counts_out:
+            values["num_output_tokens"] = n_out
+        if self.opts.counts_in:
+            values["num_input_tokens"] = len(self.prompt)
+        if self.opts.perf:
+            values.update(perf_values(arrival, scheduled, result))
+        return values
+
+
+def response_arrays(values: dict[str, Any], outputs: Sequence[str]) -> Arrays:
+    """The declared ``outputs`` among ``values`` as arrays (str -> BYTES [1, 1], int -> INT32
+    [1, 1], arrays as they are)."""
+    out: Arrays = {}
+    for name, v in values.items():
+        if name not in outputs:
+            continue
+        if isinstance(v, str):
+            v = np.array([[v.encode("utf-8")]], dtype=np.object_)
+        elif isinstance(v, int):
+            v = _i32(v)
+        out[name] = v
+    return out

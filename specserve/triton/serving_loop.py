@@ -1,0 +1,273 @@
+"""The serving loop of the reference ``tensorrt_llm`` Triton model, without Triton: what is
+taken from the model's queue and when, where each request goes, what is sent back, and what
+happens when a step fails or a client goes away.
+
+Upstream's split, followed here: tensorrtllm_backend's BLS keeps its decoding logic over plain
+request/response objects in ``lib/decode.py`` and the ``pb_utils`` conversions in
+``lib/triton_decoder.py`` (triton-inference-server/tensorrtllm_backend
+``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/decode.py`` @
+38e7c9d1a63604b46a43d4952675779565a8f3a8, ``triton_decoder.py`` @
+04d96ce8e635739babc0aedaac8a2ee10fa8f909). This module is the first half: it sends numpy
+arrays to a :class:`Sender`; ``triton/models/llm.py`` wraps Triton's response sender as one and
+is the only place that imports ``pb_utils``. The unit tests drive it with a real
+:class:`~specserve.runtime.scheduler.Scheduler` and a recording sender
+(``tests/triton/test_serving_loop.py``).
+
+Policy (in-flight batching, :class:`~specserve.runtime.scheduler.Scheduler`):
+
+- **intake**: everything queued goes to the scheduler between steps and from inside a step (the
+  scheduler's ``intake`` hook), where it is prefilled at once and joins the batch when the step
+  ends; a ``None`` in the queue stops the loop once nothing is left.
+- **backpressure**: while the scheduler holds ``max_pending`` requests (waiting + running),
+  nothing more is taken: requests stay in the model's bounded queue, and past its bound the
+  model answers "server busy".
+- **draft_input_ids** requests (TensorRT-LLM's external drafts) never join the batch: each runs
+  one verify call of its own between steps (:func:`external_verify`).
+- **failure**: a step that raises fails every request in flight with that message; the loop goes
+  on with an empty pool.
+- **cancellation**: after every step, a request whose client went away is cancelled (its slot is
+  freed at the next step) and answered with the final flag only.
+
+A proposer that cannot join a running batch (``inflight = False``: oracle, external) is refused
+when the loop is made (:func:`make_scheduler`), never served some other way.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from specserve.triton.llm_io import (
+    LlmRequest,
+    PerfTimes,
+    generation_logits_array,
+    perf_arrays,
+    token_arrays,
+)
+from specserve.triton.models.bls_lib.detok import TokenHoldBack
+
+if TYPE_CHECKING:
+    from specserve.runtime.batch import GenerationResult
+    from specserve.runtime.decoder import SpecDecoder
+    from specserve.runtime.params import SamplingParams
+    from specserve.runtime.scheduler import Scheduler
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+OnStep = Callable[[int, list[int]], None]
+
+
+class Sender(Protocol):
+    """One request's response channel (Triton's decoupled response sender, wrapped)."""
+
+    def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
+        """Send ``arrays``, or the error ``error``, or (both None) only the final flag; False
+        when the client is gone (then only a final flag goes out)."""
+        ...
+
+    def cancelled(self) -> bool:
+        """The client went away."""
+        ...
+
+
+@dataclass
+class Pending:
+    """One queued request and what the loop knows of it."""
+
+    req: LlmRequest
+    params: SamplingParams
+    sender: Sender
+    arrival: int  # steady-clock ns, as the perf outputs' other times
+    handle: Any = None  # its scheduler Handle
+    done: bool = False  # an answer ended it, or the client went away
+    final_sent: bool = False  # the final flag went out
+    hold: TokenHoldBack | None = None  # streaming: tokens held while they end mid-character
+    first_scheduled: int = 0
+    first_token: int = 0
+    last_token: int = 0
+
+
+# verify(p, on_step) -> the result of ONE verify step of p's draft_input_ids
+VerifyFn = Callable[[Pending, OnStep], "GenerationResult"]
+TextFn = Callable[[list[int]], str]
+
+
+def make_scheduler(decoder: SpecDecoder, capacity: int, max_seq_len: int,
+                   prefill_chunk: int) -> Scheduler:
+    """The model's in-flight batcher; SpecserveError for a proposer that cannot join a running
+    batch (the model then fails to load with that message)."""
+    from specserve.runtime.scheduler import Scheduler
+
+    return Scheduler(decoder, capacity, max_seq_len or
+                     decoder.target.cfg.max_position_embeddings, prefill_chunk=prefill_chunk)
+
+
+def external_verify(decoder: SpecDecoder, max_draft_len: int) -> VerifyFn:
+    """``draft_input_ids``: one ``SpecDecoder.verify`` with an ExternalDraftProposer."""
+
+    def verify(p: Pending, on_step: OnStep) -> GenerationResult:
+        import torch
+
+        from specserve.runtime.proposers import ExternalDraftProposer
+
+        logits = None if p.req.draft_logits is None else torch.from_numpy(p.req.draft_logits)
+        proposer = ExternalDraftProposer([p.req.draft_ids or ()], [logits],
+                                         max_draft_len=max_draft_len)
+        return decoder.verify([p.req.prompt], [p.params], proposer, on_step,
+                              return_logits=[p.req.return_generation_logits])[0]
+    return verify
+
+
+def final_arrays(p: Pending, result: GenerationResult) -> Arrays:
+    """The final response: streamed, the tokens still held back (usually none); else every
+    token (after the prompt unless ``exclude_input_in_output``); then ``generation_logits`` and
+    the perf outputs when asked."""
+    if p.req.streaming:
+        arrays = token_arrays(p.req, p.hold.flush() if p.hold else [])
+    else:
+        tokens = [int(t) for t in result.token_ids]
+        arrays = token_arrays(p.req, tokens if p.req.exclude_input else p.req.prompt + tokens)
+    if p.req.return_generation_logits and result.logits is not None:
+        arrays.update(generation_logits_array(np.asarray(result.logits)))
+    if p.req.perf:
+        stats = result.stats
+        times = PerfTimes(arrival=p.arrival, first_scheduled=p.first_scheduled,
+                          first_token=p.first_token or p.first_scheduled,
+                          last_token=p.last_token or p.first_scheduled)
+        arrays.update(perf_arrays(times, int(stats.draft_tokens), int(stats.accepted_tokens),
+                                  json.dumps(stats.to_dict(), sort_keys=True)))
+    return arrays
+
+
+def stream_arrays(p: Pending, new_tokens: list[int], text: TextFn) -> Arrays | None:
+    """The streamed response of one step's tokens, or None while they end mid-character (each
+    chunk is decoded on its own by postprocessing: held tokens go with the next one)."""
+    p.hold = p.hold or TokenHoldBack(text)
+    ready = p.hold.push([int(t) for t in new_tokens])
+    return token_arrays(p.req, ready) if ready else None
+
+
+class ServingLoop:
+    """The worker loop: :meth:`run` until a ``None`` is queued and nothing is left."""
+
+    def __init__(self, scheduler: Scheduler, source: queue.Queue[Pending | None],
+                 max_pending: int, verify: VerifyFn, text: TextFn,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.sch, self.source, self.max_pending = scheduler, source, max_pending
+        self.verify, self.text, self.clock = verify, text, clock
+        self.live: dict[int, Pending] = {}  # id(handle) -> request, while in the scheduler
+        self.later: list[Pending] = []  # draft_input_ids requests: their own call
+        self.stop = False
+        scheduler.intake = self.intake
+
+    def run(self) -> None:
+        while not (self.stop and self.sch.idle and not self.later):
+            self.intake(block=self.sch.idle and not self.stop and not self.later)
+            for p in self.later:
+                self._verify(p)
+            self.later.clear()
+            self._step()
+            self._poll_cancelled()
+
+    def intake(self, block: bool = False) -> None:
+        """Queued requests to the scheduler (also from inside a step: Scheduler.intake)."""
+        if not block and self.source.empty():
+            return  # the common case inside a step: nothing arrived
+        if self.sch.waiting + len(self.sch.running) >= self.max_pending:
+            return  # backpressure: they wait in the bounded queue
+        for p in self._take(block):
+            if p is None:
+                self.stop = True
+            elif p.req.draft_ids is not None:
+                self.later.append(p)
+            else:
+                self._submit(p)
+
+    def fail(self, p: Pending, message: str) -> None:
+        """Answer ``p`` with an error (or, when its client is gone, only the final flag)."""
+        if not p.done:
+            p.sender.send(None, message, final=True)
+        elif not p.final_sent:
+            p.sender.send(None, None, final=True)
+        p.done = p.final_sent = True
+
+    def _take(self, block: bool) -> list[Pending | None]:
+        """Everything queued now; waits for one first when ``block`` (nothing running)."""
+        out: list[Pending | None] = []
+        try:
+            out.append(self.source.get() if block else self.source.get_nowait())
+            while True:
+                out.append(self.source.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def _submit(self, p: Pending) -> None:
+        try:
+            h = p.handle = self.sch.submit(p.req.prompt, p.params, self._on_tokens(p),
+                                           self._on_done(p), p.req.return_generation_logits)
+            self.live[id(h)] = p
+        except Exception as e:  # this request only
+            self.fail(p, f"tensorrt_llm: {e}")
+
+    def _verify(self, p: Pending) -> None:
+        p.first_scheduled = self.clock()
+        on_tokens = self._on_tokens(p)
+        try:
+            result = self.verify(p, lambda _row, new: on_tokens(new))
+        except Exception as e:  # this request only
+            self.fail(p, f"tensorrt_llm: generation failed: {e}")
+            return
+        self._finish(p, result)
+
+    def _step(self) -> None:
+        try:
+            self.sch.step()
+        except Exception as e:  # fail what was in flight, go on with a fresh pool
+            for h in self.sch.drain():
+                self.fail(self.live.pop(id(h)), f"tensorrt_llm: generation failed: {e}")
+
+    def _poll_cancelled(self) -> None:
+        for key, p in list(self.live.items()):
+            if p.handle.result is not None:
+                del self.live[key]
+            elif p.done or p.sender.cancelled():
+                self.sch.cancel(p.handle)  # the client went away: its slot goes next step
+
+    def _on_tokens(self, p: Pending) -> Callable[[list[int]], None]:
+        def on_tokens(new_tokens: list[int]) -> None:
+            now = self.clock()
+            p.first_token = p.first_token or now
+            p.last_token = now
+            if not p.req.streaming or not new_tokens or p.done:
+                return
+            try:
+                arrays = stream_arrays(p, new_tokens, self.text)
+                if arrays is not None:
+                    p.done = not p.sender.send(arrays, None, final=False)
+            except Exception as e:  # this request only; the batch goes on (cancelled next)
+                self.fail(p, f"tensorrt_llm: streaming failed: {e}")
+        return on_tokens
+
+    def _on_done(self, p: Pending) -> Callable[[GenerationResult], None]:
+        def on_done(result: GenerationResult) -> None:
+            p.first_scheduled = getattr(p.handle, "admitted_ns", 0) or p.first_token
+            self._finish(p, result)
+        return on_done
+
+    def _finish(self, p: Pending, result: GenerationResult) -> None:
+        try:
+            if p.done:
+                self.fail(p, "")  # client gone: only the final flag, once
+            elif result.finish_reason == "cancelled":
+                self.fail(p, "tensorrt_llm: cancelled")
+            else:
+                p.sender.send(final_arrays(p, result), None, final=True)
+                p.done = p.final_sent = True
+        except Exception as e:
+            self.fail(p, f"tensorrt_llm: {e}")
