@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "specserve"
 FORBIDDEN = {("build", "runtime"), ("runtime", "build")} | {
-    (pkg, "cli") for pkg in ("build", "runtime", "spec", "triton", "client", "train")}
+    (pkg, "cli") for pkg in ("build", "runtime", "spec", "triton", "client", "train",
+                         "frontends")}
 
 
 def _node(module: str) -> str:
