@@ -46,37 +46,23 @@ demo: setup
 	rc=$$?; echo "make demo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 # make engine [BACKEND=torch|trtllm|auto] [MODEL=dir] [MEDUSA=dir | DRAFT=dir | EAGLE3=dir |
-#   METHOD=medusa|draft|eagle3|ngram|fastest] [OUT=engines/x]
-# Reuses OUT when its build_config.json records the same resolved options, input hashes and
-# package versions (specserve.build.uptodate); otherwise rebuilds it (--force, atomic).
-# METHOD=fastest (the default for the demo model without DRAFT/EAGLE3/MEDUSA) builds the method `specserve demo-model`
-# measured fastest (eval.json "fastest_method"; Medusa when it records none). eval.json also
-# holds that method's tau on the prompts `specserve demo` serves ("tau_served_prompts"): n-gram
-# lookup's tau depends on the prompts (3.30 on the held-out ones, 3.74 on the served code).
+#   METHOD=medusa|draft|eagle3|ngram|fastest] [DTYPE=float32|bfloat16|float16|auto] [OUT=engines/x]
+# `specserve engine` (specserve/build/demo_engine.py) picks the method (the directory given, or
+# the one `specserve demo-model` measured fastest in checkpoints/demo/eval.json), applies the
+# demo's defaults (K = 4, the tuned CPU Medusa tree, float32 on CPU) and reuses OUT when its
+# build_config.json records the same resolved options, input hashes and package versions.
 engine: BACKEND = torch
-engine: MODEL = checkpoints/demo/target
-engine: MEDUSA = checkpoints/demo/medusa
+engine: OUT = engines/demo
+engine: MODEL =
+engine: MEDUSA =
 engine: DRAFT =
 engine: EAGLE3 =
-engine: OUT = engines/demo
-engine: METHOD = $(if $(DRAFT),draft,$(if $(EAGLE3),eagle3,$(if $(strip $(filter command,$(origin MEDUSA)) $(filter-out checkpoints/demo/target,$(MODEL))),medusa,fastest)))
-engine: FASTEST = $(shell $(BIN)/python -c 'import json; m = json.load(open("checkpoints/demo/eval.json")).get("fastest_method"); print(m if m in ("draft", "eagle3", "ngram") else "medusa")' 2>/dev/null)
-engine: SPEC = $(if $(filter fastest,$(METHOD)),$(or $(FASTEST),medusa),$(METHOD))
-engine: SPEC_ARGS = $(if $(filter draft,$(SPEC)),--draft "$(or $(DRAFT),checkpoints/demo/draft)",$(if $(filter eagle3,$(SPEC)),--eagle3 "$(or $(EAGLE3),checkpoints/demo/eagle3)" --max-draft-len 4,$(if $(filter ngram,$(SPEC)),--ngram --max-draft-len 4,--medusa "$(MEDUSA)" $(if $(MEDUSA_CHOICES),--medusa-choices "$(MEDUSA_CHOICES)"))))
-# CPU: float32 (float16 matmuls over many tree tokens are very slow on CPU) and the demo's
-# 15-node tree tuned from measured acceptance (the 63-node default costs more than it saves).
-engine: DTYPE = $(if $(filter torch,$(BACKEND)),float32,float16)
-engine: MEDUSA_CHOICES = $(if $(filter torch,$(BACKEND)),$(wildcard checkpoints/demo/medusa_tree_cpu.json))
+engine: METHOD =
+engine: DTYPE =
 engine: setup
-	@echo "make engine: $(SPEC)"; \
-	args=(--model "$(MODEL)" $(SPEC_ARGS) \
-	  --dtype "$(DTYPE)" --backend "$(BACKEND)" --out "$(OUT)"); \
-	if $(BIN)/specserve build "$${args[@]}" --force --dry-run --format json 2>/dev/null \
-	    | $(BIN)/python -m specserve.build.uptodate; then \
-	  echo "$(OUT) is up to date (same options, input hashes and versions)"; \
-	else \
-	  $(BIN)/specserve build "$${args[@]}" --force; \
-	fi
+	$(BIN)/specserve engine --checkpoint checkpoints/demo --model "$(MODEL)" --medusa "$(MEDUSA)" \
+	  --draft "$(DRAFT)" --eagle3 "$(EAGLE3)" --method "$(METHOD)" --dtype "$(DTYPE)" \
+	  --backend "$(BACKEND)" --out "$(OUT)"
 
 # make repo [ENGINE=engines/demo] [REPO=triton_repo] [REPO_ARGS=--baseline]
 ENGINE ?= engines/demo

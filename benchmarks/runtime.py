@@ -1,6 +1,8 @@
 """Reference decoder benchmark (issue 9): tokens/s side by side in one run.
 
-Workload (a), "oracle": a random-init Llama in bfloat16 (``--oracle-size``; ``1b`` is the issue's
+Workload (a), "oracle": a random-init Llama in ``--oracle-dtype`` (default ``auto``: bfloat16
+where this CPU has bf16 instructions, else float32; :mod:`specserve.cpu_dtype`), ``--oracle-size``
+(``1b`` is the issue's
 ~1.1B model, the default ``small`` ~190M keeps the run practical on a shared 2-core machine).
 HF ``generate()`` plain, ours plain, ours with an oracle proposer that proposes the target's own
 greedy continuation (chain K=4 and K=8): this isolates the machinery from acceptance.
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 
+from specserve.cpu_dtype import choose_dtype
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.loader import build_decoder
 from specserve.runtime.model import ModelConfig, Transformer, _convert
@@ -96,8 +99,8 @@ def ours(name: str, dec: SpecDecoder, prompt: list[int], n: int) -> Case:
     return case
 
 
-def random_llama(size: str) -> tuple[Any, Transformer]:
-    """The same random bf16 weights as an HF LlamaForCausalLM and as our Transformer."""
+def random_llama(size: str, dtype: torch.dtype) -> tuple[Any, Transformer]:
+    """The same random weights in ``dtype`` as an HF LlamaForCausalLM and as our Transformer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     h, layers, heads, kv, inter, vocab = SIZES[size]
@@ -106,11 +109,11 @@ def random_llama(size: str) -> tuple[Any, Transformer]:
                       num_key_value_heads=kv, max_position_embeddings=2048)
     torch.manual_seed(0)
     hf: Any = LlamaForCausalLM(cfg)
-    hf = hf.to(torch.bfloat16).eval()
+    hf = hf.to(dtype).eval()
     mc = ModelConfig.from_hf(cfg.to_dict())
     model = Transformer(mc)
     model.load_state_dict(_convert(hf.state_dict(), mc, Path("random")))
-    model = model.to(torch.bfloat16).eval()
+    model = model.to(dtype).eval()
     model.inv_freq = model.inv_freq.float()
     return hf, model.decode_layout()
 
@@ -135,12 +138,12 @@ def oracle_reference(model: Transformer, prompt: list[int], n: int, k: int,
     return ref
 
 
-def oracle_rows(size: str, n: int, repeats: int) -> list[Row]:
-    hf, model = random_llama(size)
+def oracle_rows(size: str, n: int, repeats: int, dtype: str = "bfloat16") -> list[Row]:
+    hf, model = random_llama(size, getattr(torch, dtype))
     params = sum(p.numel() for p in hf.parameters()) / 1e9
     prompt = list(range(100, 164))
     ids = torch.tensor([prompt])
-    label = f"(a) random Llama {params:.2f}B bf16"
+    label = f"(a) random Llama {params:.2f}B {dtype}"
     cases = [Case(f"{label}: HF generate plain", hf_generate(hf, ids, n)),
              ours(f"{label}: ours plain", SpecDecoder(model), prompt, n)]
     for k in (4, 8):
@@ -231,14 +234,19 @@ def main(argv: list[str]) -> None:
                     help="draft_min_confidence of that row (0: no such row)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="dtype of workload (b), for HF and ours alike")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
+                    help="dtype of workload (b), for HF and ours alike (auto: specserve.cpu_dtype)")
+    ap.add_argument("--oracle-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="dtype of workload (a) (auto: bfloat16 only where this CPU runs it fast)")
     ap.add_argument("--doc", type=Path, help="rewrite this benchmark's section of a markdown file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    oracle_dtype, pair_dtype = (choose_dtype(d) for d in (args.oracle_dtype, args.dtype))
+    for what, c in (("(a)", oracle_dtype), ("(b)", pair_dtype)):
+        print(f"{what} dtype {c.dtype} ({c.reason})", file=sys.stderr)
     rows: list[Row] = []
     if args.oracle_size != "none":
-        rows += oracle_rows(args.oracle_size, args.new_tokens, args.repeats)
+        rows += oracle_rows(args.oracle_size, args.new_tokens, args.repeats, oracle_dtype.dtype)
     with tempfile.TemporaryDirectory() as tmp:
         target, draft, medusa = args.target, args.draft, args.medusa
         if target is None:
@@ -247,7 +255,7 @@ def main(argv: list[str]) -> None:
             ck = make_tiny_checkpoint(Path(tmp) / "tiny")
             target, draft, medusa = ck.target, ck.draft, ck.medusa
         rows += pair_rows(target, draft, medusa, args.new_tokens, args.k, args.repeats,
-                          args.dtype, (args.confidence_k, args.confidence))
+                          pair_dtype.dtype, (args.confidence_k, args.confidence))
     out = table(rows)
     print(out)
     if args.doc is not None:

@@ -1,10 +1,15 @@
 """``make trtllm-check``: the PyTorch route's container check (``llmapi-route.md`` §7).
 
-Where ``tensorrt_llm`` imports (NVIDIA's ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``):
+Where ``tensorrt_llm`` imports (NVIDIA's ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``,
+or a Dynamo ``tensorrtllm-runtime`` image for ``--trtllm-version 1.3``):
 
-1. reads the installed ``tensorrt_llm.llmapi.llm_args`` classes and checks every key specserve
-   writes against their ``model_fields`` (the live field set), and the ``decoding_type``
-   spellings (``Draft_Target`` vs ``DraftTarget``, ``Eagle3``);
+1. the release gate: checks that the installed version is the line the YAMLs target, then
+   renders every YAML specserve emits for that line (each method, with every optional key and
+   each ``--spec-option`` key set) and checks each key against the installed
+   ``tensorrt_llm.llmapi.llm_args`` classes' ``model_fields`` and validation aliases, and the
+   ``decoding_type`` spellings (a pydantic field, or a ``ClassVar`` in the older ``from_dict``
+   layout); it prints one ``mismatch:`` line per key and exits 1 on any (no ``--model``
+   needed);
 2. per method (NGram always; Draft_Target with ``--draft``; EAGLE-3 with ``--eagle3``; MTP when
    the model has MTP layers) writes the YAML with ``specserve build --flow pytorch``, starts
    ``trtllm-serve`` on 127.0.0.1, sends greedy completions, and reads the acceptance length
@@ -30,30 +35,104 @@ from typing import Any
 
 PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
           "fibonacci(n - 2)\n\ndef fibonacci(n):\n    if n < 2:\n")
-CLASSES = {"Eagle3": "Eagle3DecodingConfig", "Draft_Target": "DraftTargetDecodingConfig",
+CLASSES = {"Eagle3": "Eagle3DecodingConfig", "Eagle": "EagleDecodingConfig",
+           "Draft_Target": "DraftTargetDecodingConfig", "DraftTarget": "DraftTargetDecodingConfig",
            "NGram": "NGramDecodingConfig", "MTP": "MTPDecodingConfig"}
+NESTED = (("kv_cache_config", "KvCacheConfig"), ("cuda_graph_config", "CudaGraphConfig"))
 
 
-def live_field_findings(options: dict[str, Any]) -> list[str]:
-    """Keys of one YAML missing from the installed TensorRT-LLM's classes."""
-    args = importlib.import_module("tensorrt_llm.llmapi.llm_args")
-    found = []
-    top = set(args.TorchLlmArgs.model_fields)
-    found += [f"unknown top-level key {k}" for k in options if k not in top]
-    for key, cls in (("kv_cache_config", "KvCacheConfig"),
-                     ("cuda_graph_config", "CudaGraphConfig")):
-        fields = set(getattr(args, cls).model_fields)
+def _names(cls: Any) -> set[str]:
+    """Field names and their validation aliases (``speculative_model_dir`` in 1.2+)."""
+    fields = getattr(cls, "model_fields", {}) or {}
+    names = set(fields)
+    for info in fields.values():
+        alias = getattr(info, "validation_alias", None)
+        names.update(a for a in getattr(alias, "choices", ()) if isinstance(a, str))
+        if isinstance(alias, str):
+            names.add(alias)
+    return names
+
+
+def declared_decoding_type(cls: Any) -> Any:
+    """The spelling a decoding config declares: a pydantic field's default (the L1 layout) or a
+    class attribute (the older ``from_dict`` layout keeps it a ``ClassVar``, no field: #42)."""
+    info = (getattr(cls, "model_fields", {}) or {}).get("decoding_type")
+    if info is not None:
+        return getattr(info, "default", None)
+    return getattr(cls, "decoding_type", None)
+
+
+def live_field_findings(options: dict[str, Any], args: Any = None) -> list[str]:
+    """Every key of one YAML that the installed release's classes do not take, each named.
+    ``args``: the ``tensorrt_llm.llmapi.llm_args`` module (imported when None)."""
+    if args is None:
+        args = importlib.import_module("tensorrt_llm.llmapi.llm_args")
+    top = _names(getattr(args, "TorchLlmArgs", None))
+    found = [f"unknown top-level key {k}" for k in options if k not in top]
+    for key, cls_name in NESTED:
+        cls = getattr(args, cls_name, None)
+        if cls is None:
+            found.append(f"no {cls_name} in this release ({key})")
+            continue
+        fields = _names(cls)
         found += [f"unknown {key}.{k}" for k in options.get(key, {}) if k not in fields]
-    spec = options["speculative_config"]
-    cls = getattr(args, CLASSES[spec["decoding_type"]], None)
+    spec = options.get("speculative_config")
+    if not isinstance(spec, dict):
+        return found
+    wrote = spec.get("decoding_type")
+    cls = getattr(args, CLASSES.get(str(wrote), ""), None)
     if cls is None:
-        return [*found, f"no {CLASSES[spec['decoding_type']]} in this release"]
-    declared = cls.model_fields["decoding_type"].default
-    if declared != spec["decoding_type"]:
+        return [*found, f"decoding_type {wrote!r}: no {CLASSES.get(str(wrote), 'class')} in "
+                        "this release"]
+    declared = declared_decoding_type(cls)
+    if declared != wrote:
         found.append(f"decoding_type: this release spells it {declared!r}, specserve wrote "
-                     f"{spec['decoding_type']!r}")
-    fields = set(cls.model_fields) | {"speculative_model_dir"}
-    return found + [f"unknown speculative_config.{k}" for k in spec if k not in fields]
+                     f"{wrote!r}")
+    fields = _names(cls)
+    return found + [f"unknown speculative_config.{k}" for k in spec
+                    if k not in fields and k != "decoding_type"]  # the discriminator: above
+
+
+def emitted_options(release: str) -> dict[str, dict[str, Any]]:
+    """Every YAML specserve writes for ``release``, one per method, with every optional key
+    it can emit (schedule, FP8 KV cache, CUDA graphs, each ``--spec-option`` key) set."""
+    from dataclasses import replace
+
+    from specserve.build import llmapi
+    from specserve.build.config import BuildConfig
+    from specserve.build.pins import RELEASES
+
+    base = BuildConfig(model="/m", out="/o", spec_mode="ngram", backend="trtllm", flow="pytorch",
+                       max_batch_size=8, max_input_len=512, max_seq_len=1024, max_draft_len=4,
+                       kv_cache_dtype="fp8", cuda_graph_batch_sizes=(1, 8), trtllm_version=release)
+    out = {}
+    for mode in ("eagle3", "draft", "ngram", "mtp"):
+        cfg = replace(base, spec_mode=mode, eagle3="/h" if mode == "eagle3" else None,
+                      draft="/d" if mode == "draft" else None,
+                      draft_len_schedule=None if mode == "mtp" else "1:4,4:2")
+        opts = llmapi.llm_api_options(cfg)
+        rel = RELEASES[release]
+        for key in llmapi.spec_options_for(mode, rel):  # keys --spec-option passes through
+            opts["speculative_config"].setdefault(key, None)
+        out[mode] = opts
+    return out
+
+
+def release_findings(installed: str, release: str) -> list[str]:
+    from specserve.build.pins import RELEASES
+
+    if RELEASES[release].ships(installed):
+        return []
+    return [f"tensorrt_llm {installed} is not the {release} line the YAML targets "
+            "(--trtllm-version)"]
+
+
+def field_report(args: Any, installed: str, release: str) -> list[str]:
+    """The release gate's field part: each mismatch, prefixed by the method."""
+    found = release_findings(installed, release)
+    for mode, opts in emitted_options(release).items():
+        found += [f"{mode}: {f}" for f in live_field_findings(opts, args)]
+    return found
 
 
 def _get(url: str, timeout: float = 5.0) -> Any:
@@ -129,17 +208,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--work", default=None)
+    p.add_argument("--trtllm-version", default=None,
+                   help="the release line the YAMLs target (default: the installed one's)")
     args = p.parse_args(argv)
     if importlib.util.find_spec("tensorrt_llm") is None:
         print("trtllm-check: TensorRT-LLM is not installed here (tensorrt_llm does not import); "
               "nothing was checked and nothing is claimed. Run it inside "
               "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 on a GPU.")
         return 0
-    if not args.model:
-        p.error("--model is required where TensorRT-LLM is installed")
     import tensorrt_llm
 
-    print(f"trtllm-check: tensorrt_llm {tensorrt_llm.__version__}")
+    from specserve.build.pins import RELEASES
+
+    installed = str(tensorrt_llm.__version__)
+    release = args.trtllm_version or next(
+        (r.name for r in RELEASES.values() if r.ships(installed)), "1.2.1")
+    print(f"trtllm-check: tensorrt_llm {installed}; YAMLs for --trtllm-version {release}")
+    gate = field_report(importlib.import_module("tensorrt_llm.llmapi.llm_args"), installed,
+                        release)
+    for line in gate:
+        print(f"mismatch: {line}")
+    print(f"fields: {len(gate)} mismatch(es) over every key specserve emits")
+    if not args.model:
+        return 1 if gate else 0
     methods = [(["--ngram"], "ngram")]
     if args.draft:
         methods.append((["--draft", args.draft], "draft_target"))
@@ -160,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
           "avg_decoded_tokens_per_iter (> 1 wanted); specDecodingStats on /metrics. Not "
           "measured here: schedule key semantics, max_concurrency with eagle3_one_model, "
           "FP8 target + BF16 EAGLE-3, Triton acceptance_rate.")
-    return 0 if ok else 1
+    return 0 if ok and not gate else 1
 
 
 if __name__ == "__main__":

@@ -324,13 +324,19 @@ def tokenizer_fingerprint(model_dir: str | Path) -> TokenizerFingerprint:
     raise SpecserveError(f"{d}: no tokenizer.json or tokenizer.model")
 
 
-def check_tokenizers_match(target_dir: str | Path, draft_dir: str | Path) -> None:
-    """Raise unless draft and target share vocab, merges, special tokens and vocab_size."""
+def check_tokenizers_match(target_dir: str | Path, draft_dir: str | Path, *,
+                           same_vocab_size: bool = True, why: str = "") -> None:
+    """Raise unless draft and target share vocab, merges and special tokens, and (with
+    ``same_vocab_size``: where the draft's logits rows are compared with the target's, e.g.
+    TensorRT-LLM's ``draft_logits``) the same ``config.json`` ``vocab_size``. Acceptance by
+    token ids needs only the tokenizer: Qwen2.5-0.5B (151936 rows) drafts for Qwen2.5-7B
+    (152064, padded embeddings) with one tokenizer."""
     t_dir, d_dir = Path(target_dir), Path(draft_dir)
     t_cfg, d_cfg = t_dir / "config.json", d_dir / "config.json"
     tv, dv = read_json(t_cfg).get("vocab_size"), read_json(d_cfg).get("vocab_size")
-    if tv != dv:
-        raise SpecserveError(f"{d_cfg}: vocab_size {dv} differs from the target's {tv} ({t_cfg})")
+    if same_vocab_size and tv != dv:
+        raise SpecserveError(f"{d_cfg}: vocab_size {dv} differs from the target's {tv} ({t_cfg})"
+                             + (f"; {why}" if why else ""))
     t, d = tokenizer_fingerprint(t_dir), tokenizer_fingerprint(d_dir)
     if t.path.name != d.path.name:
         raise SpecserveError(f"{d.path}: tokenizer format differs from the target's ({t.path})")

@@ -19,7 +19,7 @@ from specserve.errors import SpecserveError
 
 RECORD_FILE = "build_config.json"
 BACKENDS = ("torch", "trtllm")
-SPEC_MODES = ("medusa", "draft", "ngram", "eagle", "eagle3", "mtp", "none")
+SPEC_MODES = ("medusa", "draft", "ngram", "eagle", "eagle3", "mtp", "lookahead", "none")
 _POSITIVE_INTS = ("max_batch_size", "max_input_len", "max_seq_len", "tp_size", "pp_size",
                   "world_size")
 _OPTIONAL_STRS = ("quantize", "kv_cache_dtype")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "specserve"
 FORBIDDEN = {("build", "runtime"), ("runtime", "build")} | {
-    (pkg, "cli") for pkg in ("build", "runtime", "spec", "triton", "client", "train",
+    (pkg, "cli") for pkg in ("build", "runtime", "spec", "triton", "client", "train", "doctor",
                          "frontends")}
 
 
@@ -125,15 +125,6 @@ def test_no_import_cycle_of_any_length() -> None:
     assert cycles(graph) == [], cycles(graph)
 
 
-# Module cycles known and being removed elsewhere; nothing else may join or extend one.
-KNOWN_CYCLES = {
-    # issue 27 item 4: BuildConfig.validate() calls the PyTorch-route module, which imports the
-    # trtllm pins (config.py -> llmapi.py -> trtllm.py -> config.py); the pins move to a leaf
-    # module on another branch. The lead empties this set when that branch is merged.
-    frozenset({"specserve.build.config", "specserve.build.llmapi", "specserve.build.trtllm"}),
-}
-
-
 def module_graph(root: Path) -> dict[str, set[str]]:
     """Module -> the modules it imports, over every ``*.py`` under the package ``root`` (every
     import: module level, inside functions, under ``if TYPE_CHECKING:``; absolute and relative;
@@ -188,8 +179,9 @@ def test_module_cycles_are_found_in_a_planted_tree(tmp_path: Path) -> None:
 def test_no_module_imports_itself_round_a_loop() -> None:
     found = cycles(module_graph(ROOT))
     assert "specserve.runtime.decoder" in module_graph(ROOT)   # the scan found the modules
-    unknown = sorted(sorted(c) for c in found if c not in KNOWN_CYCLES)
-    assert not unknown, "module import cycles:\n" + "\n".join(" <-> ".join(c) for c in unknown)
+    found_sorted = sorted(sorted(c) for c in found)
+    assert not found_sorted, "module import cycles:\n" + "\n".join(
+        " <-> ".join(c) for c in found_sorted)
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from specserve.build.validate import (
 from specserve.checkpoint import check_tokenizers_match, read_json
 from specserve.config import write_json_atomic as write_json
 from specserve.config import write_text_atomic as write_text
+from specserve.cpu_dtype import DtypeChoice, choose_dtype
 from specserve.errors import SpecserveError
 from specserve.interrupts import sigterm_as_interrupt
 from specserve.outputs import check_replaceable, staged_output
@@ -62,6 +63,16 @@ def resolve_backend(name: str) -> str:
     import torch
 
     return "trtllm" if torch.cuda.is_available() else "torch"
+
+
+def resolve_dtype(name: str, backend: str) -> tuple[str, DtypeChoice | None]:
+    """``--dtype auto``: what :mod:`specserve.cpu_dtype` finds fast where the engine runs (the
+    torch engine: this CPU; TensorRT-LLM: a GPU, bfloat16), with the evidence for
+    ``build_config.json``; any other name as given."""
+    if name != "auto":
+        return name, None
+    choice = choose_dtype("auto", "cpu" if backend == "torch" else "cuda")
+    return choice.dtype, choice
 
 
 def gpu_capability() -> tuple[int, int] | None:
@@ -100,7 +111,10 @@ def validate_inputs(cfg: BuildConfig) -> tuple[dict[str, Any], MedusaInfo | None
     elif cfg.spec_mode == "draft":
         assert cfg.draft is not None
         draft_cfg = validate_target(cfg.draft)
-        check_tokenizers_match(cfg.model, cfg.draft)
+        check_tokenizers_match(cfg.model, cfg.draft, why=(
+            "the engine flow's draft sends draft_logits (use_draft_logits), which need equal "
+            "widths; --flow pytorch accepts by token ids and needs only the same tokenizer")
+            if cfg.backend == "trtllm" else "")
         _check_llama_converter(cfg, draft_cfg, cfg.draft)
     elif cfg.spec_mode == "eagle":
         assert cfg.eagle is not None
@@ -122,7 +136,7 @@ def _validate_pytorch_inputs(cfg: BuildConfig, target_cfg: dict[str, Any]) -> No
     elif cfg.spec_mode == "draft":
         assert cfg.draft is not None
         validate_target(cfg.draft, any_architecture=True)
-        check_tokenizers_match(cfg.model, cfg.draft)
+        check_tokenizers_match(cfg.model, cfg.draft, same_vocab_size=False)  # token-id accept
     elif cfg.spec_mode == "mtp":
         layers = validate_mtp(target_cfg, str(Path(cfg.model) / "config.json"))
         if cfg.max_draft_len is not None and cfg.max_draft_len < 1:
@@ -138,14 +152,37 @@ def _check_llama_converter(cfg: BuildConfig, model_cfg: dict[str, Any], model_di
                                    str(Path(model_dir) / "config.json"))
 
 
+def validate_for_route(cfg: BuildConfig) -> None:
+    """Every check of ``cfg`` that needs no files: the common ones (:meth:`BuildConfig.validate`)
+    and the chosen route's (the LLM-API route's live in :mod:`specserve.build.llmapi`)."""
+    cfg.validate()
+    if cfg.flow == "pytorch":
+        llmapi.validate_pytorch_config(cfg)
+
+
+def absolute_paths(cfg: BuildConfig) -> BuildConfig:
+    """The PyTorch route's paths made absolute: the YAML, ``model.yaml`` and the manifests are
+    read from other working directories (a pod, a Slurm task, Triton's Python stub), where a
+    relative ``speculative_model`` that does not exist is taken for a Hugging Face Hub id
+    (llm_args.py: "accepts a HuggingFace Hub model ID ... or a local path"; trtllm-audit-2 #25)."""
+    def absolute(path: str | None) -> str | None:
+        return None if path is None else os.path.abspath(path)
+
+    return replace(cfg, model=os.path.abspath(cfg.model), out=os.path.abspath(cfg.out),
+                   draft=absolute(cfg.draft), eagle3=absolute(cfg.eagle3))
+
+
 def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     """Validate and resolve ``cfg`` and make its plan; touches nothing."""
-    cfg.validate()
+    validate_for_route(cfg)
     check_replaceable(Path(cfg.out), force, WRITER)
     target_cfg, medusa = validate_inputs(cfg)
     resolved = resolve(cfg, target_cfg, medusa.num_heads if medusa else None)
     if resolved.flow == "pytorch":
-        plan = llmapi.make_pytorch_plan(resolved, _trtllm_root())
+        resolved = absolute_paths(resolved)
+    validate_for_route(resolved)
+    if resolved.flow == "pytorch":
+        plan = llmapi.make_pytorch_plan(resolved)
     elif resolved.backend == "trtllm":
         inputs = trtllm.PlanInputs(
             model_type=str(target_cfg.get("model_type", "llama")),
@@ -158,11 +195,6 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     else:
         plan = _torch_plan(resolved)
     return Prepared(resolved, target_cfg, medusa, plan)
-
-
-def _trtllm_root() -> str:
-    """The TensorRT-LLM source tree in the container (the parent of its examples/)."""
-    return os.path.dirname(os.path.normpath(trtllm.examples_dir()))
 
 
 def _torch_plan(cfg: BuildConfig) -> BuildPlan:
@@ -178,8 +210,11 @@ def _torch_plan(cfg: BuildConfig) -> BuildPlan:
 
 
 def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False,
-                 console: Console | None = None) -> dict[str, Any]:
-    """Build (or with ``dry_run`` only plan) an engine; return a summary for printing."""
+                 console: Console | None = None,
+                 dtype_choice: DtypeChoice | None = None) -> dict[str, Any]:
+    """Build (or with ``dry_run`` only plan) an engine; return a summary for printing.
+    ``dtype_choice`` (``--dtype auto``) is recorded in ``build_config.json`` as
+    ``dtype_choice``: the serving dtype and why."""
     prep = prepare(cfg, force=force)
     summary: dict[str, Any] = {"dry_run": dry_run, "out": prep.cfg.out,
                                "config": prep.cfg.to_dict(), "plan": prep.plan.to_dict()}
@@ -201,6 +236,8 @@ def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False
             record = _build_trtllm(prep, stage, console)
         else:
             record = _build_torch(prep, stage)
+        if dtype_choice is not None:
+            record["dtype_choice"] = dtype_choice.to_dict()
         write_json(stage / "build_config.json", record)
     summary["build_config"] = str(out / "build_config.json")
     return summary
@@ -210,7 +247,7 @@ def _llm_api_summary(cfg: BuildConfig) -> dict[str, Any]:
     """What ``--dry-run`` prints for the PyTorch route: the YAML and the commands."""
     return {"options_file": llmapi.options_path(cfg), "yaml": llmapi.render_options(cfg),
             "options": llmapi.llm_api_options(cfg), "model": llmapi.served_model(cfg),
-            "serve": llmapi.serve_argv(cfg), "bench": llmapi.bench_commands(cfg, _trtllm_root())}
+            "serve": llmapi.serve_argv(cfg), "bench": llmapi.bench_commands(cfg)}
 
 
 def _build_pytorch(prep: Prepared, stage: Path, console: Console | None) -> dict[str, Any]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specserve.build.pins import DEFAULT_RELEASE, RELEASES
 from specserve.config import JsonConfig
 from specserve.errors import SpecserveError
 
-SPEC_MODES = ("medusa", "draft", "ngram", "eagle", "eagle3", "mtp")
+SPEC_MODES = ("medusa", "draft", "ngram", "eagle", "eagle3", "mtp", "lookahead")
 BACKENDS = ("trtllm", "torch")
 #: TensorRT-LLM routes: ``engine`` = trtllm-build engines (the pinned C++ flow); ``pytorch`` = the
 #: LLM API on the PyTorch backend (one YAML for trtllm-serve / trtllm-bench / Triton llmapi).
@@ -26,7 +27,7 @@ PYTORCH_ONLY_MODES = ("eagle3", "mtp")
 #: engine flow's build_config.json ``config`` stays as it was.
 PYTORCH_FIELDS = ("eagle3", "eagle_choices", "dynamic_tree_top_k", "max_total_draft_tokens",
                   "ngram_size", "max_num_tokens", "kv_cache_fraction", "block_reuse",
-                  "cuda_graph_batch_sizes", "max_concurrency", "spec_options")
+                  "cuda_graph_batch_sizes", "max_concurrency", "spec_options", "trtllm_version")
 #: PyTorch-route fields the torch backend's EAGLE-3 engine reads too (its head, a static tree).
 TORCH_EAGLE3_FIELDS = ("eagle3", "eagle_choices")
 DTYPES = ("float16", "bfloat16", "float32")
@@ -43,7 +44,7 @@ class BuildConfig(JsonConfig):
 
     model: str
     out: str
-    spec_mode: str  # medusa | draft | ngram | eagle | eagle3 | mtp
+    spec_mode: str  # medusa | draft | ngram | eagle | eagle3 | mtp | lookahead
     medusa: str | None = None
     draft: str | None = None
     eagle: str | None = None
@@ -60,6 +61,7 @@ class BuildConfig(JsonConfig):
     max_draft_len: int | None = None
     medusa_choices: tuple[tuple[int, ...], ...] | None = None
     draft_len_schedule: str | None = None  # "1:4,8:2,16:0" (torch backend: load-aware budget)
+    lookahead: str | None = None  # "W,N,G" (engine flow, trtllm: lookahead_decoding)
     # --- the PyTorch route only (specserve.build.llmapi) ---
     eagle3: str | None = None  # EAGLE-3 head directory
     eagle_choices: tuple[tuple[int, ...], ...] | None = None  # static EAGLE-3 tree
@@ -72,6 +74,7 @@ class BuildConfig(JsonConfig):
     cuda_graph_batch_sizes: tuple[int, ...] | None = None
     max_concurrency: int | None = None
     spec_options: tuple[tuple[str, str], ...] = ()  # extra speculative_config KEY=VALUE
+    trtllm_version: str = DEFAULT_RELEASE  # the release line the YAML is written for (pins.py)
 
     @property
     def world_size(self) -> int:
@@ -111,7 +114,7 @@ class BuildConfig(JsonConfig):
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("quantize", self.quantize, (None, "fp8"))
         _one_of("kv_cache_dtype", self.kv_cache_dtype, (None, "fp8"))
-        if self.source_dir is None and self.spec_mode not in ("ngram", "mtp"):
+        if self.source_dir is None and self.spec_mode not in ("ngram", "mtp", "lookahead"):
             raise SpecserveError(f"--{self.spec_mode}: a directory is required")
         for name in ("tp_size", "pp_size", "max_batch_size"):
             if getattr(self, name) < 1:
@@ -126,12 +129,11 @@ class BuildConfig(JsonConfig):
                                  f"--max-seq-len {self.max_seq_len}")
         if self.medusa_choices is not None and self.spec_mode != "medusa":
             raise SpecserveError("--medusa-choices: only with --medusa")
+        _one_of("trtllm_version", self.trtllm_version, tuple(RELEASES))
+        self._validate_lookahead()
         self._validate_flow()
         if self.flow == "pytorch":
-            from specserve.build.llmapi import validate_pytorch_config
-
-            validate_pytorch_config(self)
-            return
+            return  # the route's own checks: specserve.build.builder.validate_for_route
         self._validate_schedule()
         self._validate_backend()
 
@@ -160,10 +162,37 @@ class BuildConfig(JsonConfig):
                                  "use --backend trtllm --flow pytorch")
         torch_e3 = TORCH_EAGLE3_FIELDS if self.spec_mode == "eagle3" else ("eagle3",)
         set_ = [n for n in PYTORCH_FIELDS if n not in torch_e3
-                and getattr(self, n) not in (None, ())]
+                and getattr(self, n) not in (None, (), DEFAULT_RELEASE)]
         if set_:
             raise SpecserveError(f"--{set_[0].replace('_', '-')}: a --flow pytorch option "
                                  "(LLM API YAML); the engine flow does not read it")
+
+    def _validate_lookahead(self) -> None:
+        """``--lookahead W,N,G``: TensorRT-LLM's engine flow only; ``max_draft_len`` is
+        upstream's formula of (W, N, G) (:mod:`specserve.spec.lookahead`)."""
+        if self.spec_mode != "lookahead":
+            if self.lookahead is not None:
+                raise SpecserveError("--lookahead: a speculation mode of its own (give it "
+                                     "without --medusa/--draft/--ngram/--eagle)")
+            return
+        if self.lookahead is None:
+            raise SpecserveError("--lookahead: W,N,G is required (e.g. 7,7,7)")
+        from specserve.spec.lookahead import Lookahead
+
+        la = Lookahead.parse(self.lookahead)
+        if self.max_draft_len is not None and self.max_draft_len != la.max_draft_len:
+            raise SpecserveError(
+                f"--max-draft-len {self.max_draft_len}: --lookahead {la.text()} needs "
+                f"max_draft_len {la.max_draft_len} ((N-2) + (W-1+G)*(N-1), "
+                "examples/lookahead/README.md: the server's W,N,G must give the engine's "
+                "max_draft_len); leave it out")
+        if self.flow == "pytorch":
+            raise SpecserveError("--lookahead with --flow pytorch: not planned (specserve "
+                                 "builds lookahead as trtllm-build's lookahead_decoding); use "
+                                 "--flow engine")
+        if self.backend != "trtllm":
+            raise SpecserveError("--lookahead: needs --backend trtllm (the reference decoder "
+                                 "has no lookahead proposer)")
 
     def _validate_schedule(self) -> None:
         if self.draft_len_schedule is None:
@@ -250,6 +279,10 @@ def resolve(cfg: BuildConfig, target_cfg: dict[str, Any],
         draft_len = draft_len or tree.num_nodes
     elif cfg.spec_mode == "eagle":
         draft_len = draft_len or EAGLE_MAX_DRAFT_LEN
+    elif cfg.spec_mode == "lookahead" and cfg.lookahead is not None:
+        from specserve.spec.lookahead import Lookahead
+
+        draft_len = draft_len or Lookahead.parse(cfg.lookahead).max_draft_len
     elif cfg.spec_mode == "eagle3" and cfg.eagle_choices is not None and cfg.flow == "engine":
         depth = MedusaTree.from_choices(cfg.eagle_choices).depth  # the torch EAGLE-3 tree
         if draft_len is not None and draft_len != depth:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.build.config import BuildConfig
+from specserve.build.pins import DEFAULT_RELEASE
 from specserve.versions import collect_versions
 
 RECORD_VERSION = 1
@@ -59,7 +60,8 @@ def cli_argv(cfg: BuildConfig) -> list[str]:
     argv = ["specserve", "build", "--model", cfg.model]
     argv += {"medusa": ["--medusa", str(cfg.medusa)], "draft": ["--draft", str(cfg.draft)],
              "eagle": ["--eagle", str(cfg.eagle)], "ngram": ["--ngram"],
-             "eagle3": ["--eagle3", str(cfg.eagle3)], "mtp": ["--mtp"]}[cfg.spec_mode]
+             "eagle3": ["--eagle3", str(cfg.eagle3)], "mtp": ["--mtp"],
+             "lookahead": ["--lookahead", str(cfg.lookahead)]}[cfg.spec_mode]
     argv += ["--backend", cfg.backend]
     if cfg.flow != "engine":
         argv += ["--flow", cfg.flow]
@@ -106,6 +108,8 @@ def _pytorch_argv(cfg: BuildConfig) -> list[str]:
         argv.append("--block-reuse" if cfg.block_reuse else "--no-block-reuse")
     for key, value in cfg.spec_options:
         argv += ["--spec-option", f"{key}={value}"]
+    if cfg.trtllm_version != DEFAULT_RELEASE:
+        argv += ["--trtllm-version", cfg.trtllm_version]
     return argv
 
 
@@ -141,5 +145,9 @@ def make_record(cfg: BuildConfig, commands: list[list[str]],
         from specserve.spec.schedule import DraftSchedule
 
         rec["draft_len_schedule"] = DraftSchedule.parse(cfg.draft_len_schedule).text()
+    if cfg.lookahead is not None:  # read by triton/params.py (the lookahead_* parameters)
+        from specserve.spec.lookahead import Lookahead
+
+        rec["lookahead"] = Lookahead.parse(cfg.lookahead).to_dict()
     rec.update(extra or {})
     return rec

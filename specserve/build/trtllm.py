@@ -1,4 +1,5 @@
-"""TensorRT-LLM engine-flow commands for the pinned release (the one place the pin is named).
+"""TensorRT-LLM engine-flow commands for the pinned release (the pin itself is named in
+:mod:`specserve.build.pins`).
 
 Pinned: **TensorRT-LLM 1.2.1** (PyPI 2026-04-20), shipped in
 ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``. It is the newest stable release that
@@ -35,6 +36,10 @@ from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.
 - EAGLE: ``examples/eagle/convert_checkpoint.py`` (pp must be 1), mode ``eagle``. Triton's
   default ``eagle_choices`` is ``mc_sim_7b_63`` (63 nodes); below 63 draft tokens
   ``specserve repo`` sets ``eagle_choices`` to that tree cut to ``max_draft_len`` nodes.
+- Lookahead (``--lookahead W,N,G``): the target alone through its family's converter, built with
+  ``lookahead_decoding`` and ``--max_draft_len`` = upstream's formula of (W, N, G)
+  (:mod:`specserve.spec.lookahead`); the repository writes the same (W, N, G) as Triton's
+  ``lookahead_*`` parameters.
 - N-gram: the target alone with ``draft_tokens_external``; the C++ backend has no n-gram
   proposer, so specserve's BLS proposes by prompt lookup and sends ``draft_input_ids`` (the
   repository sets KV reuse on, as the prompt-lookup README requires, and a non-decoupled target).
@@ -53,11 +58,10 @@ from specserve.build.config import (
     EAGLE_NUM_LAYERS,
     BuildConfig,
 )
+from specserve.build.pins import TRTLLM_IMAGE, TRTLLM_VERSION
 from specserve.build.plan import BuildPlan, BuildStep, staging_dir
 from specserve.errors import SpecserveError
 
-TRTLLM_VERSION = "1.2.1"
-TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 #: Where the TensorRT-LLM ``examples/`` tree is; override with $TRTLLM_EXAMPLES_DIR.
 DEFAULT_EXAMPLES_DIR = "/app/tensorrt_llm/examples"
 PYTHON = "python3"
@@ -78,6 +82,19 @@ _PLAIN_ONLY = {"qwen3": {
     "medusa": "examples/medusa/convert_checkpoint.py takes --model_type llama, mixtral or qwen2",
     "eagle": "examples/eagle/convert_checkpoint.py builds Llama targets only",
     "fp8": "examples/quantization/quantize.py's Qwen3 export is not verified at the pin"}}
+
+
+#: What to do instead, per refused option: only FP8 has a PyTorch-route path; the PyTorch
+#: backend has no Medusa (MedusaDecodingConfig.supports_backend excludes pytorch) and serves
+#: EAGLE-3 heads, not EAGLE-1/2 ones (trtllm-audit-2.md #39).
+_INSTEAD = {
+    "--medusa": "TensorRT-LLM 1.2.1 has no Qwen3 Medusa path on either route (the PyTorch "
+                "backend has no Medusa); use --backend torch, or train an EAGLE-3 head "
+                "(specserve train-eagle3) and use --eagle3 --flow pytorch",
+    "--eagle": "EAGLE-1/2 heads have no Qwen3 path; train an EAGLE-3 head (specserve "
+               "train-eagle3) and use --eagle3 --flow pytorch",
+    "--quantize fp8": "use the PyTorch route: --flow pytorch (ModelOpt FP8)",
+}
 
 
 @dataclass(frozen=True)
@@ -108,7 +125,7 @@ def check_engine_family(cfg: BuildConfig, model_type: str, where: str) -> None:
         opt = f"--{cfg.spec_mode}" if cfg.spec_mode in reasons else "--quantize fp8"
         raise SpecserveError(f"{where}: model_type {model_type!r} with {opt} is not planned for "
                              f"the trtllm engine flow (TensorRT-LLM {TRTLLM_VERSION}: {why}); "
-                             "use the PyTorch route: --flow pytorch")
+                             f"{_INSTEAD[opt]}")
     if cfg.spec_mode == "medusa":
         return
     if model_type not in ENGINE_CONVERTERS or (
@@ -165,6 +182,11 @@ def make_trtllm_plan(cfg: BuildConfig, inputs: PlanInputs) -> BuildPlan:
                      f"default eagle_choices (mc_sim_7b_63, {EAGLE_MAX_DRAFT_LEN} nodes) does not "
                      f"fit; specserve repo sets eagle_choices to its first {cfg.max_draft_len} "
                      "nodes")
+    if cfg.spec_mode == "lookahead":
+        notes.append(f"lookahead (W,N,G) = ({cfg.lookahead}): max_draft_len {cfg.max_draft_len} "
+                     "= (N-2) + (W-1+G)*(N-1); `specserve repo` writes decoding_mode lookahead "
+                     "and lookahead_window_size / lookahead_ngram_size / "
+                     "lookahead_verification_set_size (examples/lookahead/README.md)")
     if cfg.quantize == "fp8":
         notes.append(f"FP8 calibration reads cnn_dailymail ({FP8_CALIB_SIZE} samples) and needs "
                      "a Hopper (sm90) or newer GPU")
@@ -248,7 +270,8 @@ def _build(cfg: BuildConfig, ckpt: str, out: str, *, target: bool) -> BuildStep:
     argv += ["--max_batch_size", str(cfg.max_batch_size), "--max_input_len",
              str(cfg.max_input_len), "--max_seq_len", str(cfg.max_seq_len)]
     mode = {"medusa": "medusa", "draft": "draft_tokens_external",
-            "ngram": "draft_tokens_external", "eagle": "eagle"}[cfg.spec_mode]
+            "ngram": "draft_tokens_external", "eagle": "eagle",
+            "lookahead": "lookahead_decoding"}[cfg.spec_mode]
     if target:
         argv += ["--speculative_decoding_mode", mode, "--max_draft_len", str(cfg.max_draft_len)]
         world = cfg.world_size

@@ -1,9 +1,10 @@
 """``make engine`` reuse check: is ``OUT/build_config.json`` up to date for a planned build?
 
-Reads the JSON of ``specserve build ... --dry-run --force --format json`` on stdin and exits 0
-when the existing engine was built from the same resolved config, the same input file hashes
-and the same package versions, else 1. Content-based, not timestamp-based: touching a file
-does not force a rebuild; changing a byte does.
+``specserve engine`` (:mod:`specserve.build.demo_engine`) calls :func:`is_up_to_date`; as a
+script it reads the JSON of ``specserve build ... --dry-run --force --format json`` on stdin
+and exits 0 when the existing engine was built from the same resolved config, the same input
+file hashes and the same package versions, else 1. Content-based, not timestamp-based:
+touching a file does not force a rebuild; changing a byte does.
 """
 
 from __future__ import annotations

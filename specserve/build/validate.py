@@ -72,7 +72,9 @@ def validate_target(model_dir: str | Path, any_architecture: bool = False) -> di
     cfg_path = d / "config.json"
     cfg = read_json(cfg_path)
     archs = cfg.get("architectures") or []
-    if not archs or (archs[0] not in SUPPORTED_ARCHITECTURES and not any_architecture):
+    if any_architecture:
+        return _validate_llmapi_target(cfg, cfg_path)
+    if not archs or archs[0] not in SUPPORTED_ARCHITECTURES:
         raise SpecserveError(f"{cfg_path}: architecture {archs[0] if archs else None!r} is not "
                              f"supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     check_family(cfg, cfg_path)
@@ -102,6 +104,20 @@ def validate_target(model_dir: str | Path, any_architecture: bool = False) -> di
         raise SpecserveError(f"{d}: lm_head.weight has shape {list(head.shape)}, expected "
                              f"[{vocab}, {hidden}]")
     return cfg
+
+
+def _validate_llmapi_target(cfg: dict[str, Any], cfg_path: Path) -> dict[str, Any]:
+    """The PyTorch route's target: architecture support is the LLM API's own list
+    (NVIDIA/TensorRT-LLM ``docs/source/models/supported-models.md``: DeepSeek-V3, Llama 4,
+    Mixtral, Qwen3-MoE, ...; it names an unsupported one itself), so no family check here; only
+    what the route's own checks read (heads and layers for TP/PP, hidden and vocab sizes for the
+    head/draft fit). Multimodal configs keep these under ``text_config``."""
+    if not cfg.get("architectures"):
+        raise SpecserveError(f"{cfg_path}: no 'architectures' (not a Hugging Face model config)")
+    dims = {**(cfg.get("text_config") or {}), **cfg} if "hidden_size" not in cfg else cfg
+    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
+        _int_key(dims, key, cfg_path)
+    return dims
 
 
 def _medusa_shapes(weights: Path) -> dict[str, tuple[int, ...]]:

@@ -24,6 +24,8 @@ Examples:
       --quantize fp8 --kv-cache-dtype fp8 --tp 2 --out engines/l3 --dry-run --format json
   # draft-target, custom tree sizes
   specserve build --model target --draft draft --max-draft-len 5 --out engines/dt
+  # lookahead decoding (W,N,G) = (7,7,7): trtllm-build lookahead_decoding, max_draft_len 83
+  specserve build --model target --lookahead 7,7,7 --backend trtllm --out engines/la --dry-run
   specserve build --model target --medusa heads --medusa-choices "{0}, {0, 0}, {1}" \\
       --out engines/small-tree
   # TensorRT-LLM's PyTorch route: the LLM-API YAML, trtllm-serve and trtllm-bench commands
@@ -53,12 +55,14 @@ def _choices(value: str | None, what: str = "medusa") -> tuple[tuple[int, ...], 
 
 
 def _spec_mode(medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
-               eagle3: str | None = None, mtp: bool = False) -> str:
+               eagle3: str | None = None, mtp: bool = False, lookahead: str | None = None
+               ) -> str:
     given = [m for m, v in (("medusa", medusa), ("draft", draft), ("ngram", ngram),
-                            ("eagle", eagle), ("eagle3", eagle3), ("mtp", mtp)) if v]
+                            ("eagle", eagle), ("eagle3", eagle3), ("mtp", mtp),
+                            ("lookahead", lookahead)) if v]
     if len(given) != 1:
         raise SpecserveError("give exactly one of --medusa DIR, --draft DIR, --ngram, "
-                             "--eagle DIR, --eagle3 DIR, --mtp "
+                             "--eagle DIR, --eagle3 DIR, --mtp, --lookahead W,N,G "
                              f"(got {', '.join(given) or 'none'})")
     return given[0]
 
@@ -118,6 +122,9 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--eagle3", type=click.Path(), help="EAGLE-3 head directory (--flow pytorch).")
 @click.option("--mtp", is_flag=True, help="The checkpoint's MTP layers (--flow pytorch; needs "
               "num_nextn_predict_layers > 0 in config.json).")
+@click.option("--lookahead", metavar="W,N,G", help="Lookahead decoding (trtllm engine flow): "
+              "window, n-gram and verification set sizes, e.g. 7,7,7; max_draft_len = "
+              "(N-2) + (W-1+G)*(N-1).")
 @click.option("--backend", type=click.Choice(["trtllm", "torch", "auto"]), default="auto",
               show_default=True, help="auto = trtllm when tensorrt_llm imports and a GPU is "
               "present, else torch (with --flow pytorch: trtllm).")
@@ -126,8 +133,10 @@ def _text(summary: dict[str, Any]) -> str:
               "pytorch = the LLM API YAML (extra_llm_api_options.yaml) for trtllm-serve, "
               "trtllm-bench and Triton's llmapi model. [default: pytorch for --eagle3/--mtp "
               "with --backend trtllm (they have no engine-flow path), else engine]")
-@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]),
-              default="float16", show_default=True)
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32", "auto"]),
+              default="float16", show_default=True, help="Weights and compute dtype. auto: "
+              "torch backend: bfloat16 where this CPU has bf16 instructions, else float32 "
+              "(recorded with its evidence in build_config.json, dtype_choice); trtllm: bfloat16.")
 @click.option("--quantize", type=click.Choice(["fp8"]), help="FP8 weights (Hopper+ for trtllm; "
               "emulated e4m3 + per-channel scales for torch).")
 @click.option("--kv-cache-dtype", type=click.Choice(["fp8"]), help="FP8 KV cache (trtllm).")
@@ -167,12 +176,17 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--spec-option", "spec_options", multiple=True, metavar="KEY=VALUE",
               help="--flow pytorch: another 1.2.1 speculative_config field, e.g. "
               "is_keep_all=false (keys newer than 1.2.1 are refused).")
+@click.option("--trtllm-version", type=click.Choice(["1.2.1", "1.3"]), default="1.2.1",
+              show_default=True, help="--flow pytorch: the TensorRT-LLM release the YAML is "
+              "written for (1.3 = the 1.3.0 rc line NVIDIA Dynamo's images ship); field names "
+              "and draft_len_schedule semantics follow it.")
 @click.option("--out", required=True, type=click.Path(), help="Engine directory, engines/NAME.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; write nothing.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @FORMAT_OPTION
 def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
-            eagle3: str | None, mtp: bool, backend: str, flow: str | None, dtype: str,
+            eagle3: str | None, mtp: bool, lookahead: str | None, backend: str,
+            flow: str | None, dtype: str,
             quantize: str | None, kv_cache_dtype: str | None,
             tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
             max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
@@ -180,17 +194,19 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
             dynamic_tree_top_k: int | None, max_total_draft_tokens: int | None,
             ngram_size: int | None, max_num_tokens: int | None, kv_cache_fraction: float | None,
             block_reuse: bool | None, cuda_graph_batch_sizes: str | None,
-            max_concurrency: int | None, spec_options: tuple[str, ...], out: str,
+            max_concurrency: int | None, spec_options: tuple[str, ...], trtllm_version: str,
+            out: str,
             dry_run: bool, force: bool, fmt: str) -> None:
     """Validate a checkpoint and its speculation inputs, then build engines into --out
     (written to a sibling temp dir and renamed on success; nothing is left on failure)."""
-    from specserve.build.builder import build_engine, resolve_backend
+    from specserve.build.builder import build_engine, resolve_backend, resolve_dtype
     from specserve.build.config import BuildConfig
 
     if flow == "pytorch" and backend == "auto":
         backend = "trtllm"  # the PyTorch route is TensorRT-LLM's; plans need no GPU here
-    mode = _spec_mode(medusa, draft, ngram, eagle, eagle3, mtp)
+    mode = _spec_mode(medusa, draft, ngram, eagle, eagle3, mtp, lookahead)
     resolved = resolve_backend(backend)
+    dtype, dtype_choice = resolve_dtype(dtype, resolved)
     if flow is None:  # EAGLE-3 and MTP exist only on TensorRT-LLM's PyTorch route
         flow = "pytorch" if resolved == "trtllm" and mode in ("eagle3", "mtp") else "engine"
     cfg = BuildConfig(
@@ -200,10 +216,12 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
         quantize=quantize, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, pp_size=pp_size,
         max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices),
-        draft_len_schedule=draft_len_schedule, eagle_choices=_choices(eagle_choices, "eagle"),
+        draft_len_schedule=draft_len_schedule, lookahead=lookahead,
+        eagle_choices=_choices(eagle_choices, "eagle"),
         dynamic_tree_top_k=dynamic_tree_top_k, max_total_draft_tokens=max_total_draft_tokens,
         ngram_size=ngram_size, max_num_tokens=max_num_tokens,
         kv_cache_fraction=kv_cache_fraction, block_reuse=block_reuse,
         cuda_graph_batch_sizes=_sizes(cuda_graph_batch_sizes),
-        max_concurrency=max_concurrency, spec_options=_spec_options(spec_options))
-    emit(build_engine(cfg, dry_run=dry_run, force=force), fmt, _text)
+        max_concurrency=max_concurrency, spec_options=_spec_options(spec_options),
+        trtllm_version=trtllm_version)
+    emit(build_engine(cfg, dry_run=dry_run, force=force, dtype_choice=dtype_choice), fmt, _text)

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from specserve.cli._options import TRAIN_DTYPE_OPTION
 from specserve.cli._output import FORMAT_OPTION, emit
 from specserve.config import read_json
 
@@ -34,6 +35,8 @@ def _summary(data: dict[str, Any]) -> str:
                                  for m in measured))
     if ev.get("fastest_method"):
         lines.append(f"fastest {ev['fastest_method']} (measured; what `make engine` builds)")
+    if ev.get("dtype"):
+        lines.append(f"dtype   {ev['dtype']['dtype']} ({ev['dtype']['reason']})")
     times = ev.get("timings_s", {})
     if times:
         order = [p for p in PHASES if p in times] + sorted(set(times) - set(PHASES))
@@ -54,12 +57,15 @@ def _tau(section: dict[str, Any]) -> str:
               help="Output directory (tokenizer/, target/, draft/, medusa/, eagle3/).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for everything.")
 @click.option("--minutes", type=float, default=5.0, show_default=True,
-              help="Training budget; step counts scale with it (calibrated on 2 cores).")
+              help="Training budget; step counts scale with it, the same on every CPU "
+                   "(calibrated on 2 cores in the dtype --dtype auto picks).")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True,
               help="torch CPU threads (part of the result's reproducibility).")
+@TRAIN_DTYPE_OPTION
 @click.option("--force", is_flag=True, help="Rebuild even if OUT already holds a checkpoint.")
 @FORMAT_OPTION
-def command(out: Path, seed: int, minutes: float, threads: int, force: bool, fmt: str) -> None:
+def command(out: Path, seed: int, minutes: float, threads: int, dtype: str, force: bool,
+            fmt: str) -> None:
     """Train a small Llama code model on the standard library's .py files, a distilled draft on
     the same tokenizer, Medusa-1 heads and an EAGLE-3 head (self-distillation), then measure
     them and n-gram lookup on held-out files (tau and tokens/s; eval.json names the fastest).
@@ -79,7 +85,7 @@ def command(out: Path, seed: int, minutes: float, threads: int, force: bool, fmt
     from specserve.train.progress import RichReporter
 
     _quiet_transformers()
-    cfg = DemoConfig.for_minutes(minutes, seed=seed, threads=threads)
+    cfg = DemoConfig.for_minutes(minutes, seed=seed, threads=threads, dtype=dtype)
     with RichReporter() as rep:
         result = build_demo(cfg, out, rep, force=force)
     emit({"out": str(result.out), "reused": False, "eval": result.eval}, fmt, _summary)

@@ -52,8 +52,12 @@ def _text(s: dict[str, Any]) -> str:
               help="Replicas (LWS: groups; Dynamo: workers of each kind).")
 @click.option("--gpus-per-node", type=int, default=8, show_default=True)
 @click.option("--image", default=None,
-              help="Container image (default nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3;"
-                   " Dynamo: its TensorRT-LLM runtime image).")
+              help="Container image (default: the one shipping the TensorRT-LLM release the "
+                   "engine was written for; engine flow nvcr.io/nvidia/tritonserver:26.04-trtllm-"
+                   "python-py3, Dynamo its tensorrtllm-runtime image).")
+@click.option("--image-trtllm-version", default=None,
+              help="The tensorrt_llm version --image ships, for an image specserve does not know"
+                   " (a deploy whose image ships another release than the YAML is refused).")
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--pvc", default="specserve-models", show_default=True,
               help="PersistentVolumeClaim holding engines and repositories.")
@@ -63,6 +67,12 @@ def _text(s: dict[str, Any]) -> str:
 @click.option("--model", default=None,
               help="PyTorch route: the checkpoint trtllm-serve / Dynamo loads (default: the "
                    "record's).")
+@click.option("--host-root", default=None,
+              help="The build-host directory the PVC holds (pods see it at --mount): paths in "
+                   "the engine YAML and commands are rewritten from it; paths outside are "
+                   "refused.")
+@click.option("--kubectl-image", default="docker.io/bitnami/kubectl:1.33", show_default=True,
+              help="LWS: an image with sh and kubectl, copied into the leader for kubessh.")
 @click.option("--force", is_flag=True, default=False,
               help="Replace an --out written by `specserve deploy`.")
 @FORMAT_OPTION

@@ -85,6 +85,10 @@ def _text(d: dict[str, Any]) -> str:
               help="--flow pytorch engines: upstream's triton_backend/all_models/llmapi/"
                    "tensorrt_llm/1 (a TensorRT-LLM v1.2.1 clone); its model.py and helpers.py "
                    "are copied into the repository.")
+@click.option("--fast-logits", is_flag=True,
+              help="TensorRT-LLM draft-target: speculative_decoding_fast_logits and "
+                   "participant_ids (orchestrator rank 0, draft 1, target 2..); `specserve "
+                   "serve` then starts every rank itself (orchestrator without spawning).")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @FORMAT_OPTION
 def command(engine_dir: str, out: str, max_batch_size: int | None, preprocessing_instances: int,
@@ -93,8 +97,8 @@ def command(engine_dir: str, out: str, max_batch_size: int | None, preprocessing
             baseline: bool, kv_cache_fraction: float | None,
             draft_kv_cache_fraction: float | None, gpu_device_ids: str | None,
             draft_gpu_device_ids: str | None, max_tokens_in_paged_kv_cache: int | None,
-            max_attention_window_size: int | None, llmapi_model_dir: str | None, force: bool,
-            fmt: str) -> None:
+            max_attention_window_size: int | None, llmapi_model_dir: str | None,
+            fast_logits: bool, force: bool, fmt: str) -> None:
     """Write a Triton model repository for ENGINE into OUT (atomically)."""
     from specserve.triton.repository import RepoOptions, read_repo_meta, write_repository
 
@@ -106,7 +110,8 @@ def command(engine_dir: str, out: str, max_batch_size: int | None, preprocessing
         kv_cache_fraction=kv_cache_fraction, draft_kv_cache_fraction=draft_kv_cache_fraction,
         gpu_device_ids=gpu_device_ids, draft_gpu_device_ids=draft_gpu_device_ids,
         max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
-        max_attention_window_size=max_attention_window_size, llmapi_model_dir=llmapi_model_dir)
+        max_attention_window_size=max_attention_window_size, llmapi_model_dir=llmapi_model_dir,
+        fast_logits=fast_logits)
     repo = write_repository(engine_dir, out, opts, force=force)
     meta = read_repo_meta(repo)
     emit({"repo": str(repo), **meta}, fmt, _text)

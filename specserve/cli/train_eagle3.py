@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from specserve.cli._options import TRAIN_DTYPE_OPTION
 from specserve.cli._output import FORMAT_OPTION, emit
 
 
@@ -62,6 +63,7 @@ def _summary(data: dict[str, Any]) -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@TRAIN_DTYPE_OPTION
 @click.option("--force", is_flag=True, help="Replace OUT if a previous train-eagle3 wrote it.")
 @FORMAT_OPTION
 def command(model_dir: Path, out: Path, draft_vocab: int | None,
@@ -69,7 +71,7 @@ def command(model_dir: Path, out: Path, draft_vocab: int | None,
             data: Path | None, samples: int, prompt_len: int, gen_len: int, steps: int,
             minutes: float | None, batch_seqs: int, lr: float, eval_prompts: int,
             eval_gen_len: int, max_draft_len: int, seed: int, device: str,
-            threads: int | None, force: bool, fmt: str) -> None:
+            threads: int | None, dtype: str, force: bool, fmt: str) -> None:
     """Train an EAGLE-3 head (one decoder layer over three fused target layers, a reduced
     draft vocabulary with d2t/t2d) on the target's own greedy generations with the
     training-time test, then decode held-out prompts with it (tau, per-position acceptance,
@@ -101,10 +103,11 @@ def command(model_dir: Path, out: Path, draft_vocab: int | None,
         data=str(data) if data else None, samples=samples, prompt_len=prompt_len,
         gen_len=gen_len, steps=steps, minutes=minutes, batch_seqs=batch_seqs, lr=lr,
         eval_prompts=eval_prompts, eval_gen_len=eval_gen_len, max_draft_len=max_draft_len,
-        seed=seed, device=device)
+        seed=seed, device=device, dtype=dtype)
     with RichReporter() as rep:
         res = run_train_eagle3(cfg, rep, force=force)
     emit({"out": str(res.out), "steps": res.steps, "first_loss": res.first_loss,
           "final_loss": res.final_loss, "draft_vocab": res.train["draft_vocab"],
           "draft_vocab_coverage": res.train["draft_vocab_coverage"],
-          "heldout": res.train["heldout"], "eval": res.eval}, fmt, _summary)
+          "heldout": res.train["heldout"], "eval": res.eval,
+          "dtype": res.train["dtype"]}, fmt, _summary)

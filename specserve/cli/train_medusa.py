@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from specserve.cli._options import TRAIN_DTYPE_OPTION
 from specserve.cli._output import FORMAT_OPTION, emit
 
 
@@ -40,12 +41,13 @@ def _summary(data: dict[str, Any]) -> str:
 @click.option("--save-every", type=click.IntRange(1), default=100, show_default=True,
               help="Checkpoint interval (steps); a rerun with the same flags resumes.")
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@TRAIN_DTYPE_OPTION
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @FORMAT_OPTION
 def command(model_dir: Path, out: Path, heads: int, layers: int, data: Path | None,
             samples: int, prompt_len: int, gen_len: int, steps: int, batch_tokens: int,
             lr: float, seed: int, device: str, save_every: int, threads: int | None,
-            force: bool, fmt: str) -> None:
+            dtype: str, force: bool, fmt: str) -> None:
     """Train Medusa-1 heads (frozen base) and save them in the FasterDecoding layout that
     TensorRT-LLM's converter and `specserve build --medusa` read. An interrupted run resumes
     from OUT's sibling `.OUT.partial/` when rerun with the same flags.
@@ -70,8 +72,9 @@ def command(model_dir: Path, out: Path, heads: int, layers: int, data: Path | No
         model=str(model_dir), out=str(out), heads=heads, layers=layers,
         data=str(data) if data else None, samples=samples, prompt_len=prompt_len,
         gen_len=gen_len, steps=steps, batch_tokens=batch_tokens, lr=lr, seed=seed,
-        device=device, save_every=save_every)
+        device=device, save_every=save_every, dtype=dtype)
     with RichReporter() as rep:
         res = run_train_medusa(cfg, rep, force=force)
     emit({"out": str(res.out), "steps": res.steps, "final_loss": res.final_loss,
-          "heldout_top1_accuracy": list(res.top1_accuracy)}, fmt, _summary)
+          "heldout_top1_accuracy": list(res.top1_accuracy),
+          "dtype": res.dtype.to_dict() if res.dtype else None}, fmt, _summary)

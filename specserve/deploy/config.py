@@ -15,15 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from specserve.build.pins import IMAGE_RELEASES, RELEASES, TRTLLM_IMAGE, TRTLLM_VERSION
 from specserve.config import JsonConfig, read_json
 from specserve.engine_record import RECORD_FILE, read_engine_record
 from specserve.errors import SpecserveError
 
 #: The pinned engine-flow image (trtllm-pinned.md section 0: TensorRT-LLM 1.2.1).
-ENGINE_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+ENGINE_IMAGE = TRTLLM_IMAGE
 #: Dynamo's TensorRT-LLM runtime image as its examples name it
-#: (ai-dynamo/dynamo examples/backends/trtllm/deploy/disagg.yaml @04521f47).
-DYNAMO_IMAGE = "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.3.1"
+#: (ai-dynamo/dynamo examples/backends/trtllm/deploy/disagg.yaml @04521f47); it ships a 1.3.0
+#: release candidate (trtllm-audit-2.md #35), so it serves ``--trtllm-version 1.3`` YAMLs only.
+DYNAMO_IMAGE = RELEASES["1.3"].image
+#: release line -> the Dynamo image that ships it (none ships 1.2.1: release-artifacts.md
+#: @196b75f2 lists 1.1.0rc5 ... 1.2.0rc6.post2, then the 1.3.0 rcs).
+DYNAMO_IMAGES = {"1.3": DYNAMO_IMAGE}
+#: Any image with ``sh`` and ``kubectl`` on PATH (the LWS leader copies kubectl from it).
+KUBECTL_IMAGE = "docker.io/bitnami/kubectl:1.33"
 SPEC_YAML = "extra_llm_api_options.yaml"
 FLOWS = ("engine", "pytorch")
 TARGETS = {"engine": ("k8s", "lws"), "pytorch": ("dynamo", "dynamo-disagg", "slurm")}
@@ -64,6 +73,9 @@ class DeployConfig(JsonConfig):
     mount: str = "/models"            # where the claim is mounted in every pod
     repo_path: str = "triton_repo"    # engine flow: the model repository under the mount
     model: str | None = None          # PyTorch route: the checkpoint trtllm-serve loads
+    image_trtllm_version: str | None = None  # what --image ships, when specserve cannot tell
+    host_root: str | None = None      # the build-host directory the PVC holds (seen at --mount)
+    kubectl_image: str = KUBECTL_IMAGE  # LWS: the init container that provides kubectl
 
     def validate(self) -> None:
         if self.replicas < 1:
@@ -73,6 +85,9 @@ class DeployConfig(JsonConfig):
         if self.image is not None and not _IMAGE.match(self.image):
             raise SpecserveError(f"--image: {self.image!r} is not a container image reference "
                                  "(e.g. nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3)")
+        if not _IMAGE.match(self.kubectl_image):
+            raise SpecserveError(f"--kubectl-image: {self.kubectl_image!r} is not a container "
+                                 "image reference")
         check_label(self.namespace, "--namespace")
         check_label(self.pvc, "--pvc")
         if self.name is not None:
@@ -84,6 +99,8 @@ class DeployConfig(JsonConfig):
                 ".." in self.repo_path.split("/"):
             raise SpecserveError(f"--repo-path: {self.repo_path!r} must be a relative path "
                                  "inside the volume")
+        if self.host_root is not None and not Path(self.host_root).expanduser().is_absolute():
+            raise SpecserveError(f"--host-root: {self.host_root!r} must be an absolute path")
         if self.model is not None and (not self.model or any(c.isspace() for c in self.model)):
             raise SpecserveError(f"--model: {self.model!r} must be a path or model id without "
                                  "spaces")
@@ -101,6 +118,7 @@ class EngineSource:
     spec_yaml: str | None      # pytorch: extra_llm_api_options.yaml as written by the build
     model: str | None          # pytorch: the checkpoint the record names
     record: dict[str, Any]
+    trtllm_version: str = TRTLLM_VERSION  # the release line the engine / YAML was written for
 
     def nodes(self, gpus_per_node: int) -> int:
         """Nodes (pods) per replica; the world size must fill whole nodes or fit in one."""
@@ -148,16 +166,109 @@ def read_source(engine: str | Path) -> EngineSource:
                              "its speculative config there)")
     config = raw.get("config")
     model = raw.get("model") or (config.get("model") if isinstance(config, dict) else None)
+    version = (config.get("trtllm_version") if isinstance(config, dict) else None) or \
+        TRTLLM_VERSION
+    if version not in RELEASES:
+        raise SpecserveError(f"{path}: config.trtllm_version {version!r} is not one of "
+                             f"{list(RELEASES)}")
     return EngineSource(d, "pytorch", tp, pp, tp * pp, spec.read_text(encoding="utf-8"),
-                        str(model) if model else None, raw)
+                        str(model) if model else None, raw, version)
+
+
+def local_path(value: str) -> str | None:
+    """``value`` as an absolute path when it names a local path (absolute, ``./``-relative or
+    existing); None for a Hugging Face Hub id such as ``meta-llama/Llama-3.1-8B``."""
+    if not value:
+        return None
+    if value.startswith(("/", ".", "~")) or Path(value).exists():
+        return str(Path(value).expanduser().resolve())
+    return None
+
+
+MODEL_KEYS = ("speculative_model_dir", "speculative_model")
+
+
+def spec_model_dir(text: str | None) -> str | None:
+    """The draft / EAGLE-3 head directory an engine YAML names (either spelling), if any."""
+    data = yaml.safe_load(text or "") or {}
+    spec = data.get("speculative_config") if isinstance(data, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    return next((str(spec[k]) for k in MODEL_KEYS if spec.get(k)), None)
+
+
+def pod_path(cfg: DeployConfig, value: str, what: str) -> str:
+    """Where a build-host path is inside the pods: under ``--mount``, through ``--host-root``
+    (the host directory the PVC holds); a path outside both is refused (trtllm-audit-2 #36)."""
+    host = local_path(value)
+    if host is None:
+        return value  # a Hub id: the pod downloads it
+    mount = cfg.mount.rstrip("/") or "/"
+    if cfg.host_root is not None:
+        root = Path(cfg.host_root).expanduser().resolve()
+        rel = _relative(Path(host), root)
+        if rel is None:
+            raise SpecserveError(f"{what} {host}: outside --host-root {root}, so not on the "
+                                 f"volume the pods mount at {mount}; put it under {root}")
+        return mount if rel == "." else f"{mount.rstrip('/')}/{rel}"
+    if _relative(Path(host), Path(mount)) is None:
+        raise SpecserveError(f"{what} {host}: outside --mount {mount}, so the pods cannot see "
+                             "it; give --host-root DIR (the build-host directory the PVC "
+                             f"holds, mounted at {mount})")
+    return host
+
+
+def _relative(path: Path, root: Path) -> str | None:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return None
+
+
+def target_image(cfg: DeployConfig, src: EngineSource, target: str) -> str:
+    """The image a target runs: ``--image``, or the one that ships the release ``src`` was
+    written for (engine flow: the pin; Dynamo: its runtime image of that line; Slurm: the
+    release's own image)."""
+    if cfg.image is not None:
+        return cfg.image
+    if target.startswith("dynamo"):
+        image = DYNAMO_IMAGES.get(src.trtllm_version)
+        if image is None:
+            raise SpecserveError(
+                f"--target {target}: no Dynamo tensorrtllm-runtime image ships TensorRT-LLM "
+                f"{src.trtllm_version}, which {src.path} was written for (0.8.1.post1 ships "
+                f"1.2.0rc6.post2, {DYNAMO_IMAGE.rsplit(':', 1)[1]} a 1.3.0 rc); rebuild with "
+                "--trtllm-version 1.3, or give --image and --image-trtllm-version")
+        return image
+    return RELEASES[src.trtllm_version].image if src.flow == "pytorch" else TRTLLM_IMAGE
+
+
+def check_image_release(cfg: DeployConfig, src: EngineSource, image: str) -> None:
+    """Refuse an image that ships another TensorRT-LLM than ``src`` was written for."""
+    shipped = IMAGE_RELEASES.get(image) if cfg.image_trtllm_version is None or \
+        image != cfg.image else cfg.image_trtllm_version
+    if shipped is None:
+        raise SpecserveError(f"--image {image}: which TensorRT-LLM it ships is not known to "
+                             "specserve; give --image-trtllm-version (its tensorrt_llm."
+                             "__version__), or one of: " + ", ".join(sorted(IMAGE_RELEASES)))
+    if not RELEASES[src.trtllm_version].ships(shipped):
+        raise SpecserveError(f"{image} ships TensorRT-LLM {shipped}, but {src.path} was written "
+                             f"for {src.trtllm_version} (its field names and draft_len_schedule "
+                             "semantics differ); rebuild with --trtllm-version "
+                             f"{_line(shipped)}, or give an image of that release")
+
+
+def _line(version: str) -> str:
+    """The ``--trtllm-version`` that a shipped version belongs to ('?' if none)."""
+    return next((r.name for r in RELEASES.values() if r.ships(version)), "(none: unsupported)")
 
 
 def resolve_targets(cfg: DeployConfig, src: EngineSource) -> tuple[str, ...]:
     """The targets to write: as given (checked against the flow) or the flow's defaults."""
     allowed = TARGETS[src.flow]
     if not cfg.targets:
-        if src.flow == "pytorch":
-            return ("dynamo", "slurm")
+        if src.flow == "pytorch":  # Dynamo only where one of its images ships the release
+            return ("dynamo", "slurm") if src.trtllm_version in DYNAMO_IMAGES else ("slurm",)
         return ("lws",) if src.nodes(cfg.gpus_per_node) > 1 else ("k8s",)
     bad = [t for t in cfg.targets if t not in allowed]
     if bad:

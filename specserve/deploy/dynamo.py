@@ -18,26 +18,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from specserve.deploy.config import DeployConfig, EngineSource
+import yaml
+
+from specserve import yamlio
+from specserve.deploy.config import MODEL_KEYS, DeployConfig, EngineSource, pod_path
 from specserve.deploy.kubernetes import labels
 
 DGD_API = "nvidia.com/v1alpha1"
 CONFIG_DIR = "/etc/specserve"
 FRONTEND_PORT = 8000
-#: TensorRT-LLM disaggregated serving moves the KV cache between workers through the cache
-#: transceiver; both sides need it in their engine YAML (Dynamo's prefill.yaml / decode.yaml).
-DISAGG_EXTRA = "\n# added by specserve deploy: KV cache transfer between prefill and decode\n" \
-               "cache_transceiver_config:\n  backend: DEFAULT\n"
+#: Disaggregated serving moves the KV cache between workers through the cache transceiver;
+#: both sides need ``cache_transceiver_config`` in their engine YAML (Dynamo's prefill.yaml /
+#: decode.yaml); paths are the pods' (``--mount``).
+HEADER = "# written by specserve deploy from the engine's extra_llm_api_options.yaml\n"
 
 
-def worker_yamls(src: EngineSource, disagg: bool) -> dict[str, str]:
-    """ConfigMap key -> engine YAML text of each worker kind."""
-    text = src.spec_yaml or ""
-    if not disagg:
-        return {"agg.yaml": text}
-    if "cache_transceiver_config" not in text:
-        text = text.rstrip("\n") + "\n" + DISAGG_EXTRA
-    return {"prefill.yaml": text, "decode.yaml": text}
+def worker_yamls(cfg: DeployConfig, src: EngineSource, disagg: bool) -> dict[str, str]:
+    """ConfigMap key -> engine YAML text of each worker kind, its draft / head directory
+    rewritten to where the pods see it (:func:`pod_path`)."""
+    data = yaml.safe_load(src.spec_yaml or "") or {}
+    spec = data.get("speculative_config")
+    spec = spec if isinstance(spec, dict) else {}
+    for key in MODEL_KEYS:
+        if spec.get(key):
+            spec[key] = pod_path(cfg, str(spec[key]), f"speculative_config.{key}")
+    if disagg:
+        data.setdefault("cache_transceiver_config", {"backend": "DEFAULT"})
+    text = HEADER + yamlio.dump(data)
+    return {"prefill.yaml": text, "decode.yaml": text} if disagg else {"agg.yaml": text}
 
 
 def config_map(name: str, cfg: DeployConfig, data: dict[str, str]) -> dict[str, Any]:
@@ -48,7 +56,8 @@ def config_map(name: str, cfg: DeployConfig, data: dict[str, str]) -> dict[str, 
 
 def _worker(cfg: DeployConfig, src: EngineSource, model: str, config: str, key: str,
             mode: str | None) -> dict[str, Any]:
-    args = ["--model-path", model, "--served-model-name", model,
+    served = pod_path(cfg, model, "--model")
+    args = ["--model-path", served, "--served-model-name", served,
             "--extra-engine-args", f"{CONFIG_DIR}/{key}"]
     if mode is not None:
         args += ["--disaggregation-mode", mode]
@@ -76,7 +85,7 @@ def graph_deployment(name: str, cfg: DeployConfig, src: EngineSource, model: str
                      disagg: bool) -> list[dict[str, Any]]:
     """The ConfigMap and the DynamoGraphDeployment (aggregated, or prefill + decode)."""
     config = f"{name}-engine-config"
-    yamls = worker_yamls(src, disagg)
+    yamls = worker_yamls(cfg, src, disagg)
     services: dict[str, Any] = {
         "Frontend": {"componentType": "frontend", "replicas": 1,
                      "extraPodSpec": {"mainContainer": {"image": cfg.image}}}}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from specserve.deploy.config import DeployConfig, EngineSource
+from specserve.deploy.config import DeployConfig, EngineSource, local_path, spec_model_dir
 
 PORT = 8000
 
@@ -19,14 +19,29 @@ def serve_argv(src: EngineSource, model: str, spec_yaml: str) -> list[str]:
             "--host", "0.0.0.0", "--port", str(PORT), "--extra_llm_api_options", spec_yaml]
 
 
+def container_mounts(engine: str, model: str, spec_yaml: str | None) -> list[str]:
+    """Host directories the container needs at the same paths (pyxis ``--container-mounts``):
+    the engine directory, the checkpoint and the draft / EAGLE-3 head (trtllm-audit-2 #37; the
+    upstream script mounts ``${MOUNT_DIR}:${MOUNT_DEST}`` covering the model); one entry for
+    directories nested in another."""
+    dirs = [engine] + [p for p in (local_path(model), local_path(spec_model_dir(spec_yaml) or
+                                                                 "")) if p]
+    out: list[str] = []
+    for d in sorted(set(dirs), key=len):
+        if not any(d == o or d.startswith(o.rstrip("/") + "/") for o in out):
+            out.append(d)
+    return out
+
+
 def sbatch_script(name: str, cfg: DeployConfig, src: EngineSource, model: str) -> str:
     """The ``sbatch`` script of one replica (submit it ``--replicas`` times for more)."""
     nodes = src.nodes(cfg.gpus_per_node)
     per_node = src.gpus_per_pod(cfg.gpus_per_node)
     engine = str(src.path.resolve())
     spec = f"{engine}/extra_llm_api_options.yaml"
+    mounts = ",".join(f"{d}:{d}" for d in container_mounts(engine, model, src.spec_yaml))
     srun = ["srun", "-l", "--mpi=pmix", f"--container-image={cfg.image}",
-            f"--container-mounts={engine}:{engine}"]
+            f"--container-mounts={mounts}"]
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
@@ -39,6 +54,7 @@ def sbatch_script(name: str, cfg: DeployConfig, src: EngineSource, model: str) -
         f"# submit it {cfg.replicas} time(s) and point `specserve bench --url` at each.",
         f"# World size {src.world_size} = tp {src.tp_size} x pp {src.pp_size} MPI tasks.",
         "set -euo pipefail",
-        " \\\n    ".join([shlex.join(srun), shlex.join(serve_argv(src, model, spec))]),
+        " \\\n    ".join([shlex.join(srun),
+                        shlex.join(serve_argv(src, local_path(model) or model, spec))]),
         ""]
     return "\n".join(lines)

@@ -13,17 +13,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from specserve import yamlio
 from specserve.config import write_json_atomic, write_text_atomic
 from specserve.deploy.config import (
-    DYNAMO_IMAGE,
-    ENGINE_IMAGE,
     DeployConfig,
     EngineSource,
+    check_image_release,
     default_name,
     read_source,
     resolve_targets,
+    target_image,
 )
 from specserve.deploy.dynamo import graph_deployment
 from specserve.deploy.kubernetes import deployment, leader_worker_set
@@ -36,25 +35,9 @@ FILES = {"k8s": "deployment.yaml", "lws": "leaderworkerset.yaml", "dynamo": "dyn
          "dynamo-disagg": "dynamo-disagg.yaml", "slurm": "slurm.sbatch"}
 
 
-class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
-    """Block literals for multi-line strings; no anchors/aliases (each object spelled out)."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
 def to_yaml(objects: list[dict[str, Any]]) -> str:
-    """Kubernetes objects as one multi-document YAML text."""
-    return "---\n".join(yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=100)
-                        for o in objects)
+    """Kubernetes objects as one multi-document YAML text (:func:`specserve.yamlio.dump_all`)."""
+    return yamlio.dump_all(objects)
 
 
 @dataclass(frozen=True)
@@ -94,7 +77,8 @@ def plan_deploy(cfg: DeployConfig) -> DeployPlan:
     files: dict[str, str] = {}
     objects: dict[str, list[dict[str, Any]]] = {}
     for target in targets:
-        image = cfg.image or (DYNAMO_IMAGE if target.startswith("dynamo") else ENGINE_IMAGE)
+        image = target_image(cfg, src, target)
+        check_image_release(cfg, src, image)
         tcfg = replace(cfg, image=image)
         fname = FILES[target]
         if target == "slurm":
@@ -105,8 +89,11 @@ def plan_deploy(cfg: DeployConfig) -> DeployPlan:
     summary = {
         "config": cfg.to_dict(), "name": name, "flow": src.flow, "targets": list(targets),
         "tp_size": src.tp_size, "pp_size": src.pp_size, "world_size": src.world_size,
+        "trtllm_version": src.trtllm_version,
         "nodes_per_replica": nodes, "gpus_per_pod": src.gpus_per_pod(cfg.gpus_per_node),
         "files": {FILES[t]: t for t in targets},
+        "requires": [{"kind": "PersistentVolumeClaim", "name": cfg.pvc,
+                      "namespace": cfg.namespace}] if set(targets) - {"slurm"} else [],
     }
     return DeployPlan(cfg, files, objects, summary)
 

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.cpu_dtype import onednn_bf16
+
 # oneDNN's fixed cost (~14 us a call here) loses to MKL below about this many weights.
 MULTI_ROW_MIN = 1 << 17
 
@@ -66,11 +68,12 @@ def linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
 
 
 def can_prepack(dtype: torch.dtype) -> bool:
-    try:
-        return bool(torch.backends.mkldnn.is_available() and (
-            dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
-    except (AttributeError, RuntimeError):  # a build without these private ops
-        return False
+    """oneDNN can run ``dtype`` prepacked here: float32 wherever oneDNN is built in, bfloat16
+    only with its bf16 kernels (:func:`specserve.cpu_dtype.onednn_bf16`, the same check that
+    makes ``--dtype auto`` serve float32 on an AVX2-only CPU)."""
+    if dtype == torch.float32:
+        return bool(torch.backends.mkldnn.is_available())
+    return onednn_bf16()
 
 
 def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes: int = 1 << 30,

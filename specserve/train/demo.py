@@ -6,8 +6,15 @@ Recipe: byte-level BPE; target trained on the corpus (AdamW, cosine); the target
 continuations of corpus prompts (self-distillation) train the draft (DistillSpec, Zhou et al.
 2024), the Medusa heads (Cai et al. 2024, §2.3.2) and the EAGLE-3 head (Li et al. 2025, with the
 training-time test: :mod:`specserve.train.eagle3`). Step counts are a pure function of
-``--minutes`` (calibrated on 2 cores, bf16 autocast), so a run is deterministic for a seed and a
-budget; a slower or busier machine takes longer rather than training less.
+``--minutes`` (linear in it from the 5-minute schedule), the same on every CPU and in either
+dtype, so a run is deterministic for a seed, a budget and a dtype; a slower or busier machine
+takes longer rather than training less. The dtype is the one this CPU runs fast
+(:mod:`specserve.cpu_dtype`: bfloat16 autocast where oneDNN has bf16 kernels and a timed matmul
+agrees, else float32; ``--dtype`` overrides), recorded with its evidence in ``eval.json``
+("dtype"). Without that choice an AVX2-only CPU ran bf16 autocast emulated, ~10x slower than
+float32. The wall time is what the machine takes for those steps: ``--minutes 5`` took 5.1
+minutes on 2 lightly shared AVX-512-BF16 cores in bfloat16 and 10.8 minutes on an (emulated)
+AVX2-only CPU in float32 (docs/benchmarks.md, "Training dtype").
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 import torch
 
 from specserve.config import JsonConfig, write_json_atomic
+from specserve.cpu_dtype import REQUESTS, DtypeChoice, choose_dtype
 from specserve.errors import SpecserveError
 from specserve.outputs import staged_output
 from specserve.train import corpus
@@ -84,6 +92,7 @@ class DemoConfig(JsonConfig):
     eval_gen_len: int = 128
     decoder_eval: bool = True
     threads: int = 2
+    dtype: str = "auto"  # training autocast: auto (specserve.cpu_dtype) | float32 | bfloat16
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -93,6 +102,9 @@ class DemoConfig(JsonConfig):
                 raise SpecserveError(f"demo-model: {f.name} must be > 0, got {value}")
         if self.prompt_len < 2:
             raise SpecserveError("demo-model: prompt_len must be >= 2")
+        if self.dtype not in REQUESTS:
+            raise SpecserveError(f"demo-model: --dtype {self.dtype!r}: choose one of "
+                                 f"{', '.join(REQUESTS)}")
 
     @classmethod
     def for_minutes(cls, minutes: float, seed: int = 0, **overrides: Any) -> DemoConfig:
@@ -182,7 +194,8 @@ def heldout_prompts(docs: list[torch.Tensor], n: int, length: int,
     return torch.stack(rows)
 
 
-def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer) -> dict[str, Any]:
+def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer,
+           dtype: DtypeChoice) -> dict[str, Any]:
     from specserve.spec.tree import MC_SIM_7B_63
     from specserve.train.distill import greedy_continue, sample_prompts
     from specserve.train.eagle3 import Eagle3TrainConfig, run_train_eagle3
@@ -192,7 +205,8 @@ def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer) -> dict[st
 
     tok, stream, held = _data(cfg, work, timer)
     g = torch.Generator().manual_seed(cfg.seed)
-    ts = Schedule(cfg.target_steps, cfg.target_batch, cfg.seq_len, cfg.target_lr)
+    ts = Schedule(cfg.target_steps, cfg.target_batch, cfg.seq_len, cfg.target_lr,
+                  bf16=dtype.bf16)
     target_shape = llama_shape(cfg.target_hidden, cfg.target_layers, cfg.target_heads)
     target, t_loss = _train(target_shape, tok, cfg.seed, ts,
                             lambda gen: stream_batch(stream, ts.batch_size, ts.seq_len, gen),
@@ -203,7 +217,8 @@ def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer) -> dict[st
     prompts = sample_prompts(stream, cfg.distill_samples, cfg.prompt_len, g)  # [N, P]
     seqs = greedy_continue(target, prompts, cfg.gen_len, on_batch=lambda d, _t: rep.update(d))
     timer.done("distill", f"{seqs.shape[0]} x {seqs.shape[1]} tokens")
-    ds = Schedule(cfg.draft_steps, cfg.draft_batch, seqs.shape[1], cfg.draft_lr)
+    ds = Schedule(cfg.draft_steps, cfg.draft_batch, seqs.shape[1], cfg.draft_lr,
+                  bf16=dtype.bf16)
     draft_shape = llama_shape(cfg.draft_hidden, cfg.draft_layers, cfg.draft_heads)
     draft, d_loss = _train(draft_shape, tok, cfg.seed + 1, ds,
                            lambda gen: rows_batch(seqs, ds.batch_size, gen), "draft", rep)
@@ -213,7 +228,7 @@ def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer) -> dict[st
         model=str(work / "target"), out=str(work / "medusa"), heads=cfg.medusa_heads,
         layers=cfg.medusa_layers, samples=cfg.distill_samples, prompt_len=cfg.prompt_len,
         gen_len=cfg.gen_len, steps=cfg.medusa_steps, batch_tokens=cfg.medusa_batch_tokens,
-        lr=cfg.medusa_lr, seed=cfg.seed, heldout_fraction=0.0)
+        lr=cfg.medusa_lr, seed=cfg.seed, heldout_fraction=0.0, dtype=dtype.dtype)
     run_train_medusa(mcfg, rep, sequences=seqs, base_model_name="target")
     timer.done("medusa")
     ecfg = Eagle3TrainConfig(
@@ -222,7 +237,7 @@ def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer) -> dict[st
         intermediate_size=cfg.eagle3_intermediate, num_heads=cfg.eagle3_heads,
         samples=cfg.distill_samples, prompt_len=cfg.prompt_len, gen_len=cfg.gen_len,
         steps=cfg.eagle3_steps, batch_seqs=cfg.eagle3_batch_seqs, lr=cfg.eagle3_lr,
-        seed=cfg.seed, heldout_fraction=0.0, eval_prompts=0)
+        seed=cfg.seed, heldout_fraction=0.0, eval_prompts=0, dtype=dtype.dtype)
     e3 = run_train_eagle3(ecfg, rep, sequences=seqs)
     timer.done("eagle3", f"loss {e3.first_loss:.3f} -> {e3.final_loss:.3f}")
     eval_prompts = heldout_prompts(held, cfg.eval_prompts, cfg.prompt_len, g)
@@ -270,9 +285,12 @@ def build_demo(cfg: DemoConfig, out: Path, reporter: Reporter | None = None,
     rep = reporter or NullReporter()
     torch.set_num_threads(cfg.threads)
     timer = _Timer(rep)
-    with staged_output(out, force, WRITER) as work:
+    dtype = choose_dtype(cfg.dtype)
+    with staged_output(out, force, WRITER) as work:  # refuses a directory we did not write
+        rep.log(f"training dtype {dtype.dtype} ({dtype.reason})")
         (work / "demo_config.json").write_text(cfg.to_json())
-        ev = _build(cfg, work, rep, timer)
+        ev = _build(cfg, work, rep, timer, dtype)
+        ev["dtype"] = dtype.to_dict()  # the training dtype and why (specserve.cpu_dtype)
         ev["timings_s"] = dict(timer.times)
         ev["timings_s"]["total"] = round(time.monotonic() - timer.t0, 2)
         ev["cpu_s"] = dict(timer.cpu)

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve.config import JsonConfig, write_json_atomic
+from specserve.cpu_dtype import REQUESTS, choose_dtype
 from specserve.errors import SpecserveError
 from specserve.outputs import check_replaceable, staged_output
 from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head, ttt_forward
@@ -85,7 +86,7 @@ class Eagle3TrainConfig(JsonConfig):
     lr: float = 3e-3
     seed: int = 0
     device: str = "cpu"
-    bf16: bool = True
+    dtype: str = "auto"  # autocast dtype: auto (specserve.cpu_dtype) | float32 | bfloat16
     heldout_fraction: float = 0.1
     eval_prompts: int = 8
     eval_gen_len: int = 64
@@ -106,6 +107,9 @@ class Eagle3TrainConfig(JsonConfig):
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise SpecserveError(f"train-eagle3: --draft-vocab must be >= 1, got "
                                  f"{self.draft_vocab}")
+        if self.dtype not in REQUESTS:
+            raise SpecserveError(f"train-eagle3: --dtype {self.dtype!r}: choose one of "
+                                 f"{', '.join(REQUESTS)}")
         if self.minutes is not None and self.minutes <= 0:
             raise SpecserveError(f"train-eagle3: --minutes must be > 0, got {self.minutes}")
         if self.lr <= 0 or not 0 < self.step_decay <= 1 or not 0 <= self.heldout_fraction < 1:
@@ -227,6 +231,7 @@ class _Trainer:
     seqs: torch.Tensor          # [N, T]
     ids: torch.Tensor           # [Vd]
     cfg: Eagle3TrainConfig
+    bf16: bool = False  # bfloat16 autocast of the head (the target runs float32, no grad)
 
     def __post_init__(self) -> None:
         self.ids = self.ids.to(self.target.device)
@@ -240,7 +245,7 @@ class _Trainer:
     def loss(self, rows: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
         aux, logp, top = target_batch(self.target, rows, self.ids, self.index)
         dev = self.head.device
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.bf16):
             logits = ttt_forward(self.head, aux.to(dev), rows.to(dev), self.cfg.ttt_steps)
         return ttt_loss(logits, logp.to(dev), top.to(dev), self.weights)
 
@@ -263,7 +268,7 @@ def _optimizer(head: Eagle3Head, lr: float) -> torch.optim.Optimizer:
 def steps_for_minutes(tr: _Trainer, minutes: float, rep: Reporter) -> int:
     """Training steps that fit ``minutes``, from the time of a step on a throwaway copy (one
     warm-up step, then the mean of two)."""
-    probe = _Trainer(copy.deepcopy(tr.head), tr.target, tr.seqs, tr.ids, tr.cfg)
+    probe = _Trainer(copy.deepcopy(tr.head), tr.target, tr.seqs, tr.ids, tr.cfg, tr.bf16)
     probe.head.bind(tr.target.embed.weight)
     opt = _optimizer(probe.head, tr.cfg.lr)
     g = torch.Generator().manual_seed(tr.cfg.seed + 99)
@@ -380,6 +385,8 @@ def run_train_eagle3(cfg: Eagle3TrainConfig, reporter: Reporter | None = None, *
     out = Path(cfg.out)
     check_replaceable(out, force, WRITER)
     target, size = load_target(cfg)
+    choice = choose_dtype(cfg.dtype, cfg.device)
+    rep.log(f"training dtype {choice.dtype} ({choice.reason})")
     torch.manual_seed(cfg.seed)
     with staged_output(out, force, WRITER) as work:
         seqs = sequences if sequences is not None else make_sequences(
@@ -393,12 +400,13 @@ def run_train_eagle3(cfg: Eagle3TrainConfig, reporter: Reporter | None = None, *
         init_head(head, target, ids, cfg.seed)
         head.to(cfg.device).bind(target.embed.weight)
         target.capture = head.cfg.aux_layer_ids
-        tr = _Trainer(head, target, train_seqs, ids, cfg)
+        tr = _Trainer(head, target, train_seqs, ids, cfg, choice.bf16)
         steps = cfg.steps if cfg.minutes is None else steps_for_minutes(tr, cfg.minutes, rep)
         t0 = time.monotonic()
         losses = train_eagle3_head(tr, steps, rep)
         final = _tail_mean(losses)
-        train: dict[str, Any] = {"config": cfg.to_dict(), "steps": steps, "draft_vocab": size,
+        train: dict[str, Any] = {"config": cfg.to_dict(), "dtype": choice.to_dict(),
+                                 "steps": steps, "draft_vocab": size,
                  "draft_vocab_coverage": round(coverage, 4),
                  "train_sequences": list(train_seqs.shape), "first_loss": losses[0],
                  "final_loss": final, "train_seconds": round(

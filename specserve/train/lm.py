@@ -2,7 +2,9 @@
 (AdamW, linear warmup then cosine decay, as in nanoGPT), on CPU or CUDA.
 
 Step counts are fixed up front (not stopped by a clock), so a run is a pure function of its
-data, schedule and seed; the demo derives the counts from a time budget instead.
+data, schedule, seed and dtype; the demo derives the counts from a time budget instead.
+``Schedule.bf16`` turns on bfloat16 autocast: callers pass what :mod:`specserve.cpu_dtype`
+chose for the machine (float32 where the CPU has no bfloat16 instructions).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class Schedule:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    bf16: bool = True
+    bf16: bool = False  # bfloat16 autocast (specserve.cpu_dtype.choose_dtype decides)
 
 
 @dataclass(frozen=True)

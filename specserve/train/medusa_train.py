@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from specserve.config import JsonConfig, write_json_atomic
+from specserve.cpu_dtype import REQUESTS, DtypeChoice, choose_dtype
 from specserve.errors import SpecserveError
 from specserve.outputs import check_replaceable, mark, swap_into_place
 from specserve.train.lm import Schedule, lr_at
@@ -61,7 +62,7 @@ class MedusaTrainConfig(JsonConfig):
     seed: int = 0
     device: str = "cpu"
     save_every: int = 100
-    bf16: bool = True
+    dtype: str = "auto"  # autocast dtype: auto (specserve.cpu_dtype) | float32 | bfloat16
     heldout_fraction: float = 0.1
 
     def validate(self) -> None:
@@ -71,6 +72,9 @@ class MedusaTrainConfig(JsonConfig):
                 raise SpecserveError(f"train-medusa: --{name.replace('_', '-')} must be >= 1")
         if self.lr <= 0 or not 0 <= self.heldout_fraction < 1:
             raise SpecserveError("train-medusa: lr must be > 0 and heldout_fraction in [0, 1)")
+        if self.dtype not in REQUESTS:
+            raise SpecserveError(f"train-medusa: --dtype {self.dtype!r}: choose one of "
+                                 f"{', '.join(REQUESTS)}")
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,12 @@ class HeadsResult:
     steps: int
     final_loss: float
     top1_accuracy: tuple[float, ...]
+    dtype: DtypeChoice | None = None
 
 
-def _schedule(cfg: MedusaTrainConfig) -> Schedule:
+def _schedule(cfg: MedusaTrainConfig, bf16: bool) -> Schedule:
     return Schedule(steps=cfg.steps, batch_size=cfg.batch_tokens, seq_len=1, lr=cfg.lr,
-                    warmup_steps=min(20, cfg.steps // 10), weight_decay=0.0, bf16=cfg.bf16)
+                    warmup_steps=min(20, cfg.steps // 10), weight_decay=0.0, bf16=bf16)
 
 
 def train_heads(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, s: Schedule,
@@ -252,6 +257,8 @@ def run_train_medusa(cfg: MedusaTrainConfig, reporter: Reporter | None = None, *
     check_replaceable(out, force, WRITER)
     torch.manual_seed(cfg.seed)
     model, tok = load_causal_lm(cfg.model, cfg.device)
+    choice = choose_dtype(cfg.dtype, cfg.device)
+    rep.log(f"training dtype {choice.dtype} ({choice.reason})")
     work = _work_dir(out)
     _prepare_work(cfg, work, rep)
     g_data = torch.Generator().manual_seed(cfg.seed)
@@ -273,8 +280,8 @@ def run_train_medusa(cfg: MedusaTrainConfig, reporter: Reporter | None = None, *
         g.set_state(state["rng"])
         start, opt_state = int(state["step"]), state["opt"]
         rep.log(f"resuming at step {start}")
-    losses = train_heads(heads, hidden, labels, _schedule(cfg), g, start, opt_state, rep,
-                         _checkpointer(cfg, work, heads, g))
+    losses = train_heads(heads, hidden, labels, _schedule(cfg, choice.bf16), g, start, opt_state,
+                         rep, _checkpointer(cfg, work, heads, g))
     acc: list[float] = []
     if n_held:
         acc = head_top1_accuracy(heads.cpu(), final_hidden(model, held_seqs),
@@ -283,9 +290,10 @@ def run_train_medusa(cfg: MedusaTrainConfig, reporter: Reporter | None = None, *
     shutil.rmtree(result, ignore_errors=True)
     save_medusa(heads, result, base_model_name or cfg.model)
     info = {"config": cfg.to_dict(), "final_loss": losses[-1] if losses else None,
-            "heldout_top1_accuracy": acc}
+            "heldout_top1_accuracy": acc, "dtype": choice.to_dict()}
     write_json_atomic(result / "train_info.json", info)
     mark(result, WRITER)
     swap_into_place(result, out)
     shutil.rmtree(work)
-    return HeadsResult(out, cfg.steps, losses[-1] if losses else float("nan"), tuple(acc))
+    return HeadsResult(out, cfg.steps, losses[-1] if losses else float("nan"), tuple(acc),
+                       choice)

@@ -43,6 +43,9 @@ class RepoOptions(JsonConfig):
     max_tokens_in_paged_kv_cache: int | None = None
     max_attention_window_size: int | None = None
     llmapi_model_dir: str | None = None  # PyTorch route: upstream's llmapi tensorrt_llm/1
+    # draft-target: speculative_decoding_fast_logits + participant_ids (the draft's logits go
+    # device to device; served in orchestrator mode with spawning off, see triton/server.py)
+    fast_logits: bool = False
 
     def validate(self) -> None:
         for name in ("preprocessing_instance_count", "postprocessing_instance_count",
@@ -75,6 +78,11 @@ class RepoOptions(JsonConfig):
         if cfg.backend != "trtllm" and set_:
             raise SpecserveError(f"{cli_flag(set_[0])}: a TensorRT-LLM executor option; the "
                                  "reference (torch) engine has no KV cache to configure")
+        if self.fast_logits and not trtllm_draft(cfg):
+            raise SpecserveError(
+                f"--fast-logits: only for TensorRT-LLM draft-target engines (this engine: "
+                f"backend {cfg.backend}, spec_mode {cfg.spec_mode}); upstream's fast logits "
+                "move the draft engine's logits to the target engine")
         if not trtllm_draft(cfg):
             drafts = [n for n in set_ if n.startswith("draft_")]
             if drafts:

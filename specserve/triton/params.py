@@ -17,10 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specserve.errors import SpecserveError
 from specserve.triton.options import (
     RepoOptions,
     kv_fractions,
     parse_device_ids,
+    trtllm_draft,
 )
 
 if TYPE_CHECKING:
@@ -43,9 +45,12 @@ LLM_PARAMETER_PLACEHOLDERS = (
     "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
     "xgrammar_tokenizer_info_path",
 )
-_DECODING_MODE = {"medusa": "medusa", "eagle": "eagle"}
+_DECODING_MODE = {"medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead"}
 #: Nodes of the C++ backend's default tree (``mc_sim_7b_63``, also the default ``eagle_choices``).
 DEFAULT_TREE_NODES = 63
+#: ``${logits_datatype}`` of every template (tensorrt_llm, ensemble, BLS): the type of
+#: ``context_logits`` / ``generation_logits`` / ``draft_logits`` (upstream fills TYPE_FP32).
+LOGITS_DATATYPE = "TYPE_FP32"
 SPEC_STATS_OUTPUT = ',\n  { name: "spec_stats_json" data_type: TYPE_STRING dims: [ 1 ] }'
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
 
@@ -83,6 +88,11 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
     )
     if reference and not speculation:
         values["decoding_mode"] = "top_k_top_p"
+    if mode == "lookahead" and speculation and not draft:
+        values.update(lookahead_parameters(cfg))
+    if opts.fast_logits and trtllm_draft(cfg):
+        values.update(speculative_decoding_fast_logits="1",
+                      participant_ids=participant_ids(cfg, draft=draft))
     # Draft-target and n-gram TensorRT-LLM engines: the BLS drives the engines step by step
     # through request.exec(decoupled=False) (upstream's triton_decoder.py), so neither the
     # target nor the draft may be decoupled; the BLS itself may stream.
@@ -91,7 +101,7 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
         model_name=name, triton_backend="python" if reference else "tensorrtllm",
         triton_max_batch_size=str(batch), decoupled_mode=_b(decoupled),
         max_queue_delay_microseconds=str(opts.max_queue_delay_us), max_queue_size="0",
-        encoder_input_features_data_type="TYPE_FP16", logits_datatype="TYPE_FP32",
+        encoder_input_features_data_type="TYPE_FP16", logits_datatype=LOGITS_DATATYPE,
         prompt_embedding_table_data_type="TYPE_FP16",
         specserve_extra_outputs=SPEC_STATS_OUTPUT if reference else "",
         specserve_parameters=(
@@ -102,6 +112,29 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
                if draft else "")) if reference else "",
     )
     return values
+
+
+def lookahead_parameters(cfg: EngineRecord) -> dict[str, str]:
+    """``lookahead_window_size`` / ``lookahead_ngram_size`` / ``lookahead_verification_set_size``
+    of a lookahead engine, from its record (the C++ backend refuses to load ``decoding_mode
+    lookahead`` without all three; ``specserve.spec.lookahead``); the recorded (W, N, G) must
+    give the engine's ``max_draft_len``."""
+    from specserve.spec.lookahead import Lookahead
+
+    la = Lookahead.from_dict(cfg.get("lookahead"), str(cfg.path))
+    if la.max_draft_len != cfg.max_draft_len:
+        raise SpecserveError(f"{cfg.path}: lookahead {la.text()} gives max_draft_len "
+                             f"{la.max_draft_len}, the engine was built with "
+                             f"{cfg.max_draft_len} (rebuild the engine)")
+    return la.triton_parameters()
+
+
+def participant_ids(cfg: EngineRecord, *, draft: bool) -> str:
+    """MPI ranks of a fast-logits draft-target repository (upstream's draft-target README §8:
+    rank 0 is the orchestrator, rank 1 the draft (one rank), the rest the target's
+    ``world_size`` ranks); ``specserve serve`` starts 1 + draft + target ranks."""
+    ranks = [1] if draft else list(range(2, 2 + cfg.world_size))
+    return ",".join(map(str, ranks))
 
 
 def bls_driven(cfg: EngineRecord) -> bool:
@@ -144,7 +177,7 @@ def _brace(cfg: EngineRecord) -> str:
 def ensemble_mapping(name: str, llm: str, batch: int, reference: bool) -> dict[str, str]:
     return {
         "ensemble_name": name, "tensorrt_llm_model_name": llm,
-        "triton_max_batch_size": str(batch),
+        "triton_max_batch_size": str(batch), "logits_datatype": LOGITS_DATATYPE,
         "specserve_extra_outputs": SPEC_STATS_OUTPUT if reference else "",
         "specserve_extra_output_map": SPEC_STATS_MAP if reference else "",
     }
@@ -154,13 +187,16 @@ def bls_mapping(batch: int, opts: RepoOptions, reference: bool, draft: bool,
                 spec: dict[str, str]) -> dict[str, str]:
     """Values for ``tensorrt_llm_bls/config.pbtxt``; ``spec``: :func:`bls_spec_mapping`."""
     return {
-        "triton_max_batch_size": str(batch),
+        "triton_max_batch_size": str(batch), "logits_datatype": LOGITS_DATATYPE,
         "decoupled_mode": _b(opts.decoupled),
         "bls_instance_count": str(opts.bls_instance_count),
         "accumulate_tokens": _b(opts.accumulate_tokens),
         "tensorrt_llm_model_name": "tensorrt_llm",
         "tensorrt_llm_draft_model_name": "tensorrt_llm_draft" if draft else "",
         "multimodal_encoders_name": "",
+        # the draft's generation_logits are then a fast-logits handle, passed to the target as
+        # they are (lib/spec_io.py); "" = per-position logits
+        "speculative_decoding_fast_logits": "1" if opts.fast_logits and draft else "",
         "specserve_extra_outputs": SPEC_STATS_OUTPUT if reference else "",
         **spec,
     }

@@ -16,7 +16,15 @@ mode, as that script's ``--multi-model`` does: ``TRTLLM_ORCHESTRATOR=1`` and
 ``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1`` in the environment, one ``mpirun -n 1`` tritonserver
 (world size 1, asserted as upstream asserts it: the orchestrator spawns every model's ranks
 itself), and on Triton > 24.06 ``--pinned-memory-pool-byte-size=0 --enable-peer-access=false``
-plus ``--cuda-memory-pool-byte-size=<gpu>:0`` for each GPU.
+plus ``--cuda-memory-pool-byte-size=<gpu>:0`` for each GPU. A repository whose models name
+their MPI ranks (``participant_ids``, written by ``specserve repo --fast-logits``) starts as
+that script's ``--multi-model --disable-spawn-processes`` does:
+``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0``, world size 1 (the orchestrator) + every model's ranks,
+ranks > 0 loading the engine models, no memory-pool flags (NVIDIA/TensorRT-LLM
+``triton_backend/scripts/launch_triton_server.py`` @ 0a2e2c1f1268b34586393794045691b666ba28be;
+the C++ backend disables fast logits unless spawning is off,
+``inflight_batcher_llm/src/model_instance_state.cc`` @ c8c6df08bd0ead54cd47f7973e1e425c28a174cd;
+facts in ``tests/triton/data/trtllm_fast_logits.json``).
 """
 
 from __future__ import annotations
@@ -110,6 +118,44 @@ _TENSORRTLLM_BACKEND = re.compile(r'^\s*backend:\s*"tensorrtllm"\s*$', re.MULTIL
 MULTI_MODEL_POOL_AFTER = (24, 6)
 
 
+_PARTICIPANTS = re.compile(
+    r'key:\s*"participant_ids"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+
+
+def participant_ranks(repo: Path) -> dict[str, tuple[int, ...]]:
+    """``participant_ids`` of each tensorrtllm model of ``repo`` (empty: not set)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name in tensorrtllm_models(repo):
+        text = (Path(repo) / name / "config.pbtxt").read_text(errors="replace")
+        m = _PARTICIPANTS.search(text)
+        value = m.group(1).strip() if m else ""
+        try:
+            out[name] = tuple(int(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise ServerError(f"{repo}/{name}: participant_ids {value!r} is not a list of MPI "
+                              "ranks") from None
+    return out
+
+
+def prespawn_world_size(repo: Path) -> int | None:
+    """None when no model names its ranks (the orchestrator spawns them); else the world size
+    1 + every model's ranks, checked: all models name theirs, the ids are disjoint and exactly
+    1..N (rank 0 is the orchestrator; launch_triton_server.py ``--disable-spawn-processes``)."""
+    ranks = participant_ranks(repo)
+    if not any(ranks.values()):
+        return None
+    unset = sorted(n for n, ids in ranks.items() if not ids)
+    if unset:
+        raise ServerError(f"{repo}: {unset[0]} has no participant_ids while "
+                          f"{sorted(n for n in ranks if ranks[n])[0]} has: with spawning off "
+                          "every TensorRT-LLM model needs its MPI ranks")
+    ids = [i for v in ranks.values() for i in v]
+    if sorted(ids) != list(range(1, len(ids) + 1)):
+        raise ServerError(f"{repo}: participant_ids {dict(sorted(ranks.items()))} must cover "
+                          f"ranks 1..{len(ids)} once each (rank 0 is the orchestrator)")
+    return 1 + len(ids)
+
+
 def tensorrtllm_models(repo: Path) -> tuple[str, ...]:
     """Models of ``repo`` on the C++ TensorRT-LLM backend (``backend: "tensorrtllm"``), sorted."""
     names = []
@@ -153,15 +199,15 @@ def multi_model_args(triton_version: str | None, num_gpus: int) -> list[str]:
 
 
 def server_env(install: TritonInstall, base: dict[str, str] | None = None,
-               orchestrator: bool = False) -> dict[str, str]:
+               orchestrator: bool = False, spawn: bool = True) -> dict[str, str]:
     """Environment for tritonserver: the venv's python first on PATH (the stub derives
     ``sys.prefix`` from it) and, for the bundled server, its libraries and the base LIBDIR;
     with ``orchestrator``, TensorRT-LLM's orchestrator switches (launch_triton_server.py
-    ``--multi-model`` without ``--disable-spawn-processes``)."""
+    ``--multi-model``; ``spawn`` False: with ``--disable-spawn-processes``)."""
     env = dict(os.environ if base is None else base)
     if orchestrator:
         env["TRTLLM_ORCHESTRATOR"] = "1"
-        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
+        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1" if spawn else "0"
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if install.bundled:
         libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -188,13 +234,17 @@ def build_command(
     metrics_port: int, backend_dir: Path | None, shm_prefix: str, world_size: int = 1,
     engine_models: tuple[str, ...] = ("tensorrt_llm",), extra_args: tuple[str, ...] = (),
     run_as_root: bool | None = None, orchestrator: bool = False,
-    orchestrator_args: tuple[str, ...] = (),
+    orchestrator_args: tuple[str, ...] = (), spawn: bool = True,
 ) -> list[str]:
     """The argv that starts the server (``mpirun`` with one rank per GPU when world_size > 1;
     ``run_as_root`` None = whether this process runs as root). ``orchestrator``: one
     ``mpirun -n 1`` rank plus ``orchestrator_args`` (:func:`multi_model_args`); world size
-    must be 1, as launch_triton_server.py asserts for ``--multi-model``."""
-    if orchestrator and world_size != 1:
+    must be 1, as launch_triton_server.py asserts for ``--multi-model``; with ``spawn`` False
+    (``--disable-spawn-processes``) every rank is started here, ranks > 0 loading
+    ``engine_models``, and no ``orchestrator_args``."""
+    if not spawn:
+        orchestrator_args = ()
+    if orchestrator and spawn and world_size != 1:
         raise ServerError(f"{repo}: orchestrator mode (several TensorRT-LLM models) starts one "
                           f"tritonserver, world size 1, got {world_size}; TensorRT-LLM spawns "
                           "the ranks of multi-GPU models itself")
@@ -219,7 +269,7 @@ def build_command(
 
     # Open MPI refuses to run as root without this flag; never pass it for anyone else.
     mpirun = ["mpirun", *(["--allow-run-as-root"] if run_as_root else [])]
-    if orchestrator:  # the orchestrator spawns its workers through MPI: start it under mpirun
+    if orchestrator and spawn:  # it spawns its workers through MPI: start it under mpirun
         return [*mpirun, "-n", "1", *rank_args(0)]
     if world_size <= 1:
         return rank_args(0)
@@ -296,14 +346,17 @@ class TritonServer:
         install = find_tritonserver()
         if self.orchestrator is None:
             self.orchestrator = len(tensorrtllm_models(repo)) > 1
-        # orchestrator mode: one process whatever the engines' world size (they are spawned)
-        world = 1 if self.orchestrator else self.world_size
+        # orchestrator mode: one process whatever the engines' world size (they are spawned),
+        # or, when the models name their ranks (fast logits), 1 + all of them started here
+        prespawn = prespawn_world_size(repo) if self.orchestrator else None
+        world = (prespawn or 1) if self.orchestrator else self.world_size
         if (self.orchestrator or world > 1) and shutil.which("mpirun") is None:
             raise ServerError(f"{self.repo}: mpirun not found on PATH (needed for "
                               + ("orchestrator mode" if self.orchestrator else
                                  f"world size {world}") + "; NVIDIA's TensorRT-LLM image has it)")
         pools = (tuple(multi_model_args(os.environ.get("NVIDIA_TRITON_SERVER_VERSION"),
-                                        gpu_count())) if self.orchestrator else ())
+                                        gpu_count())) if self.orchestrator and not prespawn
+                 else ())
         self._tmp = Path(tempfile.mkdtemp(prefix="specserve-triton-"))
         self._shm_prefix = f"specserve{os.getpid()}p{self.grpc_port}"
         backend_dir = prepare_backends(install, self._tmp / "backends")
@@ -311,14 +364,16 @@ class TritonServer:
             install, repo, host=self.host, http_port=self.http_port, grpc_port=self.grpc_port,
             metrics_port=self.metrics_port, backend_dir=backend_dir,
             shm_prefix=self._shm_prefix, world_size=world, extra_args=self.extra_args,
-            orchestrator=self.orchestrator, orchestrator_args=pools)
+            orchestrator=self.orchestrator, orchestrator_args=pools, spawn=prespawn is None,
+            engine_models=tensorrtllm_models(repo) if prespawn else ("tensorrt_llm",))
         if self.log_path is None:
             self.log_path = self._tmp / "server.log"
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           env=server_env(install,
-                                                         orchestrator=self.orchestrator),
+                                                         orchestrator=self.orchestrator,
+                                                         spawn=prespawn is None),
                                           start_new_session=True,
                                           preexec_fn=die_with_parent())
         try:

@@ -123,12 +123,17 @@ def external_verify(decoder: SpecDecoder, max_draft_len: int) -> VerifyFn:
     return verify
 
 
-def final_arrays(p: Pending, result: GenerationResult) -> Arrays:
+def final_arrays(p: Pending, result: GenerationResult) -> Arrays | None:
     """The final response: streamed, the tokens still held back (usually none); else every
     token (after the prompt unless ``exclude_input_in_output``); then ``generation_logits`` and
-    the perf outputs when asked."""
+    the perf outputs when asked. None (send the final flag alone) for a streamed request with
+    nothing left to send: a final response of zero tokens and nothing else keeps tritonserver's
+    ensembles "live" on SIGTERM until its exit timeout (docs/reliability.md §5)."""
     if p.req.streaming:
-        arrays = token_arrays(p.req, p.hold.flush() if p.hold else [])
+        held = p.hold.flush() if p.hold else []
+        if not held and not p.req.perf and not p.req.return_generation_logits:
+            return None
+        arrays = token_arrays(p.req, held)
     else:
         tokens = [int(t) for t in result.token_ids]
         arrays = token_arrays(p.req, tokens if p.req.exclude_input else p.req.prompt + tokens)

@@ -225,7 +225,7 @@ def test_eagle3_on_trtllm_plans_the_pytorch_route_unless_the_engine_flow_is_aske
     out = _json(run(*base, "--backend", "trtllm", "--out", str(tmp_path / "e"), "--format",
                     "json"))
     assert out["config"]["flow"] == "pytorch"
-    assert out["llm_api"]["options"]["speculative_config"]["decoding_type"] == "Eagle3"
+    assert out["llm_api"]["options"]["speculative_config"]["decoding_type"] == "Eagle"
     refused = CliRunner().invoke(cli, ["build", *base, "--backend", "trtllm", "--flow", "engine",
                                        "--out", str(tmp_path / "e2")])
     assert refused.exit_code == 2 and "no EAGLE-3 path" in refused.output

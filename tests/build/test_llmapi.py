@@ -20,6 +20,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from specserve.build import llmapi
+from specserve.build.builder import validate_for_route
 from specserve.build.config import BuildConfig
 from specserve.cli.main import cli
 from specserve.errors import SpecserveError
@@ -46,7 +47,7 @@ CASES: dict[str, BuildConfig] = {
 
 
 def options(cfg: BuildConfig) -> dict[str, Any]:
-    cfg.validate()
+    validate_for_route(cfg)
     data: dict[str, Any] = yaml.safe_load(llmapi.render_options(cfg))
     return data
 
@@ -142,7 +143,7 @@ def test_schedule_keeps_lower_bound_keys_and_key_one() -> None:
 def test_refused(change: dict[str, Any], message: str) -> None:
     cfg = replace(CASES["draft_target"], **change)
     with pytest.raises(SpecserveError, match=None) as e:
-        cfg.validate()
+        validate_for_route(cfg)
     assert message in str(e.value)
 
 
@@ -155,7 +156,7 @@ def test_eagle3_schedule_goes_two_model() -> None:
 
 def test_mtp_refuses_schedule() -> None:
     with pytest.raises(SpecserveError, match="two-model Drafter paths only"):
-        replace(CASES["mtp"], max_concurrency=4).validate()
+        validate_for_route(replace(CASES["mtp"], max_concurrency=4))
 
 
 def test_pass_through_options_are_pinned_fields() -> None:
@@ -213,9 +214,9 @@ def test_dry_run_prints_yaml_and_commands(ckpt: TinyCheckpoint, tmp_path: Path) 
                  "--out", str(out), "--dry-run")
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "engines").exists()
-    for text in ("decoding_type: Eagle3", "speculative_model_dir:", "trtllm-serve ",
+    for text in ("decoding_type: Eagle\n", "speculative_model_dir:", "trtllm-serve ",
                  "--extra_llm_api_options", "trtllm-bench --model", "throughput",
-                 "prepare_dataset.py"):
+                 "trtllm-bench --model"):
         assert text in result.output, text
 
 
@@ -264,12 +265,16 @@ def _bad_draft_vocab(c: TinyCheckpoint, tmp: Path) -> list[str]:
                                         t["vocab_size"] + 1))]
 
 
-def _draft_vocab(c: TinyCheckpoint, tmp: Path) -> list[str]:
-    cfg_path = c.draft / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["vocab_size"] += 1
-    cfg_path.write_text(json.dumps(cfg))
-    return ["--draft", str(c.draft)]
+def _draft_tokenizer(c: TinyCheckpoint, tmp: Path) -> list[str]:
+    """A draft whose tokenizer differs (one vocabulary entry renamed)."""
+    draft = tmp / "other-tokenizer"
+    shutil.copytree(c.draft, draft)
+    tj = json.loads((draft / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    first = next(iter(vocab))
+    vocab["zz" + first] = vocab.pop(first)
+    (draft / "tokenizer.json").write_text(json.dumps(tj))
+    return ["--draft", str(draft)]
 
 
 @pytest.mark.parametrize("make, message", [
@@ -277,7 +282,7 @@ def _draft_vocab(c: TinyCheckpoint, tmp: Path) -> list[str]:
     (_not_eagle3, "not an EAGLE-3 head"),
     (_no_d2t, "no 'd2t'"),
     (_bad_draft_vocab, "draft_vocab_size"),
-    (_draft_vocab, "vocab_size"),
+    (_draft_tokenizer, "vocab differ from the target's tokenizer"),
     (lambda c, t: ["--mtp"], "needs MTP layers"),
     (lambda c, t: ["--ngram", "--tp", "3"], "not divisible by --tp 3"),
     (lambda c, t: ["--medusa", str(c.medusa)], "no Medusa path"),
@@ -309,3 +314,118 @@ def test_mtp_with_layers(ckpt: TinyCheckpoint, tmp_path: Path) -> None:
     spec = json.loads(result.stdout)["llm_api"]["options"]["speculative_config"]
     assert spec == {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
     shutil.rmtree(tmp_path / "m", ignore_errors=True)
+
+
+SUPPORTED: dict[str, Any] = json.loads((HERE / "data" / "llmapi_supported_models.json")
+                                       .read_text())
+
+
+def _as_deepseek_v3(ckpt: TinyCheckpoint, tmp_path: Path) -> Path:
+    """A DeepSeek-V3 config.json (data/llmapi_supported_models.json) over the tiny weights."""
+    target = tmp_path / "deepseek-v3"
+    shutil.copytree(ckpt.target, target)
+    cfg = {k: v for k, v in SUPPORTED["deepseek_v3_config"].items() if k != "source"}
+    (target / "config.json").write_text(json.dumps(cfg))
+    return target
+
+
+def test_pytorch_route_plans_mtp_for_deepseek_v3(ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    """#28: --mtp is the DeepSeek-V3 path; the engine flow's family check must not run here."""
+    assert "DeepseekV3ForCausalLM" in SUPPORTED["mtp_yes"]
+    target = _as_deepseek_v3(ckpt, tmp_path)
+    result = run("--model", str(target), "--mtp", "--flow", "pytorch", "--tp", "8", "--out",
+                 str(tmp_path / "m"), "--dry-run", "--format", "json")
+    assert result.exit_code == 0, result.output
+    opts = json.loads(result.stdout)["llm_api"]["options"]
+    assert opts["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
+    assert opts["tensor_parallel_size"] == 8
+
+
+@pytest.mark.parametrize("arch", SUPPORTED["pytorch_backend_architectures"])
+def test_every_llmapi_architecture_passes_the_route_checks(tmp_path: Path, arch: str) -> None:
+    from specserve.build.validate import validate_target
+
+    cfg = {"architectures": [arch], "model_type": arch.lower(), "hidden_size": 64,
+           "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert validate_target(tmp_path, any_architecture=True)["hidden_size"] == 64
+
+
+def test_route_keeps_its_own_checks(ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    """TP must divide the heads, and --mtp needs MTP layers, on any architecture."""
+    target = _as_deepseek_v3(ckpt, tmp_path)
+    result = run("--model", str(target), "--mtp", "--flow", "pytorch", "--tp", "3", "--out",
+                 str(tmp_path / "m"), "--dry-run")
+    assert result.exit_code == 2 and "not divisible by --tp 3" in result.output
+    cfg = json.loads((target / "config.json").read_text())
+    del cfg["num_nextn_predict_layers"]
+    (target / "config.json").write_text(json.dumps(cfg))
+    result = run("--model", str(target), "--mtp", "--flow", "pytorch", "--out",
+                 str(tmp_path / "m"), "--dry-run")
+    assert result.exit_code == 2 and "needs MTP layers" in result.output
+
+
+VOCAB: dict[str, Any] = json.loads((HERE / "data" / "vocab_pairs.json").read_text())
+
+
+def _padded_draft(ckpt: TinyCheckpoint, tmp_path: Path) -> Path:
+    """The tiny draft with its config.json vocab_size padded as Qwen2.5-0.5B's is against
+    7B's (data/vocab_pairs.json), the tokenizer unchanged."""
+    draft = tmp_path / "padded-draft"
+    shutil.copytree(ckpt.draft, draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    pair = VOCAB["qwen2.5"]
+    pad = pair["target_vocab_size"] - pair["draft_vocab_size"]
+    cfg["vocab_size"] += pad
+    (draft / "config.json").write_text(json.dumps(cfg))
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    for f in draft.glob("*.safetensors"):  # padded rows, as a padded checkpoint has
+        sd = load_file(str(f))
+        for k in ("model.embed_tokens.weight", "lm_head.weight"):
+            if k in sd:
+                sd[k] = torch.cat([sd[k], sd[k].new_zeros(pad, sd[k].shape[1])])
+        save_file(sd, str(f))
+    return draft
+
+
+def test_same_tokenizer_padded_widths_on_the_pytorch_route(ckpt: TinyCheckpoint,
+                                                           tmp_path: Path) -> None:
+    """#6: acceptance by token ids needs the tokenizer, not equal vocab_size."""
+    draft = _padded_draft(ckpt, tmp_path)
+    result = run("--model", str(ckpt.target), "--draft", str(draft), "--flow", "pytorch",
+                 "--out", str(tmp_path / "d"), "--dry-run")
+    assert result.exit_code == 0, result.output
+
+
+def test_engine_flow_keeps_equal_widths_for_draft_logits(ckpt: TinyCheckpoint,
+                                                         tmp_path: Path) -> None:
+    draft = _padded_draft(ckpt, tmp_path)
+    result = CliRunner().invoke(cli, ["build", "--model", str(ckpt.target), "--draft",
+                                      str(draft), "--backend", "trtllm", "--out",
+                                      str(tmp_path / "e"), "--dry-run"])
+    assert result.exit_code == 2 and "draft_logits" in result.output, result.output
+
+
+BENCH: dict[str, Any] = json.loads((HERE / "data" / "trtllm_bench_prepare_dataset.json")
+                                   .read_text())
+
+
+def test_bench_dataset_from_trtllm_bench_prepare_dataset() -> None:
+    """#27: the dataset comes from the CLI subcommand, with its own option names
+    (data/trtllm_bench_prepare_dataset.json), not from a script path in the image."""
+    import shlex
+
+    prepare, bench = (shlex.split(line) for line in llmapi.bench_commands(CASES["eagle3"]))
+    assert prepare[0] == "trtllm-bench" and "prepare-dataset" in prepare
+    group = prepare.index("prepare-dataset")
+    sub = prepare.index(BENCH["synthetic_command"])
+    assert prepare[1:group] == ["--model", llmapi.served_model(CASES["eagle3"])]
+    group_opts = {a for a in prepare[group + 1:sub] if a.startswith("--")}
+    sub_opts = {a for a in prepare[sub + 1:] if a.startswith("--")}
+    assert group_opts <= set(BENCH["group_options"]) and sub_opts == set(BENCH[
+        "synthetic_options"])
+    dataset = prepare[prepare.index("--output") + 1]
+    assert bench[bench.index("--dataset") + 1] == dataset
+    assert not any(a.endswith("prepare_dataset.py") for a in prepare)

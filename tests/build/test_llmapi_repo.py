@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -91,3 +92,105 @@ def test_serve_refuses_without_tensorrt_llm(engine: Path, tmp_path: Path) -> Non
     assert result.exit_code == 2, result.output
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "tensorrt_llm is not importable" in lines[0]
+
+
+def test_relative_paths_are_written_absolute(ckpt: TinyCheckpoint, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """#25: typed relative, the YAML, the record and Triton's model.yaml name absolute paths
+    (tests/deploy/data/paths.json: a relative speculative_model is taken for a Hub id)."""
+    import shutil
+
+    shutil.copytree(ckpt.target, tmp_path / "ck" / "target")
+    shutil.copytree(ckpt.draft, tmp_path / "ck" / "draft")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["build", "--model", "ck/target", "--draft", "ck/draft",
+                                      "--flow", "pytorch", "--out", "engines/rel"])
+    assert result.exit_code == 0, result.output
+    monkeypatch.chdir("/")
+    engine = tmp_path / "engines" / "rel"
+    opts = yaml.safe_load((engine / "extra_llm_api_options.yaml").read_text())
+    assert opts["speculative_config"]["speculative_model_dir"] == str(tmp_path / "ck" / "draft")
+    assert _repo(engine, tmp_path / "repo").exit_code == 0
+    doc = yaml.safe_load((tmp_path / "repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert doc["model"] == str(tmp_path / "ck" / "target")
+    assert doc["speculative_config"]["speculative_model_dir"] == str(tmp_path / "ck" / "draft")
+
+
+DECOUPLED = json.loads((Path(__file__).parent / "data" / "triton_llmapi_decoupled.json")
+                       .read_text())
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_config_pbtxt_carries_the_transaction_policy(engine: Path, tmp_path: Path,
+                                                     decoupled: bool) -> None:
+    """#30: `specserve serve` passes --disable-auto-complete-config, so upstream's model.py
+    never sets the policy; config.pbtxt must say it, equal to model.yaml's triton_config."""
+    from specserve.triton.server import TritonInstall, build_command
+
+    argv = build_command(TritonInstall(binary=Path("tritonserver"), bundled=False),
+                         tmp_path, host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,
+                         backend_dir=None, shm_prefix="x", world_size=1)
+    assert DECOUPLED["serve_flag"] in argv
+    args = () if decoupled else ("--no-decoupled",)
+    result = _repo(engine, tmp_path / "repo", *args)
+    assert result.exit_code == 0, result.output
+    repo = tmp_path / "repo" / "tensorrt_llm"
+    mc = text_format.Parse((repo / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    field, sub = DECOUPLED["config_field"]
+    assert getattr(getattr(mc, field), sub) is decoupled
+    assert yaml.safe_load((repo / "1" / "model.yaml").read_text())["triton_config"][
+        "decoupled"] is decoupled
+
+
+STAND_IN = '''"""Test stand-in for upstream's llmapi model.py (which needs tensorrt_llm): it refuses
+to load unless Triton gave it a decoupled transaction policy, and streams two responses."""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("loaded non-decoupled")
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for word in (b"a", b"b"):
+                out = pb_utils.Tensor("text_output", np.array([word], dtype=object))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+@pytest.mark.server
+def test_triton_loads_the_llmapi_model_decoupled(engine: Path, tmp_path: Path) -> None:
+    """#30 against a real tritonserver, started as `specserve serve` starts it (auto-complete
+    off): the model loads decoupled and streams several responses to one request."""
+    import tritonclient.grpc as grpcclient
+
+    from specserve.triton.server import TritonServer
+
+    stand_in = tmp_path / "stand_in" / "1"
+    stand_in.mkdir(parents=True)
+    (stand_in / "model.py").write_text(STAND_IN)
+    assert _repo(engine, tmp_path / "repo", "--llmapi-model-dir", str(stand_in)).exit_code == 0
+    server = TritonServer(tmp_path / "repo", log_path=tmp_path / "server.log").start(180)
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        cfg = client.get_model_config("tensorrt_llm", as_json=True)["config"]
+        assert cfg["model_transaction_policy"]["decoupled"] is True
+        got: list[Any] = []
+        client.start_stream(callback=lambda result, error: got.append(error or result))
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"hi"], dtype=object))
+        client.async_stream_infer("tensorrt_llm", [text])
+        client.stop_stream()
+        outs = [r.as_numpy("text_output")[0] for r in got if hasattr(r, "as_numpy")
+                and r.as_numpy("text_output") is not None]
+        assert outs == [b"a", b"b"], got
+    finally:
+        server.stop()

@@ -41,6 +41,7 @@ SCENARIOS: dict[str, BuildConfig] = {
     "eagle": replace(BASE, spec_mode="eagle", medusa=None, eagle="ckpt/eagle-llama3-8b"),
     "medusa_tp2": replace(BASE, tp_size=2),
     "ngram": replace(BASE, spec_mode="ngram", medusa=None),
+    "lookahead": replace(BASE, spec_mode="lookahead", medusa=None, lookahead="7,7,7"),
 }
 
 

@@ -98,19 +98,25 @@ def _qwen_pairs(argv: tuple[str, ...]) -> list[tuple[str, str | None]]:
     return out
 
 
-@pytest.mark.parametrize(("changes", "option", "why"), [
-    ({"spec_mode": "medusa", "medusa": "ckpt/heads"}, "--medusa", "--model_type llama, mixtral"),
-    ({"spec_mode": "eagle", "eagle": "ckpt/eagle3"}, "--eagle", "Llama targets only"),
-    ({"quantize": "fp8"}, "--quantize fp8", "Qwen3 export is not verified"),
+@pytest.mark.parametrize(("changes", "option", "why", "instead"), [
+    ({"spec_mode": "medusa", "medusa": "ckpt/heads"}, "--medusa", "--model_type llama, mixtral",
+     "use --backend torch, or train an EAGLE-3 head (specserve train-eagle3) and use --eagle3 "
+     "--flow pytorch"),
+    ({"spec_mode": "eagle", "eagle": "ckpt/eagle3"}, "--eagle", "Llama targets only",
+     "train an EAGLE-3 head (specserve train-eagle3) and use --eagle3 --flow pytorch"),
+    ({"quantize": "fp8"}, "--quantize fp8", "Qwen3 export is not verified",
+     "use the PyTorch route: --flow pytorch (ModelOpt FP8)"),
 ])
-def test_qwen3_engine_flow_refusals_name_the_pytorch_route(changes: dict[str, Any], option: str,
-                                                          why: str) -> None:
+def test_qwen3_engine_flow_refusals_name_a_route_that_serves_it(
+        changes: dict[str, Any], option: str, why: str, instead: str) -> None:
+    """#39: the advice must not point at a route that refuses the request (the PyTorch
+    backend has no Medusa, and serves EAGLE-3 heads only)."""
     with pytest.raises(SpecserveError) as err:
         _plan(replace(BASE, **changes))
     msg = str(err.value)
     assert msg.startswith(f"ckpt/qwen3-8b/config.json: model_type 'qwen3' with {option} is not "
                           "planned for the trtllm engine flow (TensorRT-LLM 1.2.1: ")
-    assert why in msg and msg.endswith("use the PyTorch route: --flow pytorch")
+    assert why in msg and msg.endswith(instead)
     assert "\n" not in msg
 
 
@@ -154,5 +160,26 @@ def test_cli_refuses_qwen3_medusa_in_one_line(qwen3_dir: Path, tiny_ckpt: TinyCh
                                  "--dry-run"])
     assert r.exit_code == 2, r.output
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith("error: ") and line.endswith("--flow pytorch")
+    assert line.startswith("error: ") and line.endswith("--eagle3 --flow pytorch")
     assert not (tmp_path / "e").exists()
+    # each route the message names takes the request
+    r = CliRunner().invoke(cli, ["build", "--model", str(qwen3_dir), "--medusa", str(heads),
+                                 "--backend", "torch", "--out", str(tmp_path / "t"),
+                                 "--dry-run"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["build", "--model", str(qwen3_dir), "--medusa", str(heads),
+                                 "--flow", "pytorch", "--out", str(tmp_path / "p"),
+                                 "--dry-run"])
+    assert r.exit_code == 2 and "no Medusa path" in r.output  # what the old advice led to
+
+
+def test_the_eagle3_route_it_names_takes_a_qwen3_target(qwen3_dir: Path, tmp_path: Path) -> None:
+    """#39: `--eagle3 --flow pytorch`, which the Qwen3 EAGLE/Medusa refusals point to, plans."""
+    from tests.build.test_llmapi import make_eagle3
+
+    t = json.loads((qwen3_dir / "config.json").read_text())
+    head = make_eagle3(tmp_path / "h", t["hidden_size"], t["vocab_size"])
+    r = CliRunner().invoke(cli, ["build", "--model", str(qwen3_dir), "--eagle3", str(head),
+                                 "--flow", "pytorch", "--out", str(tmp_path / "e3"),
+                                 "--dry-run"])
+    assert r.exit_code == 0, r.output

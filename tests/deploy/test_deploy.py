@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from specserve.cli.main import cli
 from specserve.deploy.config import DeployConfig
 from specserve.deploy.writer import plan_deploy
+from specserve.errors import SpecserveError
 from tests.deploy.schemas import SchemaViolation, check, check_all
 from tests.helpers.server import trtllm_build_config
 
@@ -28,9 +29,9 @@ GOLDEN = Path(__file__).parent / "golden"
 SPEC_YAML = """\
 backend: pytorch
 speculative_config:
-  decoding_type: Eagle
+  decoding_type: Eagle3
   max_draft_len: 3
-  speculative_model_dir: /models/eagle3-llama-3.3-70b
+  speculative_model: /models/eagle3-llama-3.3-70b
 kv_cache_config:
   free_gpu_memory_fraction: 0.85
 enable_iter_perf_stats: true
@@ -47,12 +48,14 @@ def engine_dir(root: Path, name: str, tp: int, pp: int) -> Path:
     return d
 
 
-def pytorch_dir(root: Path, name: str, tp: int, pp: int) -> Path:
-    """A PyTorch-route directory: ``"flow": "pytorch"`` and the speculative YAML."""
+def pytorch_dir(root: Path, name: str, tp: int, pp: int, version: str = "1.3") -> Path:
+    """A PyTorch-route directory: ``"flow": "pytorch"`` and the speculative YAML, written for
+    ``--trtllm-version`` (1.3: the line Dynamo's images ship)."""
     d = root / name
     d.mkdir(parents=True)
     rec = {"flow": "pytorch", "spec_mode": "eagle", "tp_size": tp, "pp_size": pp,
-           "world_size": tp * pp, "model": "/models/llama-3.3-70b-instruct"}
+           "world_size": tp * pp, "model": "/models/llama-3.3-70b-instruct",
+           "config": {"trtllm_version": version}}
     (d / "build_config.json").write_text(json.dumps(rec))
     (d / "extra_llm_api_options.yaml").write_text(SPEC_YAML)
     return d
@@ -149,7 +152,7 @@ def test_schema_checks_catch_violations(tmp_path: Path, case: str, kind: str,
 
 def test_multi_node_layout(tmp_path: Path) -> None:
     p, _ = plan(tmp_path, "tp8-pp2-two-nodes")
-    lws, svc = p.objects["leaderworkerset.yaml"]
+    lws, svc = p.objects["leaderworkerset.yaml"][-2:]
     lwt = lws["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 2 and lws["metadata"]["namespace"] == "llm"
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
@@ -191,7 +194,7 @@ def test_dynamo_workers_carry_the_speculative_yaml(tmp_path: Path) -> None:
         args = svc["extraPodSpec"]["mainContainer"]["args"]
         assert args[args.index("--disaggregation-mode") + 1] == mode
         key = Path(args[args.index("--extra-engine-args") + 1]).name
-        assert yaml.safe_load(cm["data"][key])["speculative_config"]["decoding_type"] == "Eagle"
+        assert yaml.safe_load(cm["data"][key])["speculative_config"]["decoding_type"] == "Eagle3"
         assert svc["extraPodSpec"]["volumes"][0]["configMap"]["name"] == cm["metadata"]["name"]
     script = p.files["slurm.sbatch"]
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks=16" in script
@@ -246,3 +249,162 @@ def test_pytorch_route_without_a_model_is_refused(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["deploy", "--engine", str(d), "--out", str(tmp_path / "o"),
                                  "--model", "meta-llama/Llama-3.1-8B-Instruct"])
     assert r.exit_code == 0, r.output
+
+
+IMAGES: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "trtllm_images.json")
+                                    .read_text())
+
+
+def test_image_table_follows_dynamos_release_artifacts() -> None:
+    from specserve.build.pins import DYNAMO_RUNTIME, IMAGE_RELEASES
+
+    for tag, version in IMAGES["tensorrtllm-runtime"].items():
+        assert IMAGE_RELEASES[f"{DYNAMO_RUNTIME}:{tag}"] == version
+    assert not [i for i, v in IMAGE_RELEASES.items() if v == "1.2.1" and DYNAMO_RUNTIME in i]
+
+
+@pytest.mark.parametrize("version, args, message", [
+    ("1.2.1", ("--target", "dynamo"), "no Dynamo tensorrtllm-runtime image ships TensorRT-LLM "
+                                      "1.2.1"),
+    ("1.2.1", ("--target", "dynamo", "--image",
+               "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.3.1"), "ships TensorRT-LLM 1.3"),
+    ("1.3", ("--target", "slurm", "--image",
+             "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"), "was written for 1.3"),
+    ("1.2.1", ("--target", "dynamo", "--image",
+               "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:0.8.1.post1"), "1.2.0rc6.post2"),
+    ("1.3", ("--target", "slurm", "--image", "registry.local/trtllm:mine"), "not known"),
+])
+def test_image_of_another_release_is_refused(tmp_path: Path, version: str,
+                                             args: tuple[str, ...], message: str) -> None:
+    d = pytorch_dir(tmp_path, "p", 8, 1, version)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["deploy", "--engine", str(d), "--out", str(out), *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_release_defaults(tmp_path: Path) -> None:
+    """1.2.1 YAMLs go to Slurm in the 1.2.1 image; 1.3 YAMLs to Dynamo's image too; a custom
+    image is accepted when it says which release it ships."""
+    p = plan_deploy(DeployConfig(engine=str(pytorch_dir(tmp_path, "a", 8, 1, "1.2.1")),
+                                 out=str(tmp_path / "o")))
+    assert p.summary["targets"] == ["slurm"]
+    assert "--container-image=nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3" in \
+        p.files["slurm.sbatch"]
+    p = plan_deploy(DeployConfig(engine=str(pytorch_dir(tmp_path, "b", 8, 1)),
+                                 out=str(tmp_path / "o")))
+    assert p.summary["targets"] == ["dynamo", "slurm"] and p.summary["trtllm_version"] == "1.3"
+    p = plan_deploy(DeployConfig(engine=str(pytorch_dir(tmp_path, "c", 8, 1)),
+                                 out=str(tmp_path / "o"), image="registry.local/trtllm:mine",
+                                 image_trtllm_version="1.3.0rc20", targets=("slurm",)))
+    assert "registry.local/trtllm:mine" in p.files["slurm.sbatch"]
+
+
+PATHS: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "paths.json").read_text())
+
+
+def _host_dir(tmp_path: Path, version: str = "1.3") -> tuple[Path, Path]:
+    """A PyTorch-route directory whose YAML and record name build-host paths under ``host``."""
+    host = tmp_path / "host"
+    (host / "ckpt" / "target").mkdir(parents=True)
+    (host / "ckpt" / "eagle3").mkdir()
+    d = pytorch_dir(host, "engine", 8, 1, version)
+    (d / "extra_llm_api_options.yaml").write_text(SPEC_YAML.replace(
+        "/models/eagle3-llama-3.3-70b", str(host / "ckpt" / "eagle3")))
+    rec = json.loads((d / "build_config.json").read_text())
+    rec["model"] = str(host / "ckpt" / "target")
+    (d / "build_config.json").write_text(json.dumps(rec))
+    return host, d
+
+
+def test_pod_paths_come_from_the_mount(tmp_path: Path) -> None:
+    """#36: the ConfigMap's head and the worker's --model-path are the pods' paths."""
+    host, d = _host_dir(tmp_path)
+    p = plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"), targets=("dynamo",),
+                                 host_root=str(host)))
+    cm, dgd = p.objects["dynamo.yaml"]
+    spec = yaml.safe_load(cm["data"]["agg.yaml"])["speculative_config"]
+    assert spec["speculative_model"] == "/models/ckpt/eagle3"
+    args = dgd["spec"]["services"]["TRTLLMWorker"]["extraPodSpec"]["mainContainer"]["args"]
+    assert args[args.index("--model-path") + 1] == "/models/ckpt/target"
+    assert str(host) not in p.files["dynamo.yaml"]
+
+
+@pytest.mark.parametrize("host_root, message", [
+    (None, "outside --mount /models"), ("/elsewhere", "outside --host-root /elsewhere")])
+def test_paths_outside_the_mount_are_refused(tmp_path: Path, host_root: str | None,
+                                             message: str) -> None:
+    _, d = _host_dir(tmp_path)
+    with pytest.raises(SpecserveError) as e:
+        plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"), targets=("dynamo",),
+                                 host_root=host_root))
+    assert message in str(e.value)
+
+
+def test_hub_ids_are_left_to_the_pod(tmp_path: Path) -> None:
+    _, d = _host_dir(tmp_path)
+    hub = PATHS["hub_id_example"]
+    p = plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"), targets=("dynamo",),
+                                 host_root=str(tmp_path / "host"), model=hub))
+    args = p.objects["dynamo.yaml"][1]["spec"]["services"]["TRTLLMWorker"]["extraPodSpec"][
+        "mainContainer"]["args"]
+    assert args[args.index("--model-path") + 1] == hub
+
+
+def test_slurm_mounts_the_checkpoint_and_the_head(tmp_path: Path) -> None:
+    """#37: pyxis mounts the engine, the target checkpoint and the EAGLE-3 head."""
+    host, d = _host_dir(tmp_path, "1.2.1")
+    script = plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"),
+                                      targets=("slurm",))).files["slurm.sbatch"]
+    flag = PATHS["container_mount_flag"]
+    mounts = script.split(flag, 1)[1].split()[0].split(",")
+    assert sorted(m.split(":")[0] for m in mounts) == sorted(
+        [str(host / "ckpt" / "eagle3"), str(host / "ckpt" / "target"), str(d.resolve())])
+    assert all(a == b for a, b in (m.split(":") for m in mounts))
+    assert f"trtllm-serve {host / 'ckpt' / 'target'} " in script
+
+
+LWS_EXAMPLE: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "data" / "lws_trtllm_example.json").read_text())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_everything_referenced_is_generated(tmp_path: Path, case: str) -> None:
+    """#33: the TP8xPP2 two-node set (and every other) names no object it does not generate,
+    except the --pvc it lists under ``requires``."""
+    from tests.deploy.closure import missing, references
+
+    p, _ = plan(tmp_path, case)
+    for objects in p.objects.values():
+        assert missing(objects, p.summary["requires"]) == []
+    if case == "tp8-pp2-two-nodes":
+        objs = p.objects["leaderworkerset.yaml"]
+        kinds = {k for o in objs for k, _ in references(o)}
+        assert {"ServiceAccount", "ConfigMap", "Role"} <= kinds
+        assert missing(objs[3:], []) == ["PersistentVolumeClaim/specserve-models",
+                                         "ServiceAccount/tp8-pp2-two-nodes-mpi"]
+
+
+def test_leader_waits_for_every_worker_then_uses_kubessh(tmp_path: Path) -> None:
+    """#33: the LWS example's start-up (data/lws_trtllm_example.json): kubessh as Open MPI's
+    rsh agent, a Role that may list and exec pods, and a wait for the whole group before
+    mpirun; workers run no sshd."""
+    p, _ = plan(tmp_path, "tp8-pp2-two-nodes")
+    account, role, binding, kubessh, lws, _ = p.objects["leaderworkerset.yaml"]
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]
+    script = leader["args"][0]
+    wait, launch = script.index("until ["), script.index("exec mpirun")
+    assert wait < launch
+    assert f'-l "{LWS_EXAMPLE["group_key_label"]}=$GROUP_KEY"' in script[wait:launch]
+    assert f"--field-selector {LWS_EXAMPLE['running_selector']}" in script[wait:launch]
+    assert f"-ge {lwt['size']} ]" in script[wait:launch]
+    assert f"plm_rsh_agent /opt/specserve/bin/{LWS_EXAMPLE['plm_rsh_agent']}" in script
+    assert {"name": "GROUP_KEY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels"
+            "['leaderworkerset.sigs.k8s.io/group-key']"}}} in leader["env"]
+    rules = {r["resources"][0]: sorted(r["verbs"]) for r in role["rules"]}
+    assert rules == {k: sorted(v) for k, v in LWS_EXAMPLE["rbac_needs"].items()}
+    assert lwt["leaderTemplate"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert "kubectl\" exec -i \"$pod\"" in kubessh["data"]["kubessh"]
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert "sshd" not in " ".join(worker["command"]) and "ssh -p" not in script

@@ -23,10 +23,8 @@ from specserve.triton.server import TritonServer
 from tests.helpers.tiny import TinyCheckpoint, make_tiny_checkpoint
 
 # How long a test fixture lets tritonserver drain on stop() before the SIGKILL (the product's
-# default is 15 s). After concurrent streams through an ensemble, this pytriton build of
-# tritonserver never reports the ensembles unloaded (every composing model unloads; the
-# ensembles stay "live" until its 30 s exit timeout): a graceful stop then costs the whole
-# timeout, 5 x 15 s of every `make test` (docs/reliability.md, "Stopping the server").
+# default is 15 s): a regression of the empty-final fix (docs/reliability.md §5, "Stopping the
+# server") then costs seconds per server, not the whole timeout.
 TEARDOWN_STOP_S = 3.0
 
 FAKE_MEDUSA_CHOICES = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3]]

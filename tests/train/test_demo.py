@@ -97,6 +97,10 @@ def _steps(tokens: int, tau: float) -> int:
 def test_eval_json_and_reference_decoder(built: Path) -> None:
     ev = json.loads((built / "eval.json").read_text())
     assert len(ev["medusa"]["top1_accuracy"]) == 3
+    # the training dtype is this CPU's fast one (specserve.cpu_dtype), recorded with evidence
+    from specserve.cpu_dtype import choose_dtype
+
+    assert ev["dtype"] == choose_dtype("auto").to_dict()
     # measured by specserve.runtime: heads and draft load there, and T=0 stays lossless
     assert "decoder_error" not in ev
     n, g = ev["heldout_prompts"], ev["gen_len"]

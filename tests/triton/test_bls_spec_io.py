@@ -7,6 +7,8 @@ text and token counts, and the perf outputs."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,7 +61,7 @@ def test_the_spec_request_from_inputs_and_preprocessing() -> None:
                                pre([4, 5, 6], 2, end_id=np.array([[2]]), stop_words_list=words), 4)
     assert (req.prompt, req.max_tokens, req.num_draft_tokens, req.end_id, req.min_tokens) == \
         ((4, 5), 12, 4, 2, 2)
-    assert req.sampling == Sampling(temperature=0.5, top_k=3, top_p=1.0, seed=9)
+    assert req.sampling == Sampling(temperature=0.5, top_k=3, top_p=None, seed=9)
     assert req.stop_words == ((7,), (8, 9))
     assert spec_io.spec_request(scalars(max_tokens=3), pre([4]), 1).end_id == -1
 
@@ -68,7 +70,8 @@ def test_the_draft_call_asks_k_tokens_and_never_stops() -> None:
     s = Sampling(temperature=0.7, top_k=5, top_p=0.9, seed=11, min_tokens=3)
     inputs = scalars(length_penalty=1.0, repetition_penalty=1.2, stream=True)
     arrays, names = spec_io.draft_call(inputs, pre([4, 5], end_id=np.array([[2]]),
-                                                   pad_id=np.array([[0]])), [4, 5, 6], 3, s, True)
+                                                   pad_id=np.array([[0]])), [4, 5, 6], 3, s,
+                                     SpecOptions(use_logits=True))
     assert names == ["output_ids", "sequence_length", "generation_logits"]
     assert arrays["input_ids"].tolist() == [[4, 5, 6]] and arrays["input_ids"].dtype == np.int32
     assert {k: int(arrays[k][0, 0]) for k in ("input_lengths", "request_output_len", "end_id",
@@ -80,8 +83,48 @@ def test_the_draft_call_asks_k_tokens_and_never_stops() -> None:
     assert arrays["return_generation_logits"].tolist() == [[True]]
     assert float(arrays["repetition_penalty"][0, 0]) == pytest.approx(1.2)
     assert "len_penalty" in arrays and "streaming" not in arrays  # SPEC_PASS only, renamed
-    no_logits, names = spec_io.draft_call({}, pre([4]), [4], 1, Sampling(), False)
+    no_logits, names = spec_io.draft_call({}, pre([4]), [4], 1, Sampling(), SpecOptions())
     assert names == ["output_ids", "sequence_length"] and "seed" not in no_logits
+
+
+# upstream's BLS call tensors (triton_decoder.py, audit rows #3 and #5): data/bls_call_tensors.json
+CALLS: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "bls_call_tensors.json")
+                                   .read_text())
+
+
+def test_sampling_inputs_the_client_did_not_set_stay_unset() -> None:
+    """Upstream skips every request field that is None: a client that sends no temperature /
+    top_k / top_p gets the executor's greedy default in the draft and the target calls, not
+    T = 0 (top-p over logits scaled by 1e6). What the client set is sent as set."""
+    unset = CALLS["unset_when_not_given"]
+    req = spec_io.spec_request(scalars(max_tokens=8), pre([4, 5]), 2)
+    assert (req.sampling.temperature, req.sampling.top_k, req.sampling.top_p) == (None,) * 3
+    draft, _ = spec_io.draft_call({}, pre([4, 5]), [4, 5], 2, replace(req.sampling, min_tokens=2),
+                                  SpecOptions())  # the loop gives the draft min_tokens = k
+    target, _ = spec_io.target_call({}, pre([4, 5]), [4, 5], [1, 2], None, req.sampling)
+    for call in (draft, target):
+        assert not set(unset) & set(call), sorted(call)
+    assert "min_tokens" not in target  # none asked (the draft's min_tokens is k, upstream's)
+    assert int(draft["min_tokens"][0, 0]) == 2
+    given = spec_io.spec_request(scalars(max_tokens=8, temperature=0.0, top_p=0.5), pre([4]), 2)
+    sent, _ = spec_io.target_call({}, pre([4]), [4], [], None, given.sampling)
+    assert float(sent["temperature"][0, 0]) == 0.0 and "runtime_top_k" not in sent
+    assert float(sent["runtime_top_p"][0, 0]) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("use_logits", [False, True])
+def test_the_draft_is_asked_for_logits_only_with_use_draft_logits(use_logits: bool) -> None:
+    """Upstream: the draft's return_generation_logits is use_draft_logits, on every call (no
+    extra request for a vocabulary check); the target's is false when it gets drafts."""
+    assert CALLS["draft_return_generation_logits"] == "use_draft_logits"
+    opts = spec_io.spec_options(scalars(use_draft_logits=use_logits), decoupled=False)
+    arrays, names = spec_io.draft_call({}, pre([4]), [4], 3, Sampling(), opts)
+    assert arrays["return_generation_logits"].tolist() == [[use_logits]]
+    assert ("generation_logits" in names) is use_logits
+    target, names = spec_io.target_call({}, pre([4]), [4], [1], None, Sampling())
+    assert bool(target.get("return_generation_logits", False)) is \
+        CALLS["target_return_generation_logits_with_drafts"]
+    assert "generation_logits" not in names
 
 
 def test_the_target_call_verifies_the_drafts() -> None:

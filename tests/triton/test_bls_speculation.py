@@ -358,10 +358,23 @@ def test_bad_requests_fail_alone(dt_server: Any) -> None:
     with pytest.raises(StreamError, match="draft model 'tensorrt_llm_draft_missing' "
                        r"\(parameter tensorrt_llm_draft_model_name\) is not available"):
         grpc_stream(url, "tensorrt_llm_bls_nodraft", good)
+    with_logits = request(PROMPTS[1], 8, num_draft_tokens=K, use_draft_logits=True)
     with pytest.raises(StreamError, match="draft model 'tensorrt_llm_draft_badvocab' has a "
                        r"vocabulary of \d+ .*the target's is \d+ \(parameter "
                        "tensorrt_llm_vocab_size\\)"):
-        grpc_stream(url, "tensorrt_llm_bls_badvocab", good)
+        grpc_stream(url, "tensorrt_llm_bls_badvocab", with_logits)
+    # without use_draft_logits the draft is asked for no logits (upstream): acceptance by token
+    # id serves a draft whose logits are wider (padded embeddings), losslessly
+    assert text_of(grpc_stream(url, "tensorrt_llm_bls_badvocab", good)) == \
+        text_of(grpc_stream(url, "tensorrt_llm_bls", good))
+    # log probs: refused by the loop, and by the reference target (it computes none), never
+    # answered without them (issue 28 row 11)
+    with pytest.raises(StreamError, match="return_log_probs is not supported with speculative"):
+        grpc_stream(url, "tensorrt_llm_bls",
+                    request(PROMPTS[1], 8, num_draft_tokens=K, return_log_probs=True))
+    with pytest.raises(StreamError, match="input 'return_log_probs' is not supported by the "
+                       "specserve reference backend"):
+        grpc_stream(url, "tensorrt_llm_bls", request(PROMPTS[1], 8, return_log_probs=True))
     # the same models still serve (num_draft_tokens 0 needs no draft model)
     assert text_of(grpc_stream(url, "tensorrt_llm_bls_nodraft", request(PROMPTS[1], 8))) == \
         text_of(grpc_stream(url, "tensorrt_llm_bls", good))

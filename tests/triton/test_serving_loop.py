@@ -227,10 +227,12 @@ def test_streamed_chunks_add_up_to_the_tokens(decoder: SpecDecoder) -> None:
     q.put(None)
     loop.run()
     assert isinstance(p.sender, Recorder)
-    chunks = [tokens(g) for g in p.sender.got]
+    *streamed, final = p.sender.got
+    # nothing held back at the end: the final is the flag alone (docs/reliability.md §5)
+    assert final == (None, None, True) and not any(g[2] for g in streamed)
+    chunks = [tokens(g) for g in streamed]
     assert [t for c in chunks for t in c] == greedy(decoder, PROMPT, 7)
-    assert p.sender.got[-1][2] and not any(g[2] for g in p.sender.got[:-1])
-    for g, c in zip(p.sender.got, chunks, strict=True):
+    for g, c in zip(streamed, chunks, strict=True):
         assert g[0] is not None and int(g[0]["num_output_tokens"][0, 0]) == len(c)
 
 
@@ -256,6 +258,18 @@ def test_final_arrays_tokens_and_perf_outputs(decoder: SpecDecoder) -> None:
     assert [int(t) for t in final_arrays(q, result)["output_ids"].reshape(-1)] == \
         [40, 41, 42, 43, 44]
     assert "total_draft_tokens" not in final_arrays(q, result)
+
+
+def test_a_streamed_final_with_nothing_left_is_the_flag_alone(decoder: SpecDecoder) -> None:
+    """An empty final response keeps tritonserver's ensembles live on SIGTERM (the server test:
+    test_triton_serving_medusa.py::test_sigterm_unloads_every_model_after_streams)."""
+    result = GenerationResult(token_ids=[40, 41], stats=AcceptanceStats(), finish_reason="length",
+                              first_token_time_ns=0, last_token_time_ns=0)
+    assert final_arrays(pending(decoder, PROMPT, 2, streaming=True), result) is None
+    perf = final_arrays(pending(decoder, PROMPT, 2, streaming=True, return_perf_metrics=True),
+                        result)
+    assert perf is not None and int(perf["sequence_length"][0, 0]) == 0
+    assert "total_draft_tokens" in perf
 
 
 def test_a_proposer_that_cannot_join_a_batch_is_refused(decoder: SpecDecoder) -> None:

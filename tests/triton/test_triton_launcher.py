@@ -80,14 +80,15 @@ def descendants_of(pid: int) -> list[int]:
 @pytest.mark.server
 def test_broken_model_fails_cleanly(tmp_path: Path) -> None:
     server = TritonServer(broken_repo(tmp_path), log_path=tmp_path / "server.log")
+    before = set(descendants_of(os.getpid()))  # a run-wide server (tests/conftest.py) may be up
     with pytest.raises(ServerError) as info:
         server.start(timeout_s=60)
     msg = str(info.value)
     assert "deliberately broken model" in msg
     assert "tritonserver exited" in msg
     assert not server.is_running()
-    assert descendants_of(os.getpid()) == []  # no tritonserver or stub left
-    assert not list(Path("/dev/shm").glob(f"specserve{os.getpid()}p*"))
+    assert set(descendants_of(os.getpid())) - before == set()  # no tritonserver or stub left
+    assert not list(Path("/dev/shm").glob(f"specserve{os.getpid()}p{server.grpc_port}*"))
 
 
 @pytest.mark.server
@@ -96,13 +97,14 @@ def test_cli_serve_broken_repo_exits_nonzero(tmp_path: Path) -> None:
 
     repo = broken_repo(tmp_path)
     ports = [str(find_free_port()) for _ in range(3)]
+    before = set(descendants_of(os.getpid()))  # a run-wide server (tests/conftest.py) may be up
     res = CliRunner().invoke(cli, ["serve", "--repo", str(repo), "--http-port", ports[0],
                                    "--grpc-port", ports[1], "--metrics-port", ports[2],
                                    "--timeout", "60", "--log", str(tmp_path / "serve.log")])
     assert res.exit_code == 3
     assert "error:" in res.output and "deliberately broken model" in res.output
     assert "deliberately broken model" in (tmp_path / "serve.log").read_text()  # log kept
-    assert descendants_of(os.getpid()) == []
+    assert set(descendants_of(os.getpid())) - before == set()
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
@@ -266,6 +268,33 @@ def _trt_repo(root: Path, kind: str, **record: object) -> Path:
     return write_repository(fake_engine(root, kind, **record), root / f"repo-{kind}")
 
 
+def capture_launch(server: TritonServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   gpus: int) -> dict[str, object]:
+    """``server.start()`` with a fake tritonserver binary, mpirun and ``gpus`` GPUs: the argv
+    and env it launched ({"cmd", "env"}); the process it starts exits at once (code 7)."""
+    import specserve.triton.server as srv
+
+    binary = tmp_path / "tritonserver"
+    binary.write_text("")
+    monkeypatch.setenv("SPECSERVE_TRITONSERVER", str(binary))
+    monkeypatch.setenv("NVIDIA_TRITON_SERVER_VERSION", "26.04")
+    monkeypatch.setattr(srv, "gpu_count", lambda: gpus)
+    real_which = shutil.which
+    monkeypatch.setattr(srv.shutil, "which",
+                        lambda name: "/usr/bin/mpirun" if name == "mpirun" else real_which(name))
+    seen: dict[str, object] = {}
+    real_popen = subprocess.Popen
+
+    def fake_popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        seen.update(cmd=cmd, env=kw["env"])  # then a real process that exits at once
+        return real_popen([sys.executable, "-c", "raise SystemExit(7)"], **kw)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(srv.subprocess, "Popen", fake_popen)
+    with pytest.raises(ServerError, match="exited with code 7"):
+        server.start(timeout_s=30)
+    return seen
+
+
 def test_tensorrtllm_models_of_written_repos(tmp_path: Path) -> None:
     from specserve.triton.server import tensorrtllm_models
 
@@ -282,29 +311,10 @@ def test_start_launches_multi_model_repos_in_orchestrator_mode(
         orchestrator: bool) -> None:
     """TritonServer.start (what `specserve serve` calls, world_size from specserve_repo.json)
     on a draft-target TensorRT-LLM repository: the env and argv it really launches with."""
-    import specserve.triton.server as srv
-
     record = {"tp_size": world, "world_size": world}
     repo = _trt_repo(tmp_path, kind, **record)
-    binary = tmp_path / "tritonserver"
-    binary.write_text("")
-    monkeypatch.setenv("SPECSERVE_TRITONSERVER", str(binary))
-    monkeypatch.setenv("NVIDIA_TRITON_SERVER_VERSION", "26.04")
-    monkeypatch.setattr(srv, "gpu_count", lambda: 2)
-    real_which = shutil.which
-    monkeypatch.setattr(srv.shutil, "which",
-                        lambda name: "/usr/bin/mpirun" if name == "mpirun" else real_which(name))
-    seen: dict[str, object] = {}
-    real_popen = subprocess.Popen
-
-    def fake_popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        seen.update(cmd=cmd, env=kw["env"])  # then a real process that exits at once
-        return real_popen([sys.executable, "-c", "raise SystemExit(7)"], **kw)  # type: ignore[call-overload, no-any-return]
-
-    monkeypatch.setattr(srv.subprocess, "Popen", fake_popen)
     server = TritonServer(repo, world_size=world, log_path=tmp_path / "log")
-    with pytest.raises(ServerError, match="exited with code 7"):
-        server.start(timeout_s=30)
+    seen = capture_launch(server, tmp_path, monkeypatch, gpus=2)
     cmd, env = seen["cmd"], seen["env"]
     assert isinstance(cmd, list) and isinstance(env, dict)
     assert server.orchestrator is orchestrator
@@ -314,4 +324,5 @@ def test_start_launches_multi_model_repos_in_orchestrator_mode(
         assert cmd[0] == "mpirun" and cmd[cmd.index("-n") + 1] == "1" and ":" not in cmd
         assert "--cuda-memory-pool-byte-size=1:0" in cmd
     else:
-        assert cmd[0] == str(binary) and "--enable-peer-access=false" not in cmd
+        assert cmd[0] == str(tmp_path / "tritonserver")
+        assert "--enable-peer-access=false" not in cmd

@@ -51,7 +51,7 @@ def test_http_generate_and_generate_stream(tiny_server: Any) -> None:
     assert resp.status == 200
     events = [json.loads(line[5:]) for line in resp.read().decode().splitlines()
               if line.startswith("data:")]
-    assert sum(e["num_output_tokens"] for e in events) == 10 and len(events) >= 3
+    assert sum(e["num_output_tokens"] for e in events) == 10 and len(events) >= 2
     conn.close()
 
 

@@ -124,3 +124,19 @@ def test_medusa_tree_equals_plain_greedy_token_for_token(medusa_server: Any) -> 
         spec = text_of(grpc_stream(url, "ensemble", request(p, n, stream=True)))
         plain = text_of(grpc_stream(url, "ensemble_baseline", request(p, n, stream=True)))
         assert spec == plain, p
+
+
+def test_sigterm_unloads_every_model_after_streams(medusa_server: Any) -> None:
+    """Last in this module (it stops the module's server). Streamed requests without extras end
+    with nothing left to send; the final must then be the flag alone: a final response carrying
+    an empty ``output_ids`` leaves tritonserver's ensembles "live" on SIGTERM until its 30 s
+    exit timeout, so the server never stops cleanly (docs/reliability.md §5)."""
+    server = medusa_server.server
+    for p in PROMPTS:
+        assert text_of(grpc_stream(server.grpc_url, "ensemble", request(p, 6, stream=True)))
+    server.stop(timeout_s=20)
+    log = Path(server.log_path).read_text()
+    models = sorted(d.name for d in medusa_server.repo.iterdir() if (d / "config.pbtxt").exists())
+    assert "ensemble" in models and "ensemble_baseline" in models
+    still_live = [m for m in models if f"successfully unloaded '{m}'" not in log]
+    assert not still_live, f"not unloaded after SIGTERM: {still_live}"

@@ -40,8 +40,8 @@ verify step per iteration.
 
 Bad requests fail alone with one message: ``num_draft_tokens`` < 0 or above the parameter
 ``max_draft_len`` (the target's), no draft source, a draft model that is not in the repository,
-a draft vocabulary (the width of its ``generation_logits``, asked for once per request) that
-differs from parameter ``tensorrt_llm_vocab_size``, beam search.
+a draft vocabulary (the width of its ``generation_logits``, asked for only with
+``use_draft_logits``) that differs from parameter ``tensorrt_llm_vocab_size``, beam search.
 """
 
 from __future__ import annotations
@@ -266,8 +266,9 @@ class TritonPythonModel:
         pre = self._preprocess(inputs)
         req, opts = spec_io.spec_request(inputs, pre, k), spec_io.spec_options(inputs,
                                                                                 self.decoupled)
+        fast: list[Any] = [None]  # the last draft's fast-logits handle (spec_io.draft_logits)
         draft = self._ngram_draft if self.cfg.spec_mode == "ngram" else \
-            self._model_draft(inputs, pre, opts)
+            self._model_draft(inputs, pre, opts, fast)
         text = spec_io.TextStream(opts, self.cfg.accumulate, req.prompt, self._decode)
 
         def on_iteration(it: spec_loop.Iteration) -> None:
@@ -276,28 +277,27 @@ class TritonPythonModel:
                 emit(self._response(values), False)
 
         scheduled = time.monotonic_ns()
-        result = spec_loop.run(req, draft, self._target(inputs, pre), on_iteration)
+        result = spec_loop.run(req, draft, self._target(inputs, pre, fast), on_iteration)
         emit(self._response(text.final(result, arrival, scheduled)), False)
 
-    def _model_draft(self, inputs: Arrays, pre: Arrays, opts: spec_io.SpecOptions
-                     ) -> spec_loop.DraftFn:
-        """The draft model's calls of one request (its vocabulary checked on the first)."""
-        cfg, vocab_checked = self.cfg, [self.cfg.vocab is None]
+    def _model_draft(self, inputs: Arrays, pre: Arrays, opts: spec_io.SpecOptions,
+                     fast: list[Any]) -> spec_loop.DraftFn:
+        """The draft model's calls of one request (ids and, with logits, vocabulary checked)."""
+        cfg = self.cfg
 
         def draft(ctx: list[int], n: int, s: spec_loop.Sampling) -> tuple[list[int], Any]:
-            want = opts.use_logits or not vocab_checked[0]
-            out = self._exec("draft", cfg.draft, spec_io.draft_call(inputs, pre, ctx, n, s, want),
+            out = self._exec("draft", cfg.draft, spec_io.draft_call(inputs, pre, ctx, n, s, opts),
                              cfg.draft_decoupled)
-            logits = out.get("generation_logits")
-            vocab_checked[0] |= spec_io.check_draft(cfg, out["output_ids"], logits)
-            return out["output_ids"], (logits if opts.use_logits else None)
+            logits, fast[0] = spec_io.draft_logits(cfg, out, opts)
+            spec_io.check_draft(cfg, out["output_ids"], logits)
+            return out["output_ids"], logits
         return draft
 
-    def _target(self, inputs: Arrays, pre: Arrays) -> spec_loop.TargetFn:
+    def _target(self, inputs: Arrays, pre: Arrays, fast: list[Any]) -> spec_loop.TargetFn:
         """The target's calls of one request."""
         def target(ctx: list[int], drafts: list[int], logits: Any,
                    s: spec_loop.Sampling) -> tuple[list[int], int, int]:
-            call = spec_io.target_call(inputs, pre, ctx, drafts, logits, s)
+            call = spec_io.target_call(inputs, pre, ctx, drafts, logits, s, fast[0])
             out = self._exec("target", self.cfg.llm, call, self.cfg.llm_decoupled)
             return spec_io.target_counts(drafts, out["output_ids"])
         return target

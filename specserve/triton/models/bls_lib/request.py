@@ -17,13 +17,19 @@ LLM = {"exclude_input_in_output": "exclude_input_in_output", "top_k": "runtime_t
         "seed": "seed", "return_perf_metrics": "return_perf_metrics",
         "return_num_input_tokens": "return_num_input_tokens",
         "return_num_output_tokens": "return_num_output_tokens", "beam_width": "beam_width",
-        "num_return_sequences": "num_return_sequences", "stream": "streaming"}
+        "num_return_sequences": "num_return_sequences", "stream": "streaming",
+        "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
+        "return_generation_logits": "return_generation_logits"}
 PRE_OUT = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
             "REQUEST_OUTPUT_LEN": "request_output_len", "BAD_WORDS_IDS": "bad_words_list",
             "STOP_WORDS_IDS": "stop_words_list", "OUT_END_ID": "end_id", "OUT_PAD_ID": "pad_id"}
 FORWARD = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
             "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens",
-            "total_draft_tokens", "num_input_tokens", "num_output_tokens", "spec_stats_json")
+            "total_draft_tokens", "num_input_tokens", "num_output_tokens", "spec_stats_json",
+            "cum_log_probs", "output_log_probs", "context_logits", "generation_logits")
+# asked of the target as the client asked them without speculation; refused with it (the loop's
+# answer is many calls, upstream's BLS returns the last call's values only)
+LOGITS_INPUTS = ("return_log_probs", "return_context_logits", "return_generation_logits")
 # forwarded unchanged to the draft and the target of the loop (the models judge them)
 SPEC_PASS = ("length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
 MISSING = ("not found", "unknown model", "not ready", "unavailable")

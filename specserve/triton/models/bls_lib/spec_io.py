@@ -15,7 +15,9 @@ it directly (``tests/triton/test_bls_spec_io.py``).
 - :func:`check_spec_request`, :func:`spec_request`, :func:`spec_options`: a request's checks and
   its :class:`spec_loop.SpecRequest`.
 - :func:`draft_call`, :func:`target_call`: the inputs and requested outputs of the draft and
-  target calls (the I/O contract with ``tensorrt_llm``); :func:`merge_outputs` the outputs of a
+  target calls (the I/O contract with ``tensorrt_llm``; :func:`sampling_inputs` only what the
+  client set; :func:`draft_logits` per-position logits or the fast-logits handle);
+  :func:`merge_outputs` the outputs of a
   call over its responses; :func:`check_draft` the draft vocabulary and id checks;
   :func:`target_counts` the accepted drafts of a target answer.
 - :class:`TextStream`: the streamed per-iteration text and token counts, and the final response
@@ -33,7 +35,17 @@ import numpy as np
 
 from . import ngram, spec_loop
 from .detok import IncrementalDetokenizer
-from .request import LLM, MISSING, SPEC_PASS, as_batch, flag, param, scalar, word_lists
+from .request import (
+    LLM,
+    LOGITS_INPUTS,
+    MISSING,
+    SPEC_PASS,
+    as_batch,
+    flag,
+    param,
+    scalar,
+    word_lists,
+)
 
 Arrays = dict[str, Any]  # name -> numpy array
 DEFAULT_MAX_INFLIGHT = 256  # decoupled requests served at once (parameter specserve_max_inflight)
@@ -52,6 +64,7 @@ class BlsParams:
     ngram_max: int = ngram.DEFAULT_MAX_NGRAM
     max_draft_len: int | None = None
     vocab: int | None = None
+    fast_logits: bool = False  # the draft's generation_logits are a fast-logits handle
     llm_decoupled: bool = False
     draft_decoupled: bool = False
     max_inflight: int = DEFAULT_MAX_INFLIGHT
@@ -68,6 +81,7 @@ class BlsParams:
             ngram_max=int(param(params, "ngram_max_size", str(ngram.DEFAULT_MAX_NGRAM))),
             max_draft_len=int(max_draft) if max_draft else None,
             vocab=int(vocab) if vocab else None,
+            fast_logits=flag(params, "speculative_decoding_fast_logits"),
             llm_decoupled=flag(params, "tensorrt_llm_decoupled"),
             draft_decoupled=flag(params, "tensorrt_llm_draft_decoupled"),
             max_inflight=max(1, int(param(params, "specserve_max_inflight",
@@ -103,6 +117,11 @@ def check_spec_request(cfg: BlsParams, inputs: Arrays, k: int) -> None:
     for name in ("beam_width", "num_return_sequences"):
         if int(scalar(inputs, name, 1)) > 1:
             raise ValueError(f"{name} > 1 is not supported with speculative decoding")
+    for name in LOGITS_INPUTS:
+        if bool(scalar(inputs, name, False)):
+            raise ValueError(f"{name} is not supported with speculative decoding "
+                             "(num_draft_tokens > 0): the answer is made of many draft and "
+                             "target calls; send num_draft_tokens 0 for log probs or logits")
 
 
 def prompt_of(pre: Arrays) -> tuple[int, ...]:
@@ -122,11 +141,16 @@ def spec_request(inputs: Arrays, pre: Arrays, k: int) -> spec_loop.SpecRequest:
         prompt=prompt_of(pre), max_tokens=int(scalar(inputs, "max_tokens", 0)),
         num_draft_tokens=k,
         sampling=spec_loop.Sampling(
-            temperature=float(scalar(inputs, "temperature", 0.0)),
-            top_k=int(scalar(inputs, "top_k", 0)), top_p=float(scalar(inputs, "top_p", 1.0)),
-            seed=None if seed is None else int(seed)),
+            temperature=_opt(inputs, "temperature", float), top_k=_opt(inputs, "top_k", int),
+            top_p=_opt(inputs, "top_p", float), seed=None if seed is None else int(seed)),
         end_id=end_id_of(pre), stop_words=word_lists(pre.get("stop_words_list")),
         min_tokens=int(scalar(inputs, "min_tokens", 0)))
+
+
+def _opt(inputs: Arrays, name: str, kind: Callable[[Any], Any]) -> Any:
+    """The client's value of a sampling input, None when it sent none."""
+    value = scalar(inputs, name, None)
+    return None if value is None else kind(value)
 
 
 def spec_options(inputs: Arrays, decoupled: bool) -> SpecOptions:
@@ -143,24 +167,41 @@ def _i32(v: int) -> Any:
     return np.array([[v]], dtype=np.int32)
 
 
+def sampling_inputs(s: spec_loop.Sampling) -> Arrays:
+    """The sampling tensors of one draft or target call: only those with a value. A sampling
+    input the client did not set stays unset (upstream's ``triton_decoder.py``
+    ``create_triton_tensors`` skips ``None``), so the executor keeps its greedy default: sending
+    ``temperature`` 0 instead runs top-p sampling over logits scaled by ``1/(T + 1e-6)``, which
+    is not the greedy path (``../shared/reference/trtllm-audit-2.md`` #5). ``min_tokens`` 0 (a
+    target call with none left) is unset too."""
+    out: Arrays = {}
+    if s.temperature is not None:
+        out["temperature"] = np.array([[s.temperature]], dtype=np.float32)
+    if s.top_k is not None:
+        out["runtime_top_k"] = _i32(s.top_k)
+    if s.top_p is not None:
+        out["runtime_top_p"] = np.array([[s.top_p]], dtype=np.float32)
+    if s.min_tokens > 0:
+        out["min_tokens"] = _i32(s.min_tokens)
+    if s.seed is not None:
+        out["seed"] = np.array([[s.seed]], dtype=np.uint64)
+    return out
+
+
 def call_inputs(inputs: Arrays, pre: Arrays, ctx: Sequence[int], s: spec_loop.Sampling,
                 out_len: int, end_id: int) -> Arrays:
     """The inputs every draft and target call gets: the context, ``request_output_len``,
-    ``end_id``, only new tokens back, the call's sampling, preprocessing's ``pad_id`` /
-    ``bad_words_list``, and the inputs the models judge themselves (:data:`SPEC_PASS`)."""
+    ``end_id``, only new tokens back, the call's sampling (:func:`sampling_inputs`),
+    preprocessing's ``pad_id`` / ``bad_words_list``, and the inputs the models judge themselves
+    (:data:`SPEC_PASS`)."""
     out: Arrays = {
         "input_ids": np.array([list(ctx)], dtype=np.int32),
         "input_lengths": _i32(len(ctx)),
         "request_output_len": _i32(out_len),
         "end_id": _i32(end_id),
         "exclude_input_in_output": np.array([[True]], dtype=bool),
-        "temperature": np.array([[s.temperature]], dtype=np.float32),
-        "runtime_top_k": _i32(s.top_k),
-        "runtime_top_p": np.array([[s.top_p]], dtype=np.float32),
-        "min_tokens": _i32(s.min_tokens),
+        **sampling_inputs(s),
     }
-    if s.seed is not None:
-        out["seed"] = np.array([[s.seed]], dtype=np.uint64)
     for name in ("pad_id", "bad_words_list"):
         if name in pre:
             out[name] = pre[name]
@@ -171,17 +212,35 @@ def call_inputs(inputs: Arrays, pre: Arrays, ctx: Sequence[int], s: spec_loop.Sa
 
 
 def draft_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], n: int, s: spec_loop.Sampling,
-               want_logits: bool) -> tuple[Arrays, list[str]]:
+               opts: SpecOptions) -> tuple[Arrays, list[str]]:
     """(inputs, requested outputs) of the draft call: ``n`` tokens, never stopping on a token
-    (``end_id`` -1), ``generation_logits`` when ``want_logits``."""
+    (``end_id`` -1), and ``return_generation_logits`` = ``use_draft_logits``, as upstream's
+    ``_get_llm_tensors_from_request`` sets it for the draft: the logits are asked for (and their
+    vocabulary checked, :func:`check_draft`) only when they go to the target."""
     out = call_inputs(inputs, pre, ctx, s, n, -1)
-    out["return_generation_logits"] = np.array([[want_logits]], dtype=bool)
-    return out, OUTPUTS + (["generation_logits"] if want_logits else [])
+    out["return_generation_logits"] = np.array([[opts.use_logits]], dtype=bool)
+    return out, OUTPUTS + (["generation_logits"] if opts.use_logits else [])
+
+
+def draft_logits(cfg: BlsParams, out: Arrays, opts: SpecOptions) -> tuple[Any, Any]:
+    """(the loop's per-position logits [n, V] or None, the fast-logits handle or None) of a
+    draft answer. With ``speculative_decoding_fast_logits`` the draft engine answers, in place
+    of its logits, a handle the target engine fetches them with (TensorRT-LLM
+    ``LlmRequest::createResult``: ``specDecFastLogitsInfo`` {request id, MPI rank};
+    ``ExternalDraftTokensConfig`` expects ``draft_logits`` [1, (sizeof(info) + 1) / 4]): it
+    goes to the target unchanged, as upstream's BLS forwards it (one row, so its
+    ``draft_logits[-len(drafts):]`` keeps it whole); none with ``use_draft_logits`` off."""
+    logits = out.get("generation_logits") if opts.use_logits else None
+    if logits is None or not cfg.fast_logits:
+        return logits, None
+    return None, np.ascontiguousarray(logits, dtype=np.float32).reshape(1, -1)
 
 
 def target_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], drafts: Sequence[int],
-                logits: Any, s: spec_loop.Sampling) -> tuple[Arrays, list[str]]:
-    """(inputs, requested outputs) of the target call: the drafts (+ their logits [1, k, V]),
+                logits: Any, s: spec_loop.Sampling, fast: Any = None
+                ) -> tuple[Arrays, list[str]]:
+    """(inputs, requested outputs) of the target call: the drafts (+ their logits [1, k, V],
+    or the fast-logits handle ``fast`` [1, 1, W] of :func:`draft_logits`),
     ``request_output_len`` = drafts + 1, preprocessing's ``end_id`` and stop words; exactly the
     outputs the target produces (no perf outputs: see ``bls.py`` ``_keep``)."""
     out = call_inputs(inputs, pre, ctx, s, len(drafts) + 1, end_id_of(pre))
@@ -189,7 +248,9 @@ def target_call(inputs: Arrays, pre: Arrays, ctx: Sequence[int], drafts: Sequenc
         out["stop_words_list"] = pre["stop_words_list"]
     if drafts:
         out["draft_input_ids"] = np.array([list(drafts)], dtype=np.int32)
-        if logits is not None:
+        if fast is not None:
+            out["draft_logits"] = np.ascontiguousarray(fast, dtype=np.float32)[None]
+        elif logits is not None:
             out["draft_logits"] = np.ascontiguousarray(logits, dtype=np.float32)[None]
     return out, list(OUTPUTS)
 
@@ -227,8 +288,11 @@ def call_error(role: str, model: str, message: str) -> str:
 
 
 def check_draft(cfg: BlsParams, tokens: Sequence[int], logits: Any) -> bool:
-    """ValueError unless the draft's vocabulary (the width of its ``generation_logits``) is the
-    target's and its ids are inside it; True when the vocabulary was checked here."""
+    """ValueError unless the draft's vocabulary (the width of its ``generation_logits``, sent
+    with ``use_draft_logits`` only) is the target's and its ids are inside it; True when the
+    vocabulary was checked here. Without logits only the ids are checked: acceptance is by token
+    id then, and a draft whose embeddings are padded wider serves (upstream does not compare
+    widths either)."""
     if cfg.vocab is None:
         return False
     checked = logits is not None and len(tokens) > 0

@@ -71,11 +71,14 @@ def iteration_seed(seed: int | None, iteration: int, role: str) -> int | None:
 
 @dataclass(frozen=True)
 class Sampling:
-    """What a draft or target call samples with (``min_tokens`` relative to that call)."""
+    """What a draft or target call samples with (``min_tokens`` relative to that call).
+    ``temperature`` / ``top_k`` / ``top_p`` None: the client did not set it, and the call leaves
+    the tensor out (the executor's own default, as upstream's ``create_triton_tensors`` skips
+    ``None`` fields), never a stand-in value such as T = 0."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
     seed: int | None = None
     min_tokens: int = 0
 
