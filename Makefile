@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-dynamo test test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
+.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
   clean help
 
@@ -25,6 +25,11 @@ setup: $(STAMP)
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=10 $(PYTEST_ARGS)
+
+# make test-dynamo: the tests marked `dynamo` (NVIDIA Dynamo's frontend in front of specserve
+# workers on 127.0.0.1: every method's greedy text, refusals, cancellation, serve, counters)
+test-dynamo: setup
+	$(BIN)/python -m pytest -q -m dynamo $(PYTEST_ARGS)
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)

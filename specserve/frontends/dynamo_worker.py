@@ -20,7 +20,9 @@ Acceptance reaches the client through Prometheus (``--metrics-port``): vLLM's co
 (``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``,
 ``_num_accepted_tokens_per_pos{position}``; vllm-project/vllm ``vllm/v1/spec_decode/metrics.py``),
 added from each finished request's ``spec_stats_json``, so ``specserve bench --metrics-url``
-sums them over workers (:func:`specserve.client.acceptance.counter_acceptance`).
+sums them over workers (:func:`specserve.client.acceptance.counter_acceptance`), and
+``vllm:request_success{finished_reason}`` (``stop``, ``length``, ``error``, ``abort``: the client
+went away and the loop ended the request, freeing its slot).
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ class SpecCounters:
         self.accepted = Counter(v + "num_accepted_tokens", "accepted drafts", registry=reg)
         self.per_pos = Counter(v + "num_accepted_tokens_per_pos", "accepted drafts per position",
                                ["position"], registry=reg)
+        self.finished = Counter("vllm:request_success", "finished requests by reason (abort: "
+                                "the client went away, its slot freed)", ["finished_reason"],
+                                registry=reg)
         start_http_server(port, addr="127.0.0.1", registry=reg)
 
     def add(self, stats: dict[str, Any]) -> None:
@@ -102,6 +107,10 @@ class DynamoSender:
         self.generated = 0
 
     def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
+        if final and self.counters:
+            reason = "abort" if self.gone.is_set() else "error" if error is not None else \
+                finish_reason(self.generated + _count(arrays), self.params)
+            self.counters.finished.labels(finished_reason=reason).inc()
         if self.gone.is_set():
             return False
         item: dict[str, Any]
@@ -120,6 +129,10 @@ class DynamoSender:
 
     def cancelled(self) -> bool:
         return self.gone.is_set()
+
+
+def _count(arrays: Arrays | None) -> int:
+    return 0 if arrays is None else int(arrays["output_ids"].size)
 
 
 def client_error(code: int, message: str) -> Exception:
@@ -177,18 +190,22 @@ class Worker:
 
 
 async def _responses(sender: DynamoSender, context: Any) -> AsyncIterator[dict[str, Any]]:
-    while True:
+    """The loop's responses until the final one, or until the frontend stops the context (the
+    client went away): checked before every item, and every 0.1 s while none comes."""
+    while not _stopped(context):
         try:
             item, final = await asyncio.wait_for(sender.out.get(), timeout=0.1)
         except TimeoutError:
-            if context is not None and context.is_stopped():
-                return
             continue
         if "error" in item:
             raise client_error(500, f"specserve: {item['error']}")
         yield item
         if final:
             return
+
+
+def _stopped(context: Any) -> bool:
+    return context is not None and bool(context.is_stopped() or context.is_killed())
 
 
 async def serve(cfg: WorkerConfig) -> None:
