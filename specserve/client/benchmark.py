@@ -38,6 +38,7 @@ from specserve.client.config import BenchmarkConfig
 from specserve.client.datasets import Prompt, load_prompts
 from specserve.client.metrics import RequestRecord, make_record
 from specserve.client.openai import OpenAITransport
+from specserve.client.scrape import TextGetter
 from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
 from specserve.client.transport import (
     GenParams,
@@ -328,8 +329,8 @@ async def _scrape_all(cfg: BenchmarkConfig,
     return out
 
 
-async def _scrape_one(server: Transport) -> _Scrape:
-    from specserve.client.scrape import TextGetter, perf_entries, scrape_settled
+async def _scrape_one(server: Transport | TextGetter) -> _Scrape:
+    from specserve.client.scrape import perf_entries, scrape_settled
 
     if not isinstance(server, TextGetter):
         raise SpecserveError(f"{server.url}: this transport cannot read the server's metrics")
