@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
+.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
   conform conform-vllm conform-trtllm clean help
 
@@ -25,6 +25,11 @@ setup: $(STAMP)
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=10 $(PYTEST_ARGS)
+
+# make test-dynamo: the tests marked `dynamo` (NVIDIA Dynamo's frontend in front of specserve
+# workers on 127.0.0.1: every method's greedy text, refusals, cancellation, serve, counters)
+test-dynamo: setup
+	$(BIN)/python -m pytest -q -m dynamo $(PYTEST_ARGS)
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
@@ -192,3 +197,12 @@ clean:
 TRTLLM_CHECK_ARGS ?=
 trtllm-check: setup
 	$(BIN)/python benchmarks/trtllm_check.py $(TRTLLM_CHECK_ARGS)
+
+# make setup-dynamo: NVIDIA Dynamo 1.6.1 for `python -m specserve.frontends.dynamo_worker` behind
+# `python -m dynamo.frontend`. Separate from `make setup`: ai-dynamo's aisimulate requirement is
+# not on PyPI, so it installs --no-deps plus its runtime requirements
+# (../shared/reference/dynamo-cpu.md).
+setup-dynamo: setup
+	$(BIN)/pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
+	$(BIN)/pip install -q 'aiohttp>=3.14.3' certifi 'kubernetes>=32.0.1,<33' msgspec \
+	  prometheus-client pyzmq redis tqdm 'transformers>=4.56' typing-extensions zstandard uvloop

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "specserve"
 FORBIDDEN = {("build", "runtime"), ("runtime", "build")} | {
     (pkg, "cli") for pkg in ("build", "runtime", "spec", "triton", "client", "train", "doctor",
-                            "watch")}
+                            "watch", "frontends")}
 
 
 def _node(module: str) -> str:

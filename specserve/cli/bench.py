@@ -88,9 +88,30 @@ def _sweep(cfg: Any, levels_text: str, fmt: str, lengths_text: str | None = None
         sys.exit(summary["exit_code"])
 
 
+def _serve_targets(kw: dict[str, Any], path: str | None) -> None:
+    """--serve-json: the frontend, the model and the workers' metrics URLs from that file."""
+    kw["metrics_urls"] = tuple(kw["metrics_urls"])
+    if path is None:
+        return
+    from specserve.client.serve_json import read_serve_json
+    from specserve.errors import SpecserveError
+
+    src = click.get_current_context().get_parameter_source("protocol")
+    if kw["protocol"] != "openai" and src != click.core.ParameterSource.DEFAULT:
+        raise SpecserveError("--serve-json names a Dynamo frontend: --protocol openai")
+    t = read_serve_json(path)
+    kw["urls"] = kw["urls"] or (t.frontend,)
+    kw["protocol"] = "openai"
+    if kw["model"] == "ensemble":  # the default: the first served name
+        kw["model"] = t.models[0]
+    kw["metrics_urls"] = kw["metrics_urls"] or t.urls_of(kw["model"])
+    if kw["baseline_model"]:
+        kw["baseline_metrics_urls"] = t.urls_of(kw["baseline_model"])
+
+
 @click.command("bench", epilog=EXAMPLES,
                short_help="Benchmark a served model: latency, acceptance, speedup.")
-@click.option("--url", "urls", required=True, multiple=True,
+@click.option("--url", "urls", multiple=True,
               help="Server HOST:PORT (Triton gRPC or HTTP port; OpenAI: http://HOST:PORT too)."
                    " Repeat for replicas of one service: requests are spread over them.")
 @click.option("--balance", type=click.Choice(["round-robin", "least-outstanding"]),
@@ -144,6 +165,13 @@ def _sweep(cfg: Any, levels_text: str, fmt: str, lengths_text: str | None = None
               show_default=True,
               help="OpenAI: read the server's Prometheus counters before and after the run "
                    "(acceptance from vllm:spec_decode_*, trtllm_spec_decode_*, sglang:*).")
+@click.option("--metrics-url", "metrics_urls", multiple=True,
+              help="OpenAI: a Prometheus endpoint of the spec model's workers (repeat for each"
+                   " worker behind a Dynamo frontend): their counter deltas are summed.")
+@click.option("--serve-json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The JSON of `specserve serve --frontend dynamo --format json`: the "
+                   "frontend (--url) and every worker's metrics URL of --model and "
+                   "--baseline-model (--model defaults to the first served name).")
 @click.option("--perf-outputs/--no-perf-outputs", default=True, show_default=True,
               help="Ask the server for perf metrics and per-response token counts (off: send "
                    "only what a plain client sends; acceptance is then not recorded).")
@@ -165,6 +193,11 @@ def command(fmt: str, n_requests: int, sweep: str | None, input_lengths: str | N
     from specserve.client.config import BenchmarkConfig, host_port
     from specserve.client.run import run_benchmark
 
+    _serve_targets(kw, kw.pop("serve_json"))
+    if not kw["urls"]:
+        from specserve.errors import SpecserveError
+
+        raise SpecserveError("--url is required (or --serve-json)")
     urls = [host_port(u) for u in kw.pop("urls")]
     kw["url"], kw["replicas"] = urls[0], tuple(urls[1:])
     if kw["baseline_url"]:

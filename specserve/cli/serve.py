@@ -1,39 +1,90 @@
-"""``specserve serve``: run tritonserver on a model repository until Ctrl-C or SIGTERM."""
+"""``specserve serve``: run tritonserver on a model repository, or NVIDIA Dynamo's OpenAI frontend
+in front of specserve workers for an engine (``--frontend dynamo``), until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
+
+from specserve.cli._output import FORMAT_OPTION, emit
 
 EXAMPLES = """
 \b
 Examples:
   specserve serve --repo triton_repo
   specserve serve --repo triton_repo --grpc-port 9001 --http-port 9000 --metrics-port 9002
+  specserve serve --frontend dynamo --engine engines/demo --workers 2 --migration-limit 3
+  specserve serve --frontend dynamo --engine engines/demo --baseline-name demo-nospec \\
+      --format json > serve.json      # specserve bench --serve-json serve.json
 
 Uses `tritonserver` from PATH (NVIDIA's containers) or the one bundled with nvidia-pytriton,
 waits until /v2/health/ready answers, prints the endpoints, and stops cleanly on Ctrl-C/SIGTERM.
 Engines with world size > 1 start through mpirun, one rank per GPU. Repositories of --flow
 pytorch engines (Triton's llmapi model) run only inside NVIDIA's TensorRT-LLM container.
+--frontend dynamo starts Dynamo's frontend (file discovery, TCP request plane, --router) and
+--workers specserve workers per served name, all on 127.0.0.1 and free ports (--http-port 0),
+waits until /v1/models lists every name, prints the frontend URL and each worker's metrics URL.
 Exit codes: 0 after a clean stop, 2 bad input, 3 the server failed to start or died.
 """
 
 
+DYNAMO_DEFAULTS: dict[str, Any] = {"workers": 1, "router": "round-robin", "migration_limit": 0,
+                                   "served_name": None, "baseline_name": None, "max_batch": 8,
+                                   "log_dir": None}
+
+
 @click.command("serve", epilog=EXAMPLES, short_help="Serve a model repository on Triton.")
-@click.option("--repo", required=True, type=click.Path(file_okay=False),
-              help="Model repository from `specserve repo`.")
+@click.option("--repo", default=None, type=click.Path(file_okay=False),
+              help="Model repository from `specserve repo` (--frontend triton).")
+@click.option("--frontend", type=click.Choice(["triton", "dynamo"]), default="triton",
+              show_default=True, help="tritonserver on --repo, or NVIDIA Dynamo on --engine.")
+@click.option("--engine", default=None, type=click.Path(file_okay=False),
+              help="Torch engine directory (--frontend dynamo).")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Dynamo: workers per served name.")
+@click.option("--router", type=click.Choice(["round-robin", "random", "kv"]),
+              default="round-robin", show_default=True, help="Dynamo: the frontend's router.")
+@click.option("--migration-limit", type=click.IntRange(0, None), default=0, show_default=True,
+              help="Dynamo: times a request whose worker died is re-sent to another.")
+@click.option("--name", "served_name", default=None,
+              help="Dynamo: served model name (default: the engine directory's name).")
+@click.option("--baseline-name", default=None,
+              help="Dynamo: also serve the engine without speculation under this name.")
+@click.option("--max-batch", type=click.IntRange(1, None), default=8, show_default=True,
+              help="Dynamo: sequences each worker batches in flight.")
+@click.option("--log-dir", default=None, type=click.Path(file_okay=False),
+              help="Dynamo: directory for the frontend's and workers' logs.")
+@FORMAT_OPTION
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--http-port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None,
+              help="HTTP port [default: 8000 for Triton, a free port for Dynamo].")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=8002, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Seconds to wait for readiness.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
               help="Server log file (default: a temp file, printed on failure).")
-def command(repo: str, host: str, http_port: int, grpc_port: int, metrics_port: int,
-            timeout_s: float, log_path: str | None) -> None:
-    """Start tritonserver for REPO and keep it running."""
+def command(repo: str | None, frontend: str, engine: str | None, host: str,
+            http_port: int | None,
+            grpc_port: int, metrics_port: int, timeout_s: float, log_path: str | None,
+            fmt: str, **dynamo: Any) -> None:
+    """Start tritonserver for REPO (or Dynamo for ENGINE) and keep it running."""
+    from specserve.errors import SpecserveError
+
+    if frontend == "dynamo":
+        if engine is None or repo is not None:
+            raise SpecserveError("--frontend dynamo serves --engine DIR (not --repo)")
+        _serve_dynamo(Path(engine), host, http_port, timeout_s, fmt, **dynamo)
+        return
+    if repo is None or engine is not None:
+        raise SpecserveError("--frontend triton serves --repo DIR (--engine is for --frontend "
+                             "dynamo)")
+    changed = sorted(k for k, v in dynamo.items() if v != DYNAMO_DEFAULTS[k])
+    if changed:
+        flag = {"served_name": "name"}.get(changed[0], changed[0]).replace("_", "-")
+        raise SpecserveError(f"--{flag} is a --frontend dynamo option")
     from specserve.errors import ServerError
     from specserve.interrupts import sigterm_as_interrupt
     from specserve.triton.repository import read_repo_meta
@@ -42,7 +93,8 @@ def command(repo: str, host: str, http_port: int, grpc_port: int, metrics_port: 
     meta = read_repo_meta(repo)
     if meta.get("flow") == "pytorch":
         _check_llmapi_serving(Path(repo))
-    server = TritonServer(Path(repo), host=host, http_port=http_port, grpc_port=grpc_port,
+    server = TritonServer(Path(repo), host=host,
+                          http_port=8000 if http_port is None else http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, world_size=int(meta.get("world_size", 1)),
                           log_path=Path(log_path) if log_path else None)
     with sigterm_as_interrupt():
@@ -73,3 +125,32 @@ def _check_llmapi_serving(repo: Path) -> None:
     if not (repo / "tensorrt_llm" / "1" / "model.py").is_file():
         raise SpecserveError(f"{repo}/tensorrt_llm/1/model.py: missing (rerun specserve repo "
                              "with --llmapi-model-dir, upstream's llmapi tensorrt_llm/1)")
+
+
+def _dynamo_text(d: dict[str, Any]) -> str:
+    workers = "  ".join(f"{w['model']} {w['metrics_url']}" for w in d["workers"])
+    return (f"ready in {d['startup_s']:.1f} s: frontend {d['frontend']} (models "
+            f"{', '.join(d['models'])}; router {d['router']})  worker metrics: {workers}  "
+            f"(logs {d['log_dir']}; Ctrl-C to stop)")
+
+
+def _serve_dynamo(engine: Path, host: str, http_port: int | None, timeout_s: float, fmt: str,
+                  workers: int, router: str, migration_limit: int, served_name: str | None,
+                  baseline_name: str | None, max_batch: int, log_dir: str | None) -> None:
+    from specserve.errors import SpecserveError
+    from specserve.frontends.dynamo_serve import (
+        DynamoServeConfig,
+        ServedModel,
+        serve_until_stopped,
+    )
+
+    if host != "127.0.0.1":
+        raise SpecserveError("--frontend dynamo binds 127.0.0.1 only (--host)")
+    models = [ServedModel(served_name or engine.resolve().name)]
+    if baseline_name:
+        models.append(ServedModel(baseline_name, speculation=False))
+    cfg = DynamoServeConfig(engine=engine, models=tuple(models), workers=workers,
+                            router=router, migration_limit=migration_limit,
+                            http_port=http_port or 0,
+                            max_batch=max_batch, log_dir=Path(log_dir) if log_dir else None)
+    serve_until_stopped(cfg, timeout_s, lambda dep: emit(dep.describe(), fmt, _dynamo_text))

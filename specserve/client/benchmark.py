@@ -38,6 +38,7 @@ from specserve.client.config import BenchmarkConfig
 from specserve.client.datasets import Prompt, conversation_text, load_prompts
 from specserve.client.metrics import RequestRecord, make_record
 from specserve.client.openai import OpenAITransport
+from specserve.client.scrape import TextGetter
 from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
 from specserve.client.transport import (
     GenParams,
@@ -336,19 +337,25 @@ async def _scrape_all(cfg: BenchmarkConfig,
                       targets: dict[str, Target]) -> dict[str, list[_Scrape]]:
     """Variant -> what each of its servers' metrics say now (one entry per replica); only for
     a variant whose servers are its own (a shared server's counters mix both variants)."""
+    from specserve.client.scrape import MetricsEndpoint
+
     if cfg.protocol != "openai" or not cfg.scrape_metrics:
         return {}
     servers = {v: _servers(t.transport) for v, t in targets.items()}
     out: dict[str, list[_Scrape]] = {}
+    named = {"spec": cfg.metrics_urls, "baseline": cfg.baseline_metrics_urls}
     for variant, mine in servers.items():
+        if named.get(variant):  # the variant's workers: their counters are its alone
+            out[variant] = [await _scrape_one(MetricsEndpoint(u)) for u in named[variant]]
+            continue
         others = {s.url for v, theirs in servers.items() if v != variant for s in theirs}
         if not any(s.url in others for s in mine):
             out[variant] = [await _scrape_one(s) for s in mine]
     return out
 
 
-async def _scrape_one(server: Transport) -> _Scrape:
-    from specserve.client.scrape import TextGetter, perf_entries, scrape_settled
+async def _scrape_one(server: Transport | TextGetter) -> _Scrape:
+    from specserve.client.scrape import perf_entries, scrape_settled
 
     if not isinstance(server, TextGetter):
         raise SpecserveError(f"{server.url}: this transport cannot read the server's metrics")

@@ -57,6 +57,10 @@ class BenchmarkConfig(JsonConfig):
     abort_after_errors: int = 5              # consecutive failed requests
     replicas: tuple[str, ...] = ()           # more servers of the same model (--url A --url B)
     balance: str = "round-robin"             # over url + replicas: or "least-outstanding"
+    # openai: the Prometheus endpoints whose counters are the variant's (the workers behind a
+    # Dynamo frontend), scraped instead of the server's own and summed
+    metrics_urls: tuple[str, ...] = ()
+    baseline_metrics_urls: tuple[str, ...] = ()
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -70,6 +74,11 @@ class BenchmarkConfig(JsonConfig):
             d.pop("balance")
         else:
             d["replicas"] = list(self.replicas)
+        for k in ("metrics_urls", "baseline_metrics_urls"):
+            if not d[k]:
+                d.pop(k)  # none given: summary.json's config as before
+            else:
+                d[k] = list(d[k])
         return d
 
     @property
@@ -88,6 +97,11 @@ class BenchmarkConfig(JsonConfig):
         if len(set(self.urls)) != len(self.urls):
             raise SpecserveError("--url: the same server twice "
                                  f"({', '.join(self.urls)})")
+        if (self.metrics_urls or self.baseline_metrics_urls) and (
+                self.protocol != "openai" or not self.scrape_metrics):
+            raise SpecserveError("--metrics-url needs --protocol openai and --server-metrics")
+        if self.baseline_metrics_urls and not self.has_baseline:
+            raise SpecserveError("baseline metrics URLs without --baseline-model")
         if self.balance not in BALANCE:
             raise SpecserveError(f"--balance: '{self.balance}' is not one of {list(BALANCE)}")
         if self.protocol not in PROTOCOLS:

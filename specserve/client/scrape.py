@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlparse
 
 from specserve.client.acceptance import Samples, parse_prometheus
-from specserve.errors import ServerError
+from specserve.errors import ServerError, SpecserveError
 
 METRICS_PATHS = ("/metrics", "/prometheus/metrics")
 _SPEC_PREFIXES = ("vllm:spec_decode_", "trtllm_spec_decode_", "sglang:spec_accept")
@@ -58,6 +59,30 @@ async def scrape_settled(tr: TextGetter, tries: int = 10, gap_s: float = 0.2) ->
             return cur
         prev = cur
     return prev
+
+
+class MetricsEndpoint:
+    """A server's metrics endpoint named by URL alone (``--metrics-url``): each worker behind a
+    frontend that does not pass its counters on (NVIDIA Dynamo; dynamo-cpu.md). ``GET`` of the
+    URL's own path when it has one, else of ``path``."""
+
+    def __init__(self, url: str) -> None:
+        u = urlparse(url if "://" in url else f"http://{url}")
+        if u.scheme != "http" or not u.hostname or not u.port:
+            raise SpecserveError(f"--metrics-url: '{url}' is not http://HOST:PORT[/path]")
+        self.url = f"http://{u.hostname}:{u.port}"
+        self.path = u.path if u.path not in ("", "/") else None
+
+    async def get_text(self, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+        import aiohttp
+
+        try:
+            async with aiohttp.ClientSession() as s, s.get(
+                    self.url + (self.path or path),
+                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                return r.status, await r.text()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ServerError(f"{self.url}: cannot read metrics ({type(e).__name__}: {e})") from e
 
 
 def _spec_part(s: Samples | None) -> Samples:

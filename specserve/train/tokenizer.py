@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+# A minimal chat template (Jinja, as transformers' ``apply_chat_template`` and Dynamo's frontend
+# read it from tokenizer_config.json): "role: content" lines, then "assistant:" to generate.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def train_tokenizer(texts: Iterable[str], out: Path, vocab_size: int) -> PreTrainedTokenizerBase:
@@ -36,6 +40,7 @@ def train_tokenizer(texts: Iterable[str], out: Path, vocab_size: int) -> PreTrai
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
         pad_token="<pad>",
     )
+    fast.chat_template = CHAT_TEMPLATE  # /v1/chat/completions (Dynamo's frontend needs one)
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
     return fast

@@ -1,0 +1,113 @@
+"""Dynamo's preprocessed request -> the reference model's request (pure, no Dynamo import).
+
+Dynamo's frontend tokenizes an OpenAI request and hands a worker a ``PreprocessedRequest`` dict:
+``token_ids``, ``stop_conditions`` (``max_tokens``, ``stop``, ``stop_token_ids``,
+``stop_token_ids_hidden``, ``min_tokens``, ``ignore_eos``), ``sampling_options`` (``n``,
+``temperature``, ``top_p``, ``top_k``, ``seed``, ``guided_decoding``, penalties, ...),
+``output_options`` (``logprobs``, ``prompt_logprobs``, ...) and ``eos_token_ids``
+(ai-dynamo/dynamo ``components/src/dynamo/vllm/handlers.py`` ``build_sampling_params``, and
+``../shared/reference/dynamo-cpu.md`` for the dict seen here). The frontend applies stop
+*strings* and detokenizes; the worker yields ``{"token_ids": [...]}`` chunks and a
+``finish_reason`` on the last one.
+
+No second copy of the request checks: the dict is written as the Triton ``tensorrt_llm`` inputs
+(``input_ids``, ``request_output_len``, ``stop_words_list``, ``end_id``, ...) and goes through
+:func:`specserve.triton.llm_io.parse_request` and :func:`~specserve.triton.llm_io.sampling_params`
+like a Triton request. What that model cannot serve (``n > 1``, ``logprobs``,
+``guided_decoding``, penalties, beam search, ...) is refused with a one-line ValueError, which
+the worker sends to the client as an error, never ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from specserve.triton.llm_io import EngineLimits, LlmRequest, parse_request, sampling_params
+
+if TYPE_CHECKING:
+    from specserve.runtime.params import SamplingParams
+
+# served fields of each section; any other field must be absent, None or its neutral value
+SAMPLING_SERVED = frozenset({"temperature", "top_p", "top_k", "seed"})
+STOP_SERVED = frozenset({"max_tokens", "stop", "stop_token_ids", "stop_token_ids_hidden",
+                         "min_tokens", "ignore_eos"})
+NEUTRAL: Mapping[str, tuple[Any, ...]] = {
+    "n": (1,), "best_of": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0), "length_penalty": (1, 1.0), "min_p": (0, 0.0),
+    "use_beam_search": (False,), "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,), "formatted_prompt": (),
+}
+OPENAI_TEMPERATURE = 1.0  # OpenAI's default when the client sends none
+
+
+def _refuse_unserved(section: str, values: Mapping[str, Any] | None,
+                     served: frozenset[str]) -> None:
+    for key, value in (values or {}).items():
+        if key in served or value is None or value in NEUTRAL.get(key, ()):
+            continue
+        raise ValueError(f"{section}.{key} = {value!r} is not supported by the specserve "
+                         "worker")
+
+
+def _stop_words(ids: list[int]) -> np.ndarray[Any, Any]:
+    """TensorRT-LLM's ``[2, L]`` word list of single-token words (``llm_io.word_ids``)."""
+    return np.array([ids, list(range(1, len(ids) + 1))], dtype=np.int32)
+
+
+def to_arrays(request: Mapping[str, Any], max_seq_len: int) -> dict[str, np.ndarray[Any, Any]]:
+    """The Triton ``tensorrt_llm`` inputs of one Dynamo request (streamed, input excluded), or
+    ValueError naming the field refused. ``max_tokens`` unset: what ``max_seq_len`` leaves."""
+    stop = dict(request.get("stop_conditions") or {})
+    sampling = dict(request.get("sampling_options") or {})
+    _refuse_unserved("sampling_options", sampling, SAMPLING_SERVED)
+    _refuse_unserved("stop_conditions", stop, STOP_SERVED)
+    _refuse_unserved("output_options", request.get("output_options"), frozenset())
+    prompt = [int(t) for t in request.get("token_ids") or ()]
+    max_tokens = stop.get("max_tokens")
+    if max_tokens is None:
+        if not max_seq_len:
+            raise ValueError("max_tokens is required (the engine records no max_seq_len)")
+        max_tokens = max_seq_len - len(prompt)
+    stops = [int(t) for t in stop.get("stop_token_ids") or ()]
+    eos = [int(t) for t in request.get("eos_token_ids") or ()]
+    if not stop.get("ignore_eos"):
+        stops += [int(t) for t in stop.get("stop_token_ids_hidden") or ()] + eos
+    stops = list(dict.fromkeys(stops))
+    temperature = sampling.get("temperature")
+    arrays: dict[str, Any] = {
+        "input_ids": np.array(prompt, dtype=np.int32),
+        "request_output_len": np.array([int(max_tokens)], dtype=np.int32),
+        "end_id": np.array([-1], dtype=np.int32),  # every stop is in stop_words_list
+        "streaming": np.array([True]),
+        "exclude_input_in_output": np.array([True]),
+        "return_perf_metrics": np.array([True]),  # the final response: spec_stats_json
+        "temperature": np.array([OPENAI_TEMPERATURE if temperature is None else temperature],
+                                dtype=np.float32),
+        "min_tokens": np.array([int(stop.get("min_tokens") or 0)], dtype=np.int32),
+    }
+    if stops:
+        arrays["stop_words_list"] = _stop_words(stops)
+    if sampling.get("top_k") is not None:
+        arrays["runtime_top_k"] = np.array([max(0, int(sampling["top_k"]))], dtype=np.int32)
+    if sampling.get("top_p") is not None:
+        arrays["runtime_top_p"] = np.array([sampling["top_p"]], dtype=np.float32)
+    if sampling.get("seed") is not None:
+        arrays["seed"] = np.array([int(sampling["seed"])], dtype=np.uint64)
+    return arrays
+
+
+def admit(request: Mapping[str, Any], limits: EngineLimits
+          ) -> tuple[LlmRequest, SamplingParams]:
+    """One Dynamo request -> (request, its sampling parameters), every check of a Triton
+    request done; ValueError / SpecserveError with a one-line reason."""
+    req = parse_request(to_arrays(request, limits.max_seq_len), exclude_default=True)
+    return req, sampling_params(req, limits)
+
+
+def finish_reason(generated: int, params: SamplingParams) -> str:
+    """OpenAI's ``finish_reason`` of a request that ended with ``generated`` tokens: "length"
+    when it reached ``max_tokens``, else "stop" (a stop token, which is not in the output)."""
+    return "length" if generated >= params.max_tokens else "stop"

@@ -1,0 +1,257 @@
+"""A Dynamo worker serving a specserve engine: ``python -m specserve.frontends.dynamo_worker
+--engine DIR --name MODEL``.
+
+Dynamo's Python worker API (ai-dynamo-runtime 1.6.1 ``dynamo/_core.pyi``; the pattern of
+ai-dynamo/dynamo ``components/src/dynamo/mocker/main.py`` and ``components/src/dynamo/vllm/
+handlers.py``): ``create_runtime("file", "tcp")``, ``runtime.endpoint(NS.COMPONENT.generate)``,
+``register_model(ModelInput.Tokens, Chat | Completions, ...)`` with the engine's ``target/``
+(config.json, tokenizer.json, tokenizer_config.json), then ``serve_endpoint(handler)``, where the
+handler is an async generator of ``{"token_ids": [...]}`` chunks, ``finish_reason`` on the last.
+
+Nothing here decides what a request means or when it runs: a request goes through
+:func:`specserve.frontends.dynamo_request.admit` (the Triton model's checks) into the Triton
+model's :class:`~specserve.triton.serving_loop.ServingLoop` (in-flight batching, backpressure,
+cancellation) on one thread, as the Triton model runs it. :class:`DynamoSender` is the loop's
+:class:`~specserve.triton.serving_loop.Sender`: it hands each response to the handler's asyncio
+queue; when the handler ends early (the frontend stopped the context, the client went away) it
+reports the client gone, and the loop frees the slot at the next step.
+
+Acceptance reaches the client through Prometheus (``--metrics-port``): vLLM's counter names
+(``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``,
+``_num_accepted_tokens_per_pos{position}``; vllm-project/vllm ``vllm/v1/spec_decode/metrics.py``),
+added from each finished request's ``spec_stats_json``, so ``specserve bench --metrics-url``
+sums them over workers (:func:`specserve.client.acceptance.counter_acceptance`), and
+``vllm:request_success{finished_reason}`` (``stop``, ``length``, ``error``, ``abort``: the client
+went away and the loop ended the request, freeing its slot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specserve.errors import SpecserveError
+from specserve.frontends.dynamo_request import admit, finish_reason
+from specserve.triton.llm_io import DEFAULT_MAX_PENDING, DEFAULT_PREFILL_CHUNK, EngineLimits
+from specserve.triton.serving_loop import Arrays, Pending, ServingLoop, external_verify
+
+if TYPE_CHECKING:
+    from specserve.runtime.params import SamplingParams
+
+BUSY = "server busy: {} requests queued; retry later"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One worker's engine, served name and Dynamo endpoint."""
+
+    engine_dir: Path
+    name: str
+    namespace: str = "specserve"
+    component: str = "worker"
+    speculation: bool = True
+    max_batch: int = 8
+    max_pending: int = DEFAULT_MAX_PENDING
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    metrics_port: int = 0  # 0: no Prometheus endpoint
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.namespace}.{self.component}.generate"
+
+
+class SpecCounters:
+    """vLLM's speculative-decoding counters (prometheus_client, imported here)."""
+
+    def __init__(self, port: int) -> None:
+        from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+        reg = CollectorRegistry()
+        v = "vllm:spec_decode_"
+        self.drafts = Counter(v + "num_drafts", "verify steps", registry=reg)
+        self.draft_tokens = Counter(v + "num_draft_tokens", "drafted tokens", registry=reg)
+        self.accepted = Counter(v + "num_accepted_tokens", "accepted drafts", registry=reg)
+        self.per_pos = Counter(v + "num_accepted_tokens_per_pos", "accepted drafts per position",
+                               ["position"], registry=reg)
+        self.finished = Counter("vllm:request_success", "finished requests by reason (abort: "
+                                "the client went away, its slot freed)", ["finished_reason"],
+                                registry=reg)
+        start_http_server(port, addr="127.0.0.1", registry=reg)
+
+    def add(self, stats: dict[str, Any]) -> None:
+        self.drafts.inc(int(stats.get("steps") or 0))
+        self.draft_tokens.inc(int(stats.get("draft_tokens") or 0))
+        self.accepted.inc(int(stats.get("accepted_tokens") or 0))
+        for pos, n in enumerate(stats.get("per_position_accepted") or ()):
+            self.per_pos.labels(position=str(pos)).inc(int(n))
+
+
+class DynamoSender:
+    """A request's responses, from the loop's thread to the handler's asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, params: SamplingParams,
+                 counters: SpecCounters | None) -> None:
+        self.loop, self.params, self.counters = loop, params, counters
+        self.out: asyncio.Queue[tuple[dict[str, Any], bool]] = asyncio.Queue()
+        self.gone = threading.Event()  # the handler ended: the client went away
+        self.generated = 0
+
+    def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
+        if final and self.counters:
+            reason = "abort" if self.gone.is_set() else "error" if error is not None else \
+                finish_reason(self.generated + _count(arrays), self.params)
+            self.counters.finished.labels(finished_reason=reason).inc()
+        if self.gone.is_set():
+            return False
+        item: dict[str, Any]
+        if error is not None:
+            item = {"error": error}
+        else:
+            tokens = [] if arrays is None else [int(t) for t in arrays["output_ids"].reshape(-1)]
+            self.generated += len(tokens)
+            item = {"token_ids": tokens}
+            if final:
+                item["finish_reason"] = finish_reason(self.generated, self.params)
+            if final and arrays is not None and self.counters and "spec_stats_json" in arrays:
+                self.counters.add(json.loads(arrays["spec_stats_json"].reshape(-1)[0]))
+        self.loop.call_soon_threadsafe(self.out.put_nowait, (item, final))
+        return True
+
+    def cancelled(self) -> bool:
+        return self.gone.is_set()
+
+
+def _count(arrays: Arrays | None) -> int:
+    return 0 if arrays is None else int(arrays["output_ids"].size)
+
+
+def client_error(code: int, message: str) -> Exception:
+    """Dynamo's ``HttpError``: the frontend answers the client with this status and message
+    (an OpenAI error body); any other exception reaches the client as a bare 500."""
+    from dynamo.llm.exceptions import InvalidArgument
+
+    return InvalidArgument(message)
+
+
+class Worker:
+    """The engine, its serving loop on a thread, and the Dynamo handler."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        from specserve.triton.llm_engine import engine_limits, load_decoder
+        from specserve.triton.serving_loop import make_scheduler
+
+        self.cfg = cfg
+        self.decoder, self.tokenizer, record = load_decoder(str(cfg.engine_dir),
+                                                            cfg.speculation)
+        self.limits: EngineLimits = engine_limits(record, self.decoder.target.cfg.vocab_size,
+                                                  getattr(self.tokenizer, "eos_token_id", None))
+        self.counters = SpecCounters(cfg.metrics_port) if cfg.metrics_port else None
+        self.queue: queue.Queue[Pending | None] = queue.Queue(maxsize=cfg.max_pending)
+        scheduler = make_scheduler(self.decoder, cfg.max_batch, self.limits.max_seq_len,
+                                   cfg.prefill_chunk)
+        self.loop = ServingLoop(scheduler, self.queue, cfg.max_pending,
+                                external_verify(self.decoder, self.limits.max_draft_len),
+                                self._text)
+        self.thread = threading.Thread(target=self.loop.run, name="specserve-dynamo",
+                                       daemon=True)
+        self.thread.start()
+
+    def _text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    async def generate(self, request: dict[str, Any], context: Any
+                       ) -> AsyncIterator[dict[str, Any]]:
+        """Dynamo's handler: admit, queue for the loop, yield its responses."""
+        try:
+            req, params = admit(request, self.limits)
+        except (ValueError, SpecserveError) as e:
+            raise client_error(400, f"specserve: {e}") from None
+        sender = DynamoSender(asyncio.get_running_loop(), params, self.counters)
+        try:
+            self.queue.put_nowait(Pending(req=req, params=params, sender=sender,
+                                          arrival=time.monotonic_ns()))
+        except queue.Full:
+            raise client_error(503, f"specserve: {BUSY.format(self.cfg.max_pending)}") from None
+        try:
+            async for item in _responses(sender, context):
+                yield item
+        finally:
+            sender.gone.set()  # ended early: the loop cancels it at the next step
+
+
+async def _responses(sender: DynamoSender, context: Any) -> AsyncIterator[dict[str, Any]]:
+    """The loop's responses until the final one, or until the frontend stops the context (the
+    client went away): checked before every item, and every 0.1 s while none comes."""
+    while not _stopped(context):
+        try:
+            item, final = await asyncio.wait_for(sender.out.get(), timeout=0.1)
+        except TimeoutError:
+            continue
+        if "error" in item:
+            raise client_error(500, f"specserve: {item['error']}")
+        yield item
+        if final:
+            return
+
+
+def _stopped(context: Any) -> bool:
+    return context is not None and bool(context.is_stopped() or context.is_killed())
+
+
+async def serve(cfg: WorkerConfig) -> None:
+    """Register the model with Dynamo's file discovery and serve until stopped."""
+    from dynamo.common.utils.runtime import create_runtime
+    from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
+
+    worker = Worker(cfg)
+    runtime, _loop = create_runtime("file", "tcp")
+    endpoint = runtime.endpoint(cfg.endpoint)
+    await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint,
+                         str(cfg.engine_dir / "target"), cfg.name,
+                         worker_type=WorkerType.Aggregated)
+    print(f"specserve dynamo worker ready: {cfg.name} on {cfg.endpoint}", flush=True)
+    await endpoint.serve_endpoint(worker.generate)
+
+
+def parse_args(argv: list[str] | None = None) -> WorkerConfig:
+    ap = argparse.ArgumentParser(prog="python -m specserve.frontends.dynamo_worker")
+    ap.add_argument("--engine", required=True, type=Path, help="torch engine directory")
+    ap.add_argument("--name", required=True, help="served model name")
+    ap.add_argument("--namespace", default="specserve")
+    ap.add_argument("--component", default="worker")
+    ap.add_argument("--no-speculation", action="store_true", help="the target alone")
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--metrics-port", type=int, default=0)
+    a = ap.parse_args(argv)
+    return WorkerConfig(engine_dir=a.engine, name=a.name, namespace=a.namespace,
+                        component=a.component, speculation=not a.no_speculation,
+                        max_batch=max(1, a.max_batch), metrics_port=a.metrics_port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("SPECSERVE_TORCH_THREADS", "1")))
+    try:
+        asyncio.run(serve(cfg))
+    except SpecserveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

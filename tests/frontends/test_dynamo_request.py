@@ -1,0 +1,69 @@
+"""specserve.frontends.dynamo_request: Dynamo's preprocessed request (fields as seen in
+../shared/reference/dynamo-cpu.md) -> the Triton model's request checks; no Dynamo needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.frontends.dynamo_request import admit, finish_reason
+from specserve.triton.llm_io import EngineLimits
+
+LIMITS = EngineLimits(vocab_size=256, max_seq_len=64, eos=2)
+
+
+def request(**over: object) -> dict[str, object]:
+    r: dict[str, object] = {
+        "token_ids": [5, 6, 7],
+        "stop_conditions": {"max_tokens": 4, "stop": ["\n"], "stop_token_ids": [9],
+                            "stop_token_ids_hidden": [2], "min_tokens": None,
+                            "ignore_eos": None},
+        "sampling_options": {"n": None, "temperature": 0.0, "top_p": None, "top_k": None,
+                             "seed": 3, "guided_decoding": None},
+        "output_options": {"logprobs": None, "prompt_logprobs": None},
+        "eos_token_ids": [2],
+    }
+    r.update(over)
+    return r
+
+
+def test_fields_map_to_the_triton_request() -> None:
+    req, params = admit(request(), LIMITS)
+    assert req.prompt == [5, 6, 7] and req.streaming and req.exclude_input
+    assert params.max_tokens == 4 and params.temperature == 0.0 and params.seed == 3
+    assert set(params.stop_token_ids) == {9, 2} and params.end_id is None
+
+
+def test_ignore_eos_keeps_only_the_clients_stops() -> None:
+    stop = dict(request()["stop_conditions"], ignore_eos=True)  # type: ignore[call-overload]
+    _, params = admit(request(stop_conditions=stop), LIMITS)
+    assert params.stop_token_ids == (9,)
+
+
+def test_unset_max_tokens_and_temperature_follow_openai() -> None:
+    stop = dict(request()["stop_conditions"], max_tokens=None)  # type: ignore[call-overload]
+    _, params = admit(request(stop_conditions=stop, sampling_options={}), LIMITS)
+    assert params.max_tokens == 64 - 3 and params.temperature == 1.0
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("sampling_options", "n", 2),
+    ("sampling_options", "guided_decoding", {"json": {"type": "object"}}),
+    ("sampling_options", "presence_penalty", 0.5),
+    ("output_options", "logprobs", 2),
+    ("stop_conditions", "max_thinking_tokens", 8),
+])
+def test_unserved_fields_are_refused(section: str, field: str, value: object) -> None:
+    body = request()
+    body[section] = dict(body[section], **{field: value})  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match=f"{section}.{field}"):
+        admit(body, LIMITS)
+
+
+def test_the_triton_checks_apply() -> None:
+    with pytest.raises(ValueError, match="outside the vocab"):
+        admit(request(token_ids=[5, 999]), LIMITS)
+
+
+def test_finish_reason() -> None:
+    _, params = admit(request(), LIMITS)
+    assert finish_reason(4, params) == "length" and finish_reason(2, params) == "stop"
