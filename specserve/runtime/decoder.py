@@ -253,11 +253,15 @@ class SpecDecoder:
             st.k = [0 if p is None else p.max_draft_len] * n
         budget = None if self.schedule is None else self.schedule.at(len(st.active()))
         cap = budget if budget is not None else max(st.k, default=0)
-        limits = [0 if st.done[b] else min(st.k[b], cap,
+        kmax = self._kmax(st)
+        limits = [0 if st.done[b] else min(st.k[b], cap, st.params[b].draft_cap(kmax),
                                            st.params[b].max_tokens - len(st.out[b]) - 1)
-                  for b in range(n)]  # no drafts beyond max_tokens (nor the schedule's budget)
+                  for b in range(n)]  # no drafts beyond max_tokens (nor the schedule's budget,
+        # nor the request's num_draft_tokens); a row capped below the longest chain asks a
+        # tree proposer for its chain (a tree cannot be cut per row)
+        chain_only = any(st.params[b].draft_cap(kmax) < kmax for b in st.active())
         prop = None if p is None else p.get_proposal(
-            ProposalRequest(st.seqs, limits, st.params, st.gens, budget))
+            ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only))
         if isinstance(prop, TreeProposal):
             self._tree_step(st, cache, prop, on_step)
         else:
