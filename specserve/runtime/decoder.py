@@ -143,9 +143,7 @@ class SpecDecoder:
                     for b in st.active():
                         st.done[b], st.finish[b] = True, "verified"
         vocab = self.target.cfg.vocab_size
-        return [GenerationResult(st.out[b], st.stats[b], st.finish[b], st.first[b], st.last[b],
-                                 st.result_logits(b, vocab))
-                for b in range(len(prompts))]
+        return [st.result(b, st.finish[b], vocab) for b in range(len(prompts))]
 
     def _check(self, prompts: list[list[int]],
                params: SamplingParams | Sequence[SamplingParams]) -> list[SamplingParams]:
@@ -211,8 +209,7 @@ class SpecDecoder:
         first = self._pick(st, logits[:, 0])
         for b in range(n):
             new = st.emit(b, [first[b]])
-            if st.logits is not None:
-                st.capture(b, logits[b, :len(new)])
+            st.record(b, logits[b], new)
             self._deliver(st, b, new, on_step)
         return hidden
 
@@ -294,8 +291,7 @@ class SpecDecoder:
             cache.lengths[b] += len(toks)
             last[b] = len(toks) - 1
             new = st.emit(b, toks)
-            if st.logits is not None:  # token j was chosen from the logits at position j
-                st.capture(b, logits[b, :len(new)])
+            st.record(b, logits[b], new)  # token j was chosen from the logits at position j
             st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
             self._deliver(st, b, new, on_step)
             if self.adaptive_draft_len and counts[b]:
@@ -370,8 +366,7 @@ class SpecDecoder:
             cache.keep_nodes(b, path)
             cache.lengths[b] += len(path)
             new = st.emit(b, toks[b][:keep])
-            if st.logits is not None:  # emitted token i was chosen from node path[i]'s logits
-                st.capture(b, logits[b, path[:len(new)]])
+            st.record(b, logits[b, path[:len(new)]], new)  # token i: node path[i]'s logits
             st.stats[b].observe(nodes, len(path) - 1, num_emitted=len(new),
                                 positions_drafted=depth,
                                 nodes=[(heads[j], ranks[j]) for j in path[1:]])

@@ -353,7 +353,6 @@ class Scheduler:
 
     def _finish(self, h: Handle, row: Batch, reason: str) -> None:
         vocab = self.decoder.target.cfg.vocab_size
-        h.result = GenerationResult(row.out[0], row.stats[0], reason, row.first[0],
-                                    row.last[0], row.result_logits(0, vocab))
+        h.result = row.result(0, reason, vocab)
         if h.on_done is not None:
             h.on_done(h.result)
