@@ -47,6 +47,7 @@ from specserve.triton.llm_io import (
     LlmRequest,
     PerfTimes,
     generation_logits_array,
+    logprob_arrays,
     perf_arrays,
     token_arrays,
 )
@@ -139,6 +140,8 @@ def final_arrays(p: Pending, result: GenerationResult) -> Arrays | None:
         arrays = token_arrays(p.req, tokens if p.req.exclude_input else p.req.prompt + tokens)
     if p.req.return_generation_logits and result.logits is not None:
         arrays.update(generation_logits_array(np.asarray(result.logits)))
+    if p.req.return_log_probs and result.logprobs is not None:
+        arrays.update(logprob_arrays(result.logprobs, result.top_logprobs, p.req.top_log_probs))
     if p.req.perf:
         stats = result.stats
         times = PerfTimes(arrival=p.arrival, first_scheduled=p.first_scheduled,
