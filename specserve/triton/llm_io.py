@@ -346,8 +346,9 @@ def logprob_arrays(logprobs: list[float], top: list[list[tuple[int, float]]] | N
     """``output_log_probs`` [1, 1, T] and ``cum_log_probs`` [1, 1] FP32; with ``k`` > 0 also
     ``top_log_probs`` [1, 1, T, k] FP32 and ``top_log_prob_ids`` [1, 1, T, k] INT32."""
     lp = np.asarray(logprobs, dtype=np.float32)
-    out = {"output_log_probs": lp.reshape(1, 1, -1),
-           "cum_log_probs": np.array([[float(lp.astype(np.float64).sum())]], dtype=np.float32)}
+    out: dict[str, np.ndarray[Any, Any]] = {
+        "output_log_probs": lp.reshape(1, 1, -1),
+        "cum_log_probs": np.array([[float(lp.astype(np.float64).sum())]], dtype=np.float32)}
     if k > 0:
         rows = top or []
         out["top_log_probs"] = np.array([[v for _, v in r] for r in rows],
