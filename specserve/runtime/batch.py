@@ -34,6 +34,10 @@ class GenerationResult:
     logits: torch.Tensor | None = None
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # Predicted Outputs (OpenAI's usage fields), only when the request had a prediction:
+    # prediction drafts accepted by verification; the prediction's length minus that
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
 
     @property
     def cum_logprob(self) -> float:
@@ -69,6 +73,8 @@ class Batch:
         self.want: list[bool] = [False] * n
         self.lps: list[list[float]] = [[] for _ in range(n)]  # per row, when params.logprobs
         self.tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
+        self.pred = [[0] for _ in range(n)]  # per row: prediction drafts accepted (one cell)
+        self.predicted: set[int] = set()  # rows whose drafts came from their prediction (step)
 
     @classmethod
     def merge(cls, parts: list[Batch], prop: Proposer | None) -> Batch:
@@ -85,6 +91,7 @@ class Batch:
         st.k = [p.k[0] for p in parts] if all(p.k for p in parts) else []
         st.want = [p.want[0] for p in parts]
         st.lps, st.tops = [p.lps[0] for p in parts], [p.tops[0] for p in parts]
+        st.pred, st.predicted = [p.pred[0] for p in parts], set()
         st.logits = [p.logits[0] if p.logits is not None else [] for p in parts] \
             if any(st.want) else None
         return st
@@ -124,11 +131,14 @@ class Batch:
 
     def result(self, b: int, reason: str, vocab: int) -> GenerationResult:
         """Row b's :class:`GenerationResult` (finish reason ``reason``)."""
-        want_lp = self.params[b].logprobs
+        p = self.params[b]
+        want_lp, acc = p.logprobs, self.pred[b][0]
         return GenerationResult(self.out[b], self.stats[b], reason, self.first[b], self.last[b],
                                 self.result_logits(b, vocab),
                                 list(self.lps[b]) if want_lp else None,
-                                list(self.tops[b]) if want_lp else None)
+                                list(self.tops[b]) if want_lp else None,
+                                acc if p.prediction else None,
+                                max(len(p.prediction) - acc, 0) if p.prediction else None)
 
     def result_logits(self, b: int, vocab: int) -> torch.Tensor | None:
         if self.logits is None or not self.want[b]:

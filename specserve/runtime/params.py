@@ -11,7 +11,10 @@
   ``top_logprobs``): the target's log-probability of each emitted token and the
   ``top_logprobs`` most likely alternatives, from the logits of the forward that chose it (the
   verify forward under speculation), after temperature (T = 0: T = 1) and the min_tokens stop
-  ban, before top-k/top-p (:mod:`specserve.spec.logprobs`)."""
+  ban, before top-k/top-p (:mod:`specserve.spec.logprobs`).
+- ``prediction`` (OpenAI's Predicted Outputs; Triton input ``prediction``): token ids of the
+  expected output, a draft source (:mod:`specserve.runtime.proposers.prediction`); at most the
+  engine's context length (checked by the decoder and the scheduler)."""
 
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ class SamplingParams:
     num_draft_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    prediction: tuple[int, ...] = ()
 
     def validate(self) -> None:
         if self.max_tokens < 1:

@@ -120,6 +120,7 @@ class Scheduler:
         """Queue one request (checked now: a bad one raises here, never inside a step)."""
         self.decoder.check_prompt(prompt)
         params.validate()
+        self.decoder.check_prediction(params, self.max_len)
         need = len(prompt) + params.max_tokens
         if need > self.max_len:
             raise SpecserveError(f"generate: prompt + max_tokens = {need} exceeds the engine's "
