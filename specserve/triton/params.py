@@ -58,10 +58,14 @@ REFERENCE_INPUTS = (
     ',\n  { name: "num_draft_tokens" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [ ] } '
     'optional: true }'
     ',\n  { name: "num_top_log_probs" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [ ] } '
-    'optional: true }')
+    'optional: true }'
+    ',\n  { name: "prediction" data_type: TYPE_STRING dims: [ 1 ] optional: true '
+    'allow_ragged_batch: true }')
 REFERENCE_OUTPUTS = (
     ',\n  { name: "top_log_probs" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] }'
-    ',\n  { name: "top_log_prob_ids" data_type: TYPE_INT32 dims: [ -1, -1, -1 ] }')
+    ',\n  { name: "top_log_prob_ids" data_type: TYPE_INT32 dims: [ -1, -1, -1 ] }'
+    ',\n  { name: "accepted_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }'
+    ',\n  { name: "rejected_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }')
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
 
 

@@ -6,8 +6,11 @@ Scheduler with an n-gram proposer over the tiny target, requests checked by ``ll
   ``data/api_features_io.json`` with their upstream sources); ``num_top_log_probs`` k ->
   ``top_log_probs`` / ``top_log_prob_ids`` [1, 1, T, k], equal to the engine's numbers;
 - ``num_draft_tokens`` 0 -> nothing drafted for that request, its neighbour speculates;
+- ``prediction`` text -> ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` on
+  the final response (streamed or not);
 - bad input (``num_top_log_probs`` above 20 or without ``return_log_probs``,
-  ``num_draft_tokens`` < 0, log probs with streaming) is one error line for that request.
+  ``num_draft_tokens`` < 0, log probs with streaming, a prediction longer than max_seq_len or
+  with ``draft_input_ids``) is one error line for that request.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def decoder(tiny_ckpt: TinyCheckpoint) -> SpecDecoder:
 
 
 def _limits(d: SpecDecoder) -> EngineLimits:
-    return EngineLimits(vocab_size=d.target.cfg.vocab_size, max_draft_len=3, eos=None)
+    return EngineLimits(vocab_size=d.target.cfg.vocab_size, max_draft_len=3, max_seq_len=64,
+                        eos=None)
 
 
 def _arrays(prompt: list[int], n: int, **inputs: Any) -> dict[str, np.ndarray]:
@@ -48,8 +52,14 @@ def _arrays(prompt: list[int], n: int, **inputs: Any) -> dict[str, np.ndarray]:
               "request_output_len": np.array([[n]], dtype=np.int32),
               "end_id": np.array([[-1]], dtype=np.int32),
               "exclude_input_in_output": np.array([[True]])}
-    arrays.update({k: np.array([[v]]) for k, v in inputs.items()})
+    arrays.update({k: np.array([[v]], dtype=object if isinstance(v, str) else None)
+                   for k, v in inputs.items()})
     return arrays
+
+
+def _ids(text: str) -> list[int]:
+    """The test's tokenizer: ids written as decimal numbers (the model's is a real BPE)."""
+    return [int(t) for t in text.split()]
 
 
 def _run(d: SpecDecoder, reqs: list[dict[str, np.ndarray]]) -> list[Recorder]:
@@ -61,7 +71,7 @@ def _run(d: SpecDecoder, reqs: list[dict[str, np.ndarray]]) -> list[Recorder]:
         s = Recorder()
         senders.append(s)
         try:
-            req, params = admit(a, ModelParams(engine_dir="unused"), True, _limits(d))
+            req, params = admit(a, ModelParams(engine_dir="unused"), True, _limits(d), _ids)
         except Exception as e:  # as llm.py execute(): this request only
             s.send(None, f"tensorrt_llm: {e}", final=True)
             continue
@@ -116,6 +126,10 @@ def test_num_draft_tokens_zero_turns_speculation_off_for_that_request(
     ({"num_draft_tokens": -1}, "num_draft_tokens must be >= 0"),
     ({"return_log_probs": True, "streaming": True},
      "input 'return_log_probs' is not supported with streaming"),
+    ({"prediction": " ".join(["5"] * 65)},
+     "input 'prediction' has 65 tokens, more than the engine's max_seq_len 64"),
+    ({"prediction": "5 6", "draft_input_ids": 5},
+     "input 'prediction' cannot be combined with 'draft_input_ids'"),
 ])
 def test_bad_input_fails_that_request_only(decoder: SpecDecoder, inputs: dict[str, Any],
                                            message: str) -> None:
@@ -150,3 +164,18 @@ def test_what_the_reference_model_does_not_serve_stays_refused(decoder: SpecDeco
     arrays[name] = np.array([[value]], dtype=object if isinstance(value, str) else np.int32)
     with pytest.raises(ValueError, match=f"input '{name}' is not supported"):
         admit(arrays, ModelParams(engine_dir="unused"), True, _limits(decoder))
+
+
+def test_prediction_counts_come_back_on_the_final_response(decoder: SpecDecoder) -> None:
+    plain = decoder.generate([PROMPT], SamplingParams(max_tokens=12))[0].token_ids
+    good = " ".join(str(t) for t in plain)
+    a, b = _run(decoder, [
+        _arrays(PROMPT, 12, prediction=good, return_perf_metrics=True),
+        _arrays(PROMPT, 12, streaming=True, prediction=good)])
+    final = a.got[-1][0]
+    assert final is not None and final["output_ids"].reshape(-1).tolist() == plain
+    acc = int(final["accepted_prediction_tokens"][0, 0])
+    assert acc + int(final["rejected_prediction_tokens"][0, 0]) == len(plain)
+    assert acc >= len(plain) // 2 and acc <= int(final["total_accepted_draft_tokens"][0, 0])
+    streamed = b.got[-1][0]  # a streamed request gets them on its final response too
+    assert streamed is not None and int(streamed["accepted_prediction_tokens"][0, 0]) == acc
