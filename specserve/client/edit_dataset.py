@@ -7,9 +7,9 @@ Built from the demo corpus's held-out files (``checkpoints/demo/corpus.json``: `
 ``heldout_files``, the stdlib files the demo models never trained on). The demo target is a
 base code LM, not an instruction follower, so the edit is asked the way a base LM continues
 it: the original function, then a comment naming the edit (one argument renamed), then the
-edited ``def`` line; the model writes the body. The prediction is the original body (what
-follows the ``def`` line), so the matcher has the text the model copies from context, edit
-points aside. Records are JSON objects ``{"prompt", "prediction", "max_tokens", "edit",
+edited ``def`` line, without its newline (a byte-level BPE merges a newline with the next
+line's indentation, so a prompt ending in a bare newline is a token boundary the model never
+saw); the model writes the body. The prediction is the original body from that newline on. Records are JSON objects ``{"prompt", "prediction", "max_tokens", "edit",
 "source"}``, one per line (:func:`write_jsonl`), the same for the same corpus and seed.
 """
 
@@ -108,7 +108,7 @@ def _records(name: str, source: str, max_tokens: int) -> list[EditRecord]:
         header, body = text.split("\n", 1)
         edited_header = re.sub(rf"\b{re.escape(old)}\b", new, header)
         prompt = (f"{text}\n\n# the same function with argument {old!r} renamed to {new!r}\n"
-                  f"{edited_header}\n")
-        out.append(EditRecord(prompt, body, max_tokens, f"rename {old} -> {new}",
+                  f"{edited_header}")
+        out.append(EditRecord(prompt, "\n" + body, max_tokens, f"rename {old} -> {new}",
                               f"{name}:{node.lineno}"))
     return out

@@ -43,13 +43,13 @@ def test_records_ask_for_the_edit_and_predict_the_original_body() -> None:
     assert set(by_edit) == {"rename values -> values_value", "rename width -> width_value"}
     r = by_edit["rename values -> values_value"]
     assert r.prompt.startswith("def scale(values, factor=2):\n")
-    assert r.prompt.endswith("renamed to 'values_value'\ndef scale(values_value, factor=2):\n")
-    assert r.prediction.startswith('    """Multiply every value') and "def " not in r.prediction
+    assert r.prompt.endswith("renamed to 'values_value'\ndef scale(values_value, factor=2):")
+    assert r.prediction.startswith('\n    """Multiply every value') and "def " not in r.prediction
     assert r.prediction.endswith("    return out\n")
     assert r.source == "m.py:2" and r.max_tokens == 96
     m = by_edit["rename width -> width_value"]  # a method: dedented, self kept
     assert m.prompt.startswith("def area(self, width, height):\n")
-    assert m.prompt.endswith("def area(self, width_value, height):\n")
+    assert m.prompt.endswith("def area(self, width_value, height):")
 
 
 def test_the_same_seed_gives_the_same_records(tmp_path: Path) -> None:
