@@ -42,10 +42,13 @@ MAX = 24
 def test_the_lookup_follows_the_longest_nearest_match() -> None:
     pred = [1, 2, 3, 4, 5, 1, 2, 9, 9]
     assert prediction_drafts([], pred, 3) == [1, 2, 3]
-    assert prediction_drafts([7, 1, 2], pred, 2) == [3, 4]    # nearest "1 2" to position 2
+    assert prediction_drafts([1, 2], pred, 2) == [3, 4]       # short output: a prefix match
+    assert prediction_drafts([2], pred, 2) == []              # short and not a prefix: miss
+    assert prediction_drafts([7, 1, 2], pred, 2, min_match=2) == [3, 4]  # nearest "1 2"
     assert prediction_drafts([3, 4, 5, 1, 2], pred, 3) == [9, 9]  # longest suffix "5 1 2"
-    assert prediction_drafts([8, 8], pred, 3) == []           # miss
-    assert prediction_drafts([9], pred, 3) == [9]             # only what follows
+    assert prediction_drafts([7, 7, 1, 2], pred, 3) == []     # only 2 tokens match: a miss
+    assert prediction_drafts([8, 8], pred, 3, min_match=1) == []  # miss
+    assert prediction_drafts([9], pred, 3, min_match=1) == [9]    # only what follows
     assert prediction_drafts([1], pred, 0) == []
 
 
@@ -55,11 +58,10 @@ def _plain(m: TinyModels) -> list[list[int]]:
 
 
 def _edited(out: list[int], vocab: int) -> tuple[int, ...]:
-    """The output with a small edit: one token changed, one dropped, one inserted."""
+    """The output with a small edit: one token changed, one inserted after it."""
     e = list(out)
-    e[5] = (e[5] + 1) % vocab
-    del e[12]
-    e.insert(17, (e[17] + 3) % vocab)
+    e[10] = (e[10] + 1) % vocab
+    e.insert(11, (e[11] + 3) % vocab)
     return tuple(e)
 
 

@@ -1,10 +1,12 @@
 """Predicted Outputs (OpenAI's ``prediction``, a client-supplied guess of the output, e.g. the
 unedited file of a code edit): the prediction is a draft source. Each step, the longest suffix
-of the request's output so far (up to :data:`MAX_MATCH` tokens) is looked up in the prediction
-and what follows it there is proposed (at the start, the prediction's first tokens); among
-several matches of that suffix the one nearest the output's own position wins (an edit shifts
-the alignment by a few tokens, never far). No match: the engine's own proposer drafts that
-row, or nothing (plain decoding) when it has none. Drafts are one-hot (q = 1 on the predicted
+of the request's output so far (up to :data:`MAX_MATCH` tokens, at least :data:`MIN_MATCH`) is
+looked up in the prediction and what follows it there is proposed; while the output is shorter
+than that, it must be the prediction's beginning (then the prediction's next tokens are
+proposed). Among several matches of the suffix the one nearest the output's own position wins
+(an edit shifts the alignment by a few tokens, never far). A match of fewer than MIN_MATCH
+tokens is a miss (one common token would propose garbage that costs a long verify forward):
+the engine's own proposer drafts that row, or nothing (plain decoding) when it has none. Drafts are one-hot (q = 1 on the predicted
 token), so verification stays lossless: greedy at T = 0, rejection sampling otherwise (the
 prompt-lookup argument of Saxena 2023; vLLM's n-gram proposer is the same idea over the
 prompt).
@@ -25,20 +27,23 @@ import torch
 from specserve.runtime.proposers.base import ChainProposal, pad_drafts
 
 MAX_MATCH = 32  # longest output suffix looked up in the prediction
+MIN_MATCH = 3  # shortest suffix match that proposes (shorter outputs: a prefix match)
 MAX_PREDICTION_DRAFT = 16  # most prediction drafts per step
 
 
-def prediction_drafts(out: Sequence[int], prediction: Sequence[int], k: int) -> list[int]:
-    """Up to ``k`` tokens of ``prediction`` after the longest suffix of ``out`` found in it
-    (the occurrence whose end is nearest ``len(out) - 1``); ``prediction[:k]`` for an empty
-    output; [] when no token of the suffix matches or nothing follows the match."""
+def prediction_drafts(out: Sequence[int], prediction: Sequence[int], k: int,
+                      min_match: int = MIN_MATCH) -> list[int]:
+    """Up to ``k`` tokens of ``prediction`` after the longest suffix of ``out`` (at least
+    ``min_match`` tokens) found in it, the occurrence whose end is nearest ``len(out) - 1``;
+    an output shorter than ``min_match`` that begins the prediction gets what follows it there;
+    [] on a miss or when nothing follows the match."""
     if k <= 0 or not prediction:
         return []
     pred = list(prediction)
-    if not out:
-        return pred[:k]
+    if len(out) < min_match:
+        return pred[len(out):len(out) + k] if pred[:len(out)] == list(out) else []
     size, here = len(pred), len(out) - 1
-    for n in range(min(MAX_MATCH, len(out)), 0, -1):
+    for n in range(min(MAX_MATCH, len(out)), min_match - 1, -1):
         suffix = list(out[-n:])
         ends = [i for i in range(n - 1, size - 1)
                 if pred[i] == suffix[-1] and pred[i - n + 1:i + 1] == suffix]
