@@ -4,13 +4,14 @@ function, the situation Predicted Outputs are for (an editor re-sends a file it 
 almost unchanged).
 
 Built from the demo corpus's held-out files (``checkpoints/demo/corpus.json``: ``root`` and
-``heldout_files``, the stdlib files the demo models never trained on). The demo target is a
-base code LM, not an instruction follower, so the edit is asked the way a base LM continues
-it: the original function, then a comment naming the edit (one argument renamed), then the
-edited ``def`` line, without its newline (a byte-level BPE merges a newline with the next
-line's indentation, so a prompt ending in a bare newline is a token boundary the model never
-saw); the model writes the body. The prediction is the original body from that newline on. Records are JSON objects ``{"prompt", "prediction", "max_tokens", "edit",
-"source"}``, one per line (:func:`write_jsonl`), the same for the same corpus and seed.
+``heldout_files``, the stdlib files the demo models never trained on). The demo target is a base
+code LM, not an instruction follower, so the edit is asked the way a base LM continues it: the
+original function, then a comment naming the edit (one argument renamed), then the edited
+``def`` line, without its newline (a byte-level BPE merges a newline with the next line's
+indentation, so a prompt ending in a bare newline is a token boundary the model never saw); the
+model writes the body. The prediction is the original body from that newline on. Records are
+JSON objects ``{"prompt", "prediction", "max_tokens", "edit", "source"}``, one per line
+(:func:`write_jsonl`), the same for the same corpus and seed.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ looked up in the prediction and what follows it there is proposed; while the out
 than that, it must be the prediction's beginning (then the prediction's next tokens are
 proposed). Among several matches of the suffix the one nearest the output's own position wins
 (an edit shifts the alignment by a few tokens, never far). A match of fewer than MIN_MATCH
-tokens is a miss (one common token would propose garbage that costs a long verify forward):
-the engine's own proposer drafts that row, or nothing (plain decoding) when it has none. Drafts are one-hot (q = 1 on the predicted
-token), so verification stays lossless: greedy at T = 0, rejection sampling otherwise (the
-prompt-lookup argument of Saxena 2023; vLLM's n-gram proposer is the same idea over the
-prompt).
+tokens is a miss (one common token would propose garbage that costs a long verify forward): the
+engine's own proposer drafts that row, or nothing (plain decoding) when it has none. Drafts are
+one-hot (q = 1 on the predicted token), so verification stays lossless: greedy at T = 0,
+rejection sampling otherwise (the prompt-lookup argument of Saxena 2023; vLLM's n-gram proposer
+is the same idea over the prompt).
 
 The overlay is applied by the decoder after the engine's proposer (which is asked for a chain
 when any row has a prediction: ``ProposalRequest.chain_only``); it keeps no state, so it joins
