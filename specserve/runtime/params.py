@@ -18,11 +18,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specserve.errors import SpecserveError
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs (vLLM's default max_logprobs is 20 too)
+MAX_RETURN_SEQUENCES = 16  # n (OpenAI) / num_return_sequences (TensorRT-LLM) per request
 
 
 @dataclass(frozen=True)
@@ -78,3 +79,17 @@ class SamplingParams:
         if self.end_id is not None:
             ids.add(self.end_id)
         return frozenset(ids)
+
+
+def expand_n(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """``n > 1`` (OpenAI's ``n``, TensorRT-LLM's ``num_return_sequences``): the parameters of
+    ``n`` independent sequences of one prompt, each submitted as its own request (its own row,
+    proposer state, generator and finish reason). Sequence i is seeded ``seed + i`` (no seed:
+    each its own nondeterministic generator). Each sequence prefills the prompt itself: no
+    prompt KV is shared yet (a paged cache can share it later). SpecserveError unless
+    1 <= n <= MAX_RETURN_SEQUENCES."""
+    if not 1 <= n <= MAX_RETURN_SEQUENCES:
+        raise SpecserveError(f"n (num_return_sequences) must be in [1, {MAX_RETURN_SEQUENCES}], "
+                             f"got {n}")
+    return [replace(params, seed=None if params.seed is None else params.seed + i)
+            for i in range(n)]

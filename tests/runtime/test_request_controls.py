@@ -16,6 +16,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
+from specserve.runtime.params import MAX_RETURN_SEQUENCES, expand_n
 from specserve.runtime.scheduler import Scheduler
 from tests.runtime.conftest import TinyModels
 from tests.runtime.test_scheduler import PROMPTS, _proposer
@@ -89,3 +90,32 @@ def test_a_capped_row_turns_a_tree_into_its_chain(tiny_models: TinyModels) -> No
 def test_bad_values_are_refused() -> None:
     with pytest.raises(SpecserveError, match="num_draft_tokens must be >= 0"):
         SamplingParams(num_draft_tokens=-1).validate()
+
+
+@pytest.mark.parametrize("kind", ["draft_random", "ngram", "medusa", "eagle3"])
+def test_n_sequences_are_independent_requests(tiny_models: TinyModels, kind: str) -> None:
+    """n = 4 sampled sequences of one prompt next to another request: sequence i equals the
+    prompt run alone with seed + i (its own row, proposer state and generator); each has its
+    own finish reason (that of the sequence run alone)."""
+    base = SamplingParams(max_tokens=16, temperature=1.0, seed=40, end_id=7,
+                          num_draft_tokens=None)
+    seqs = expand_n(base, 4)
+    assert [p.seed for p in seqs] == [40, 41, 42, 43]
+    sch = Scheduler(SpecDecoder(tiny_models.target, _proposer(kind, tiny_models)), 3, 64)
+    other = sch.submit(PROMPTS[2], _params(2, 0.9))
+    hs = [sch.submit(PROMPTS[0], p) for p in seqs]
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target, _proposer(kind, tiny_models))
+    for h, p in zip(hs, seqs, strict=True):
+        want = alone.generate([PROMPTS[0]], p)[0]
+        assert h.result is not None and h.result.token_ids == want.token_ids
+        assert h.result.finish_reason == want.finish_reason
+    assert len({tuple(h.result.token_ids) for h in hs if h.result}) > 1  # they differ
+    assert other.result is not None
+
+
+def test_n_above_the_limit_is_refused() -> None:
+    with pytest.raises(SpecserveError, match=r"n \(num_return_sequences\) must be in \[1, 16\]"):
+        expand_n(SamplingParams(), MAX_RETURN_SEQUENCES + 1)
+    with pytest.raises(SpecserveError, match="got 0"):
+        expand_n(SamplingParams(), 0)
