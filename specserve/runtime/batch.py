@@ -1,7 +1,7 @@
 """Per-call state of :class:`specserve.runtime.decoder.SpecDecoder`: the sequences of one
 ``generate``/``verify`` call, their outputs, stop conditions (end_id/stop tokens, max_tokens,
-min_tokens, stop sequences), stats, generators, times and the opt-in emitted-token logits; and
-the result record of one request."""
+min_tokens, stop sequences), stats, generators, times, the opt-in emitted-token logits and
+log-probabilities (:mod:`specserve.spec.logprobs`); and the result record of one request."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import Proposer
+from specserve.spec.logprobs import token_logprobs
 from specserve.spec.stats import AcceptanceStats
 
 
@@ -21,7 +22,9 @@ class GenerationResult:
     "length" (max_tokens) or "verified" (:meth:`SpecDecoder.verify`: its one step ended before
     max_tokens). Times are ``time.time_ns()``. ``logits`` [T, V] float32, only when asked
     (``return_logits``): for each emitted token the target's logits it was chosen from (stop
-    tokens banned before ``min_tokens`` are -inf, as when it was chosen)."""
+    tokens banned before ``min_tokens`` are -inf, as when it was chosen). ``logprobs`` [T] and
+    ``top_logprobs`` (T lists of (token id, log-probability), most likely first), only when
+    ``SamplingParams.logprobs``: see :mod:`specserve.spec.logprobs` for the distribution."""
 
     token_ids: list[int]
     stats: AcceptanceStats
@@ -29,6 +32,17 @@ class GenerationResult:
     first_token_time_ns: int
     last_token_time_ns: int
     logits: torch.Tensor | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    # Predicted Outputs (OpenAI's usage fields), only when the request had a prediction:
+    # prediction drafts accepted by verification; the prediction's length minus that
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
+
+    @property
+    def cum_logprob(self) -> float:
+        """TensorRT-LLM's ``cum_log_probs``: the sum of the emitted tokens' log-probabilities."""
+        return float(sum(self.logprobs or ()))
 
 
 class Batch:
@@ -57,6 +71,10 @@ class Batch:
         self.prop: Proposer | None = None  # this call's proposer
         self.logits: list[list[torch.Tensor]] | None = None  # per row, when some row asked
         self.want: list[bool] = [False] * n
+        self.lps: list[list[float]] = [[] for _ in range(n)]  # per row, when params.logprobs
+        self.tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
+        self.pred = [[0] for _ in range(n)]  # per row: prediction drafts accepted (one cell)
+        self.predicted: set[int] = set()  # rows whose drafts came from their prediction (step)
 
     @classmethod
     def merge(cls, parts: list[Batch], prop: Proposer | None) -> Batch:
@@ -72,6 +90,8 @@ class Batch:
         st.gens, st.prop = [p.gens[0] for p in parts], prop
         st.k = [p.k[0] for p in parts] if all(p.k for p in parts) else []
         st.want = [p.want[0] for p in parts]
+        st.lps, st.tops = [p.lps[0] for p in parts], [p.tops[0] for p in parts]
+        st.pred, st.predicted = [p.pred[0] for p in parts], set()
         st.logits = [p.logits[0] if p.logits is not None else [] for p in parts] \
             if any(st.want) else None
         return st
@@ -93,6 +113,32 @@ class Batch:
         """logits [n, V] of the n tokens row b just emitted (a copy: the batch tensor goes)."""
         if self.logits is not None and self.want[b] and logits.shape[0]:
             self.logits[b].append(logits.float().clone())
+
+    def record(self, b: int, logits: torch.Tensor, new: list[int]) -> None:
+        """logits [>= n, V] of the n tokens ``new`` row b just emitted: keep what the row asked
+        for (its logits, its log-probabilities)."""
+        if not new:
+            return
+        rows = logits[:len(new)]
+        if self.logits is not None:
+            self.capture(b, rows)
+        p = self.params[b]
+        if p.logprobs:
+            lp = token_logprobs(rows, new, p.temperature, p.top_logprobs)
+            self.lps[b].extend(lp.logprobs)
+            self.tops[b].extend(list(zip(i, v, strict=True))
+                                for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True))
+
+    def result(self, b: int, reason: str, vocab: int) -> GenerationResult:
+        """Row b's :class:`GenerationResult` (finish reason ``reason``)."""
+        p = self.params[b]
+        want_lp, acc = p.logprobs, self.pred[b][0]
+        return GenerationResult(self.out[b], self.stats[b], reason, self.first[b], self.last[b],
+                                self.result_logits(b, vocab),
+                                list(self.lps[b]) if want_lp else None,
+                                list(self.tops[b]) if want_lp else None,
+                                acc if p.prediction else None,
+                                max(len(p.prediction) - acc, 0) if p.prediction else None)
 
     def result_logits(self, b: int, vocab: int) -> torch.Tensor | None:
         if self.logits is None or not self.want[b]:

@@ -41,10 +41,16 @@ from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import (
     ChainProposal,
+    Proposal,
     ProposalRequest,
     Proposer,
     StepOutcome,
     TreeProposal,
+)
+from specserve.runtime.proposers.prediction import (
+    MAX_PREDICTION_DRAFT,
+    overlay,
+    prediction_drafts,
 )
 from specserve.spec.sampling import logits_to_probs, sample
 from specserve.spec.schedule import DraftSchedule
@@ -143,9 +149,7 @@ class SpecDecoder:
                     for b in st.active():
                         st.done[b], st.finish[b] = True, "verified"
         vocab = self.target.cfg.vocab_size
-        return [GenerationResult(st.out[b], st.stats[b], st.finish[b], st.first[b], st.last[b],
-                                 st.result_logits(b, vocab))
-                for b in range(len(prompts))]
+        return [st.result(b, st.finish[b], vocab) for b in range(len(prompts))]
 
     def _check(self, prompts: list[list[int]],
                params: SamplingParams | Sequence[SamplingParams]) -> list[SamplingParams]:
@@ -158,6 +162,7 @@ class SpecDecoder:
             raise SpecserveError(f"generate: {len(plist)} params for {len(prompts)} prompts")
         for p in plist:
             p.validate()
+            self.check_prediction(p, self.target.cfg.max_position_embeddings)
         return plist
 
     def check_prompt(self, prompt: Sequence[int]) -> None:
@@ -169,9 +174,22 @@ class SpecDecoder:
         if bad is not None:
             raise SpecserveError(f"generate: token id {bad} outside the vocab ({vocab})")
 
+    def check_prediction(self, params: SamplingParams, context: int) -> None:
+        """Raise SpecserveError unless ``params.prediction`` fits ``context`` tokens and the
+        vocabulary."""
+        pred, vocab = params.prediction, self.target.cfg.vocab_size
+        if len(pred) > context:
+            raise SpecserveError(f"prediction has {len(pred)} tokens, more than the context "
+                                 f"length {context}")
+        bad = next((t for t in pred if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise SpecserveError(f"prediction: token id {bad} outside the vocab ({vocab})")
+
     @staticmethod
     def _lookahead(prop: Proposer | None) -> int:
-        return (0 if prop is None else prop.lookahead) + 2
+        """Cache rows a verify forward may add past a sequence: the proposer's most, or a
+        prediction's (:data:`MAX_PREDICTION_DRAFT`), + 2."""
+        return max(0 if prop is None else prop.lookahead, MAX_PREDICTION_DRAFT) + 2
 
     def _get_cache(self, batch: int, max_len: int, lookahead: int) -> KVCache:
         if max_len > self.target.cfg.max_position_embeddings + lookahead:
@@ -211,8 +229,7 @@ class SpecDecoder:
         first = self._pick(st, logits[:, 0])
         for b in range(n):
             new = st.emit(b, [first[b]])
-            if st.logits is not None:
-                st.capture(b, logits[b, :len(new)])
+            st.record(b, logits[b], new)
             self._deliver(st, b, new, on_step)
         return hidden
 
@@ -253,15 +270,43 @@ class SpecDecoder:
             st.k = [0 if p is None else p.max_draft_len] * n
         budget = None if self.schedule is None else self.schedule.at(len(st.active()))
         cap = budget if budget is not None else max(st.k, default=0)
-        limits = [0 if st.done[b] else min(st.k[b], cap,
+        kmax = self._kmax(st)
+        limits = [0 if st.done[b] else min(st.k[b], cap, st.params[b].draft_cap(kmax),
                                            st.params[b].max_tokens - len(st.out[b]) - 1)
-                  for b in range(n)]  # no drafts beyond max_tokens (nor the schedule's budget)
+                  for b in range(n)]  # no drafts beyond max_tokens (nor the schedule's budget,
+        # nor the request's num_draft_tokens); a row capped below the longest chain asks a
+        # tree proposer for its chain (a tree cannot be cut per row)
+        predicting = [b for b in st.active() if st.params[b].prediction]
+        chain_only = bool(predicting) or any(st.params[b].draft_cap(kmax) < kmax
+                                             for b in st.active())
         prop = None if p is None else p.get_proposal(
-            ProposalRequest(st.seqs, limits, st.params, st.gens, budget))
+            ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only))
+        st.predicted = set()
+        if predicting:
+            prop, limits = self._predict(st, prop, limits, predicting)
         if isinstance(prop, TreeProposal):
             self._tree_step(st, cache, prop, on_step)
         else:
             self._chain_step(st, cache, prop, limits, on_step)
+
+    def _predict(self, st: Batch, prop: Proposal | None, limits: list[int],
+                 rows: list[int]) -> tuple[ChainProposal | None, list[int]]:
+        """Predicted Outputs: rows whose prediction matches their output draft from it
+        (:mod:`specserve.runtime.proposers.prediction`); the others keep the engine's chain."""
+        assert not isinstance(prop, TreeProposal), "chain_only: a chain or nothing"
+        found: dict[int, list[int]] = {}
+        for b in rows:
+            p = st.params[b]
+            lim = min(p.draft_cap(MAX_PREDICTION_DRAFT), p.max_tokens - len(st.out[b]) - 1)
+            drafts = prediction_drafts(st.out[b], p.prediction, lim)
+            if drafts:
+                found[b] = drafts
+        if not found:
+            return prop, limits
+        st.predicted = set(found)
+        new = [len(found[b]) if b in found else lim for b, lim in enumerate(limits)]
+        k_base = max(limits) if prop is not None else 0
+        return overlay(prop, found, len(st.seqs), k_base, self.device), new
 
     def _chain_step(self, st: Batch, cache: KVCache, prop: ChainProposal | None,
                     limits: list[int], on_step: OnStep | None) -> None:
@@ -290,9 +335,10 @@ class SpecDecoder:
             cache.lengths[b] += len(toks)
             last[b] = len(toks) - 1
             new = st.emit(b, toks)
-            if st.logits is not None:  # token j was chosen from the logits at position j
-                st.capture(b, logits[b, :len(new)])
+            st.record(b, logits[b], new)  # token j was chosen from the logits at position j
             st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
+            if b in st.predicted:
+                st.pred[b][0] += min(len(toks) - 1, len(new))
             self._deliver(st, b, new, on_step)
             if self.adaptive_draft_len and counts[b]:
                 grow = len(toks) - 1 == counts[b]
@@ -366,8 +412,7 @@ class SpecDecoder:
             cache.keep_nodes(b, path)
             cache.lengths[b] += len(path)
             new = st.emit(b, toks[b][:keep])
-            if st.logits is not None:  # emitted token i was chosen from node path[i]'s logits
-                st.capture(b, logits[b, path[:len(new)]])
+            st.record(b, logits[b, path[:len(new)]], new)  # token i: node path[i]'s logits
             st.stats[b].observe(nodes, len(path) - 1, num_emitted=len(new),
                                 positions_drafted=depth,
                                 nodes=[(heads[j], ranks[j]) for j in path[1:]])

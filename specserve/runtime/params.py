@@ -1,12 +1,29 @@
 """Per-request sampling parameters (the fields TensorRT-LLM's Triton backend takes per request:
 ``temperature``, ``runtime_top_k``, ``runtime_top_p``, ``random_seed``, ``end_id``, stop words,
-``max_tokens``, ``min_tokens``)."""
+``max_tokens``, ``min_tokens``), plus the per-request API features of issue 31:
+
+- ``num_draft_tokens`` (the semantics of tensorrtllm_backend's BLS input of that name): None =
+  the engine's own draft length; 0 = no speculation for this request (plain decoding steps,
+  nothing drafted); k > 0 = at most k drafts per step. A tree proposer (Medusa, EAGLE-3 with
+  ``eagle_choices``) verifies its top-1 chain for the whole step when a row's cap is below the
+  tree's depth (:func:`SamplingParams.draft_cap`; the decoder's ``chain_only``).
+- ``logprobs`` / ``top_logprobs`` (TensorRT-LLM's ``return_log_probs``; OpenAI's ``logprobs`` /
+  ``top_logprobs``): the target's log-probability of each emitted token and the
+  ``top_logprobs`` most likely alternatives, from the logits of the forward that chose it (the
+  verify forward under speculation), after temperature (T = 0: T = 1) and the min_tokens stop
+  ban, before top-k/top-p (:mod:`specserve.spec.logprobs`).
+- ``prediction`` (OpenAI's Predicted Outputs; Triton input ``prediction``): token ids of the
+  expected output, a draft source (:mod:`specserve.runtime.proposers.prediction`); at most the
+  engine's context length (checked by the decoder and the scheduler)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specserve.errors import SpecserveError
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs (vLLM's default max_logprobs is 20 too)
+MAX_RETURN_SEQUENCES = 16  # n (OpenAI) / num_return_sequences (TensorRT-LLM) per request
 
 
 @dataclass(frozen=True)
@@ -26,6 +43,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0
     stop_sequences: tuple[tuple[int, ...], ...] = ()
+    num_draft_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prediction: tuple[int, ...] = ()
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -40,6 +61,17 @@ class SamplingParams:
             raise SpecserveError("stop_sequences: empty stop word")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise SpecserveError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
+            raise SpecserveError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise SpecserveError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got "
+                                 f"{self.top_logprobs}")
+        if self.top_logprobs and not self.logprobs:
+            raise SpecserveError("top_logprobs needs logprobs (return_log_probs) on")
+
+    def draft_cap(self, default: int) -> int:
+        """The most drafts per step this request allows when the engine drafts ``default``."""
+        return default if self.num_draft_tokens is None else min(default, self.num_draft_tokens)
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -47,3 +79,17 @@ class SamplingParams:
         if self.end_id is not None:
             ids.add(self.end_id)
         return frozenset(ids)
+
+
+def expand_n(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """``n > 1`` (OpenAI's ``n``, TensorRT-LLM's ``num_return_sequences``): the parameters of
+    ``n`` independent sequences of one prompt, each submitted as its own request (its own row,
+    proposer state, generator and finish reason). Sequence i is seeded ``seed + i`` (no seed:
+    each its own nondeterministic generator). Each sequence prefills the prompt itself: no
+    prompt KV is shared yet (a paged cache can share it later). SpecserveError unless
+    1 <= n <= MAX_RETURN_SEQUENCES."""
+    if not 1 <= n <= MAX_RETURN_SEQUENCES:
+        raise SpecserveError(f"n (num_return_sequences) must be in [1, {MAX_RETURN_SEQUENCES}], "
+                             f"got {n}")
+    return [replace(params, seed=None if params.seed is None else params.seed + i)
+            for i in range(n)]

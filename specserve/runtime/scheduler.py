@@ -120,6 +120,7 @@ class Scheduler:
         """Queue one request (checked now: a bad one raises here, never inside a step)."""
         self.decoder.check_prompt(prompt)
         params.validate()
+        self.decoder.check_prediction(params, self.max_len)
         need = len(prompt) + params.max_tokens
         if need > self.max_len:
             raise SpecserveError(f"generate: prompt + max_tokens = {need} exceeds the engine's "
@@ -353,7 +354,6 @@ class Scheduler:
 
     def _finish(self, h: Handle, row: Batch, reason: str) -> None:
         vocab = self.decoder.target.cfg.vocab_size
-        h.result = GenerationResult(row.out[0], row.stats[0], reason, row.first[0],
-                                    row.last[0], row.result_logits(0, vocab))
+        h.result = row.result(0, reason, vocab)
         if h.on_done is not None:
             h.on_done(h.result)

@@ -18,10 +18,25 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   ``request_output_len - 1`` are not verified; a larger ``request_output_len`` still ends after
   that step). Empty ``draft_input_ids`` = none: a plain request. ``return_generation_logits``:
   ``generation_logits`` [1, 1, T, V] FP32 of the T generated tokens (not with streaming).
+- ``return_log_probs`` (issue 31): ``output_log_probs`` [1, 1, T] FP32 (the log-probability of
+  each of the T generated tokens, :mod:`specserve.spec.logprobs`: the target's distribution
+  after temperature, before top-k/top-p) and ``cum_log_probs`` [1, 1] FP32 (their sum), the
+  shapes of TensorRT-LLM's ``[batch, beam, tokens]`` / ``[batch, beam]``; not with streaming
+  (refused). specserve's extensions on reference repositories (tensor names of their own, no
+  upstream tensor carries these): input ``num_top_log_probs`` INT32 k (0..20, needs
+  ``return_log_probs``) -> outputs ``top_log_probs`` [1, 1, T, k] FP32 and
+  ``top_log_prob_ids`` [1, 1, T, k] INT32 (most likely first; OpenAI's ``top_logprobs``);
+  input ``num_draft_tokens`` INT32 (the BLS input's semantics, per request: 0 = no speculation,
+  k = at most k drafts per step; absent = the engine's); input ``prediction`` STRING (OpenAI's
+  Predicted Outputs: the expected output text, tokenized by the model's tokenizer without
+  special tokens, a draft source; at most the engine's max_seq_len tokens) -> outputs
+  ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` [1, 1] INT32 on the final
+  response (:mod:`specserve.runtime.proposers.prediction`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,13 +49,14 @@ from specserve.runtime.params import SamplingParams
 NEUTRAL: dict[str, float] = {
     "len_penalty": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
     "frequency_penalty": 0.0, "beam_width": 1, "num_return_sequences": 1,
-    "return_log_probs": 0, "return_context_logits": 0, "early_stopping": 0, "stop": 0,
+    "return_context_logits": 0, "early_stopping": 0, "stop": 0,
 }
 HONOURED = {
     "input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "stop_words_list",
     "bad_words_list", "streaming", "temperature", "runtime_top_k", "runtime_top_p", "seed",
     "min_tokens", "exclude_input_in_output", "return_perf_metrics", "return_num_input_tokens",
     "return_num_output_tokens", "draft_input_ids", "draft_logits", "return_generation_logits",
+    "return_log_probs", "num_top_log_probs", "num_draft_tokens", "prediction",
 }
 MAYBE_EMPTY = {"draft_input_ids", "draft_logits"}  # empty = no drafts (a plain request)
 # draft_input_ids allowed on an engine whose record has no max_draft_len (a plain engine)
@@ -132,6 +148,10 @@ class LlmRequest:
     draft_ids: tuple[int, ...] | None = None
     draft_logits: np.ndarray[Any, Any] | None = field(default=None, compare=False, repr=False)
     return_generation_logits: bool = False
+    return_log_probs: bool = False
+    top_log_probs: int = 0
+    num_draft_tokens: int | None = None  # None: the engine's draft length
+    prediction: str | None = None  # Predicted Outputs: the expected output's text
 
     @property
     def verify_max_tokens(self) -> int:
@@ -199,9 +219,12 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
     draft_ids, draft_logits = _drafts(arrays)
     gen_logits = bool(opt("return_generation_logits", False))
     streaming = bool(opt("streaming", False))
-    if gen_logits and streaming:
-        raise ValueError("input 'return_generation_logits' is not supported with streaming by "
-                         "the specserve reference backend")
+    log_probs = bool(opt("return_log_probs", False))
+    for name, on in (("return_generation_logits", gen_logits), ("return_log_probs", log_probs)):
+        if on and streaming:
+            raise ValueError(f"input '{name}' is not supported with streaming by the specserve "
+                             "reference backend")
+    k = opt("num_draft_tokens", None)
     return LlmRequest(
         prompt=[int(t) for t in ids[:n]], max_tokens=max_tokens,
         streaming=bool(opt("streaming", False)), temperature=float(opt("temperature", 0.0)),
@@ -214,12 +237,30 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
         num_input_tokens=bool(opt("return_num_input_tokens", False)),
         num_output_tokens=bool(opt("return_num_output_tokens", False)),
         draft_ids=draft_ids, draft_logits=draft_logits, return_generation_logits=gen_logits,
+        return_log_probs=log_probs, top_log_probs=int(opt("num_top_log_probs", 0)),
+        num_draft_tokens=None if k is None else int(k), prediction=_text(arrays, "prediction"),
     )
 
 
-def sampling_params(req: LlmRequest, limits: EngineLimits) -> SamplingParams:
+def _text(arrays: dict[str, np.ndarray[Any, Any]], name: str) -> str | None:
+    """A TYPE_STRING [1] input as text (UTF-8), None when absent."""
+    if name not in arrays:
+        return None
+    value = arrays[name].reshape(-1)[0]
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError:
+        raise ValueError(f"input '{name}' is not valid UTF-8") from None
+
+
+Encode = Callable[[str], list[int]]
+
+
+def sampling_params(req: LlmRequest, limits: EngineLimits,
+                    encode: Encode | None = None) -> SamplingParams:
     """The validated SamplingParams of ``req``, or ValueError/SpecserveError with a one-line
-    reason (a bad request fails alone, before it reaches the batch)."""
+    reason (a bad request fails alone, before it reaches the batch). ``encode``: the model's
+    tokenizer (text -> ids without special tokens), for ``prediction``."""
     n = len(req.prompt)
     bad = next((t for t in req.prompt if not 0 <= t < limits.vocab_size), None)
     if bad is not None:
@@ -237,18 +278,37 @@ def sampling_params(req: LlmRequest, limits: EngineLimits) -> SamplingParams:
     min_tokens = req.min_tokens if req.draft_ids is None else min(req.min_tokens, max_tokens)
     params = SamplingParams(
         max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-        seed=req.seed, end_id=end_id, stop_token_ids=req.stop_token_ids, min_tokens=min_tokens)
+        seed=req.seed, end_id=end_id, stop_token_ids=req.stop_token_ids, min_tokens=min_tokens,
+        num_draft_tokens=req.num_draft_tokens, logprobs=req.return_log_probs,
+        top_logprobs=req.top_log_probs, prediction=_prediction(req, limits, encode))
     params.validate()
     return params
 
 
+def _prediction(req: LlmRequest, limits: EngineLimits, encode: Encode | None
+                ) -> tuple[int, ...]:
+    if req.prediction is None:
+        return ()
+    if req.draft_ids is not None:
+        raise ValueError("input 'prediction' cannot be combined with 'draft_input_ids'")
+    if encode is None:
+        raise ValueError("input 'prediction' needs the model's tokenizer")
+    ids = tuple(encode(req.prediction))
+    context = limits.max_seq_len
+    if context and len(ids) > context:
+        raise ValueError(f"input 'prediction' has {len(ids)} tokens, more than the engine's "
+                         f"max_seq_len {context}")
+    return ids
+
+
 def admit(arrays: dict[str, np.ndarray[Any, Any]], model: ModelParams, decoupled: bool,
-          limits: EngineLimits) -> tuple[LlmRequest, SamplingParams]:
+          limits: EngineLimits, encode: Encode | None = None
+          ) -> tuple[LlmRequest, SamplingParams]:
     """One Triton request's inputs -> (request, its sampling parameters), every check done."""
     req = parse_request(arrays, model.exclude_default)
     if req.streaming and not decoupled:
         raise ValueError("streaming needs a decoupled model (specserve repo --decoupled)")
-    return req, sampling_params(req, limits)
+    return req, sampling_params(req, limits, encode)
 
 
 def _drafts(arrays: dict[str, np.ndarray[Any, Any]]
@@ -318,6 +378,29 @@ def token_arrays(req: LlmRequest, tokens: list[int]) -> dict[str, np.ndarray[Any
 def generation_logits_array(logits: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
     """``generation_logits`` [1, 1, T, V] FP32 (``logits_datatype`` of reference repos)."""
     return {"generation_logits": np.asarray(logits, dtype=np.float32)[None, None]}
+
+
+def logprob_arrays(logprobs: list[float], top: list[list[tuple[int, float]]] | None,
+                   k: int) -> dict[str, np.ndarray[Any, Any]]:
+    """``output_log_probs`` [1, 1, T] and ``cum_log_probs`` [1, 1] FP32; with ``k`` > 0 also
+    ``top_log_probs`` [1, 1, T, k] FP32 and ``top_log_prob_ids`` [1, 1, T, k] INT32."""
+    lp = np.asarray(logprobs, dtype=np.float32)
+    out: dict[str, np.ndarray[Any, Any]] = {
+        "output_log_probs": lp.reshape(1, 1, -1),
+        "cum_log_probs": np.array([[float(lp.astype(np.float64).sum())]], dtype=np.float32)}
+    if k > 0:
+        rows = top or []
+        out["top_log_probs"] = np.array([[v for _, v in r] for r in rows],
+                                        dtype=np.float32).reshape(1, 1, len(rows), k)
+        out["top_log_prob_ids"] = np.array([[t for t, _ in r] for r in rows],
+                                           dtype=np.int32).reshape(1, 1, len(rows), k)
+    return out
+
+
+def prediction_arrays(accepted: int, rejected: int) -> dict[str, np.ndarray[Any, Any]]:
+    """``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` [1, 1] INT32."""
+    return {"accepted_prediction_tokens": np.array([[accepted]], dtype=np.int32),
+            "rejected_prediction_tokens": np.array([[rejected]], dtype=np.int32)}
 
 
 def perf_arrays(times: PerfTimes, drafted: int, accepted: int,

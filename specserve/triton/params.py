@@ -52,6 +52,20 @@ DEFAULT_TREE_NODES = 63
 #: ``context_logits`` / ``generation_logits`` / ``draft_logits`` (upstream fills TYPE_FP32).
 LOGITS_DATATYPE = "TYPE_FP32"
 SPEC_STATS_OUTPUT = ',\n  { name: "spec_stats_json" data_type: TYPE_STRING dims: [ 1 ] }'
+# the reference tensorrt_llm model's own tensors (issue 31; specserve.triton.llm_io): per-request
+# speculation control and top-k log-probabilities, which no upstream tensor carries
+REFERENCE_INPUTS = (
+    ',\n  { name: "num_draft_tokens" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [ ] } '
+    'optional: true }'
+    ',\n  { name: "num_top_log_probs" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [ ] } '
+    'optional: true }'
+    ',\n  { name: "prediction" data_type: TYPE_STRING dims: [ 1 ] optional: true '
+    'allow_ragged_batch: true }')
+REFERENCE_OUTPUTS = (
+    ',\n  { name: "top_log_probs" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] }'
+    ',\n  { name: "top_log_prob_ids" data_type: TYPE_INT32 dims: [ -1, -1, -1 ] }'
+    ',\n  { name: "accepted_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }'
+    ',\n  { name: "rejected_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }')
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
 
 
@@ -103,7 +117,8 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
         max_queue_delay_microseconds=str(opts.max_queue_delay_us), max_queue_size="0",
         encoder_input_features_data_type="TYPE_FP16", logits_datatype=LOGITS_DATATYPE,
         prompt_embedding_table_data_type="TYPE_FP16",
-        specserve_extra_outputs=SPEC_STATS_OUTPUT if reference else "",
+        specserve_extra_inputs=REFERENCE_INPUTS if reference else "",
+        specserve_extra_outputs=SPEC_STATS_OUTPUT + REFERENCE_OUTPUTS if reference else "",
         specserve_parameters=(
             '\nparameters: { key: "specserve_speculation" value: { string_value: "%s" } }'
             % ("on" if speculation else "off")

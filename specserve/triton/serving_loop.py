@@ -47,7 +47,9 @@ from specserve.triton.llm_io import (
     LlmRequest,
     PerfTimes,
     generation_logits_array,
+    logprob_arrays,
     perf_arrays,
+    prediction_arrays,
     token_arrays,
 )
 from specserve.triton.models.bls_lib.detok import TokenHoldBack
@@ -132,7 +134,8 @@ def final_arrays(p: Pending, result: GenerationResult) -> Arrays | None:
     ensembles "live" on SIGTERM until its exit timeout (docs/reliability.md §5)."""
     if p.req.streaming:
         held = p.hold.flush() if p.hold else []
-        if not held and not p.req.perf and not p.req.return_generation_logits:
+        if not held and not p.req.perf and not p.req.return_generation_logits \
+                and result.accepted_prediction_tokens is None:
             return None
         arrays = token_arrays(p.req, held)
     else:
@@ -140,6 +143,11 @@ def final_arrays(p: Pending, result: GenerationResult) -> Arrays | None:
         arrays = token_arrays(p.req, tokens if p.req.exclude_input else p.req.prompt + tokens)
     if p.req.return_generation_logits and result.logits is not None:
         arrays.update(generation_logits_array(np.asarray(result.logits)))
+    if p.req.return_log_probs and result.logprobs is not None:
+        arrays.update(logprob_arrays(result.logprobs, result.top_logprobs, p.req.top_log_probs))
+    if result.accepted_prediction_tokens is not None:
+        arrays.update(prediction_arrays(result.accepted_prediction_tokens,
+                                        result.rejected_prediction_tokens or 0))
     if p.req.perf:
         stats = result.stats
         times = PerfTimes(arrival=p.arrival, first_scheduled=p.first_scheduled,

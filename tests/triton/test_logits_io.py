@@ -84,7 +84,7 @@ def test_the_bls_loop_refuses_them(name: str) -> None:
     spec_io.check_spec_request(cfg, {name: np.array([False])}, 2)
 
 
-@pytest.mark.parametrize("name", ["return_log_probs", "return_context_logits"])
+@pytest.mark.parametrize("name", ["return_context_logits"])
 def test_the_reference_model_refuses_what_it_cannot_compute(name: str) -> None:
     """A torch repository declares the tensors (upstream's I/O), so the request reaches the
     reference tensorrt_llm model, which refuses it with one line (never answers without)."""
@@ -96,3 +96,5 @@ def test_the_reference_model_refuses_what_it_cannot_compute(name: str) -> None:
     assert llm_io.parse_request({**base, name: np.array([[False]])}).max_tokens == 4
     gen = llm_io.parse_request({**base, "return_generation_logits": np.array([[True]])})
     assert gen.return_generation_logits  # served by the reference decoder
+    lp = llm_io.parse_request({**base, "return_log_probs": np.array([[True]])})
+    assert lp.return_log_probs  # served since issue 31 (tests/triton/test_api_features_io.py)

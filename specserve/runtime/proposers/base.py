@@ -71,6 +71,9 @@ class ProposalRequest:
     params: list[SamplingParams]
     generators: list[torch.Generator]
     tree_budget: int | None = None   # a load-aware schedule's tree nodes (None: the whole tree)
+    # a row's num_draft_tokens is below max_draft_len: a tree proposer returns its chain, whose
+    # per-row ``limits`` are the caps (a tree is one shape for the whole batch)
+    chain_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -145,10 +145,12 @@ class Eagle3Proposer(ChainProposer):
         return picked
 
     def get_proposal(self, request: ProposalRequest) -> ChainProposal | TreeProposal | None:
-        """The tree when one is set and every row is greedy, else the chain."""
+        """The tree when one is set, every row is greedy and none caps its drafts
+        (``chain_only``), else the chain."""
         if request.tree_budget == 0:
             return None  # a load-aware schedule turned speculation off at this batch size
-        if self.tree is None or any(p.temperature > 0 for p in request.params):
+        if self.tree is None or request.chain_only or \
+                any(p.temperature > 0 for p in request.params):
             return super().get_proposal(request)
         buf, levels, topk = self._plan(request.tree_budget)
         return TreeProposal(self.tree_tokens(request.seqs, levels, topk), buf)

@@ -60,12 +60,13 @@ class MedusaProposer:
         """Stateless across calls: the prefill's :meth:`update` brings the hidden states."""
 
     def get_proposal(self, request: ProposalRequest) -> ChainProposal | TreeProposal | None:
-        """A tree when every row is greedy, else the top-1 chain (None if no row may draft)."""
+        """A tree when every row is greedy and none caps its drafts (``chain_only``), else the
+        top-1 chain (None if no row may draft)."""
         hidden = self._hidden
         assert hidden is not None, "update() with the prefill outcome comes first"
         if request.tree_budget == 0:
             return None  # a load-aware schedule turned speculation off at this batch size
-        if all(p.temperature == 0 for p in request.params):
+        if not request.chain_only and all(p.temperature == 0 for p in request.params):
             root = torch.tensor([s[-1] for s in request.seqs], device=hidden.device)  # [B]
             buf = self._buffers(request.tree_budget)
             toks = self.tree_tokens(root, hidden) if buf is self.buffers else \

@@ -103,7 +103,8 @@ class TritonPythonModel:
             sender = TritonSender(request.get_response_sender())
             arrays = {t.name(): t.as_numpy().copy() for t in request.inputs()}  # outlive execute
             try:
-                req, params = admit(arrays, self.params, self.decoupled, self.limits)
+                req, params = admit(arrays, self.params, self.decoupled, self.limits,
+                                    self._encode)
                 self.queue.put_nowait(Pending(req=req, params=params, sender=sender,
                                               arrival=now))
             except queue.Full:
@@ -119,6 +120,10 @@ class TritonPythonModel:
         except queue.Full:
             return
         self.worker.join(timeout=10)
+
+    def _encode(self, text: str) -> list[int]:
+        """Ids of ``text`` without special tokens (a ``prediction``)."""
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
 
     def _text(self, ids: list[int]) -> str:
         """Text of ``ids`` as postprocessing decodes them (special tokens skipped)."""
