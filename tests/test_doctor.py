@@ -95,6 +95,8 @@ def test_fp8_draft_for_a_bf16_target(pair: tuple[Path, Path]) -> None:
 def test_missing_chat_template(pair: tuple[Path, Path]) -> None:
     target, draft = pair
     _edit_json(target / "tokenizer_config.json", chat_template=None)
+    for name in ("chat_template.jinja", "chat_template.json"):  # the demo tokenizer ships one
+        (target / name).unlink(missing_ok=True)
     assert problems(run(target, draft=str(draft))) == ["chat-template-missing"]
 
 
