@@ -5,6 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# make test runs the suite in this many pytest-xdist workers (one per core, at most 4), a test
+# file per worker at a time (--dist loadfile: module-scoped servers start once)
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
 .PHONY: setup setup-dynamo test test-dynamo test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
@@ -24,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest -q --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
 
 # make test-dynamo: the tests marked `dynamo` (NVIDIA Dynamo's frontend in front of specserve
 # workers on 127.0.0.1: every method's greedy text, refusals, cancellation, serve, counters)

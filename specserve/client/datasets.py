@@ -43,6 +43,7 @@ categories (coding easy, writing hard), so one pooled number misleads (``docs/be
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import random
 import re
@@ -308,9 +309,15 @@ def _draw(pool: list[Any], n: int, seed: int, what: str) -> list[Any]:
 
 def builtin_code_prompts(n: int, seed: int = 0, body_lines: int = 3) -> list[Prompt]:
     """``n`` code-completion prompts from the stdlib, the same for the same seed and Python."""
-    pool = sorted({h for src in _stdlib_sources(BUILTIN_SOURCES)
-                   for h in _function_heads(src, body_lines)})
+    pool = list(_code_pool(body_lines))
     return [Prompt(t, category="code") for t in _draw(pool, n, seed, "builtin-code")]
+
+
+@functools.lru_cache(maxsize=4)
+def _code_pool(body_lines: int) -> tuple[str, ...]:
+    """The sorted function heads of BUILTIN_SOURCES (parsed once per process)."""
+    return tuple(sorted({h for src in _stdlib_sources(BUILTIN_SOURCES)
+                         for h in _function_heads(src, body_lines)}))
 
 
 def _function_heads(source: str, body_lines: int) -> list[str]:
@@ -350,9 +357,15 @@ def prose_paragraphs(source: str, min_words: int = 24) -> list[str]:
 
 def builtin_prose_prompts(n: int, seed: int = 0, words: int = 28) -> list[Prompt]:
     """``n`` prose prompts: the first ``words`` words of stdlib docstring paragraphs."""
-    pool = sorted({" ".join(p.split()[:words]) for src in _stdlib_sources(PROSE_SOURCES)
-                   for p in prose_paragraphs(src)})
+    pool = list(_prose_pool(words))
     return [Prompt(t, category="prose") for t in _draw(pool, n, seed, "builtin-prose")]
+
+
+@functools.lru_cache(maxsize=4)
+def _prose_pool(words: int) -> tuple[str, ...]:
+    """The sorted paragraph openings of PROSE_SOURCES (parsed once per process)."""
+    return tuple(sorted({" ".join(p.split()[:words]) for src in _stdlib_sources(PROSE_SOURCES)
+                         for p in prose_paragraphs(src)}))
 
 
 _NAMES = ("ada", "alan", "barbara", "claude", "dennis", "edsger", "frances", "grace", "guido",
