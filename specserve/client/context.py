@@ -13,7 +13,9 @@ text, since random-token prompts overstate speculative throughput.
   ``length + max_tokens > max_seq_len`` from its ``build_config.json``) is refused in one line.
 - :func:`step_ms`: the measured cost of one step, per request ``(E2E - TTFT) / steps`` (the
   streamed chunks after the first; a verify step, proposal included, for speculation; a decode
-  step for the baseline), averaged over completed requests.
+  step for the baseline), averaged over completed requests; :func:`steps_mean`: how many
+  such steps a request took (``specserve predict --sweep`` spreads the other requests' prefills
+  over them).
 """
 
 from __future__ import annotations
@@ -124,6 +126,14 @@ def step_ms(records: Sequence[RequestRecord]) -> float | None:
     """Mean per-request step time in ms: ``(E2E - TTFT) / steps`` over completed streamed
     requests with at least one step after the first chunk (None when there are none)."""
     vals = [(r.e2e_s - r.ttft_s) / len(r.tokens_per_step) * 1e3 for r in records
+            if r.status == "completed" and r.phase == "measure" and r.e2e_s is not None
+            and r.ttft_s is not None and r.tokens_per_step]
+    return sum(vals) / len(vals) if vals else None
+
+
+def steps_mean(records: Sequence[RequestRecord]) -> float | None:
+    """Mean steps per request after the first chunk, over the requests :func:`step_ms` uses."""
+    vals = [len(r.tokens_per_step) for r in records
             if r.status == "completed" and r.phase == "measure" and r.e2e_s is not None
             and r.ttft_s is not None and r.tokens_per_step]
     return sum(vals) / len(vals) if vals else None
