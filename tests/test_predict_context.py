@@ -74,6 +74,25 @@ def test_cell_prediction_adds_overhead_and_the_prefill_share() -> None:
         cell_prediction(_cell(256, 4, 6.0, 5.0) | {"spec": {}}, 5, times, 64)
 
 
+def test_served_prefill_comes_from_the_baseline_stalls() -> None:
+    """With the baseline's median step the prefill is the one the serving path paid: its
+    stall per step (8 - 5 ms) times its 63 steps over the 3 other requests = 63 ms, not the
+    6 ms timed; the speculative step then carries it over its 21 steps: 5 ms median baseline
+    step - T(1) + T(5) + 3 * 63 / 21."""
+    times = CellTimes(t1_s=0.003, t_verify_s=0.004, prefill_s=0.006)
+    cell = _cell(512, 4, 15.0, 8.0)
+    cell["baseline"] |= {"step_ms_p50": 5.0, "steps_mean": 63.0}
+    cell["spec"]["steps_mean"] = 21.0
+    row = cell_prediction(cell, 5, times, 64)
+    assert (row["prefill_source"], row["prefill_ms"]) == ("served", pytest.approx(63.0))
+    assert row["prefill_timed_ms"] == pytest.approx(6.0)
+    assert row["overhead_ms"] == pytest.approx(2.0)
+    assert row["predicted_step_ms"] == pytest.approx(5.0 - 3.0 + 4.0 + 9.0)
+    alone = _cell(512, 1, 5.0, 4.0)
+    alone["baseline"]["step_ms_p50"] = 3.0                            # c = 1: no prefills
+    assert cell_prediction(alone, 5, times, 64)["prefill_source"] == "timed"
+
+
 def test_context_fit_is_linear_between_the_timed_contexts() -> None:
     fit = ContextFit(160, 0.002, 480, 0.004)
     assert fit.per_token_s == pytest.approx(0.002 / 320)
