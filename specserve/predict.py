@@ -12,8 +12,8 @@ Context length (issue 33; field-2026-late.md §1 row 6: verification cost grows 
 e.g. one verify step at 5.2x a decode step at 16k in kekzl/imp #964): ``kv_len`` is the context
 each step attends over, and ``T(n)`` depends on it through the KV bytes read (roofline) or the
 attention of the timed forward (``measure``). ``context_lengths`` predicts T(1), T(verify), their
-ratio and the speedup at each context; ``sweep`` checks the verify cost against a measured
-``bench --sweep --input-lengths`` summary cell by cell (:func:`verify_check`).
+ratio and the speedup at each context; ``sweep`` (the served step against a measured ``bench
+--sweep --input-lengths`` summary, cell by cell) is :mod:`specserve.predict_sweep`.
 """
 
 from __future__ import annotations
@@ -250,8 +250,6 @@ def predict(cfg: PredictConfig) -> dict[str, Any]:
         result["schedule"] = predict_schedule(cfg)
     if cfg.context_lengths:
         result["context"] = predict_contexts(cfg)
-    if cfg.sweep:
-        result["verify_check"] = verify_check(cfg)
     return result
 
 
@@ -272,8 +270,7 @@ def predict_contexts(cfg: PredictConfig) -> list[dict[str, Any]]:
 
     rows = []
     for n in _int_list(cfg.context_lengths or "", "--context-lengths"):
-        r = predict(replace(cfg, kv_len=n, context_lengths=None, sweep=None,
-                            schedule_batches=None))
+        r = predict(replace(cfg, kv_len=n, context_lengths=None, schedule_batches=None))
         row: dict[str, Any] = {"context": n, "t1_ms": r["decode"]["t1_ms"]}
         spec = r["speculation"]
         if spec is not None:
@@ -282,86 +279,6 @@ def predict_contexts(cfg: PredictConfig) -> list[dict[str, Any]]:
                        verify_cost_ratio=p["verify_ms"] / row["t1_ms"])
         rows.append(row)
     return rows
-
-
-def cell_prediction(cell: dict[str, Any], n_verify: int, t1_s: float, tv_s: float,
-                    overhead_s: float | None = None) -> dict[str, Any]:
-    """One sweep cell: the predicted speculative step ``T(n_verify) + o`` against the measured
-    one (``spec.step_ms``), where ``o`` (the serving path's cost per step outside the forward)
-    is ``overhead_s`` when given, else this cell's measured baseline step minus ``T(1)``
-    (``--step-overhead-ms auto`` per cell). Pure."""
-    base, spec = cell["baseline"].get("step_ms"), cell["spec"].get("step_ms")
-    if base is None or spec is None:
-        raise SpecserveError(f"sweep cell c={cell.get('concurrency')} "
-                             f"L={cell.get('input_length')}: no measured step_ms")
-    o = overhead_s if overhead_s is not None else max(0.0, base / 1e3 - t1_s)
-    pred = (tv_s + o) * 1e3
-    return {"input_length": cell["input_length"], "concurrency": cell["concurrency"],
-            "n_verify": n_verify, "t1_ms": t1_s * 1e3, "t_verify_ms": tv_s * 1e3,
-            "overhead_ms": o * 1e3, "predicted_step_ms": pred, "measured_step_ms": spec,
-            "measured_baseline_step_ms": base, "relative_error": (pred - spec) / spec}
-
-
-def step_times(cfg: PredictConfig, batch: int, kv_len: int, ns: list[int]) -> dict[int, float]:
-    """``{n: T(n)}`` seconds at ``batch`` x ``kv_len``: timed here (``cfg.measure``, the model
-    of ``cfg.config``) or the roofline of ``cfg``'s model, dtype and GPU."""
-    if cfg.measure:
-        if cfg.config is None:
-            raise SpecserveError("--measure needs --config DIR (a checkpoint with weights)")
-        m = measure_step_times(config_path(cfg.config).parent, ns, batch=batch, kv_len=kv_len,
-                               reps=cfg.reps, stat=cfg.stat, threads=cfg.threads)
-        return {int(k): float(v) for k, v in m["step_s"].items()}
-    shape, _ = model_shape(cfg.params, cfg.config)
-    kv_elem = P.DTYPE_BYTES[cfg.kv_dtype or ("fp16" if cfg.dtype == "fp8" else cfg.dtype)]
-    work = P.Workload(shape, P.DTYPE_BYTES[cfg.dtype], kv_elem, batch, kv_len)
-    hw, _ = hardware(cfg.gpu, cfg.dtype, cfg.tp, cfg.bandwidth, cfg.flops)
-    return P.roofline_step_times(work, hw, ns)
-
-
-def verify_check(cfg: PredictConfig) -> dict[str, Any]:
-    """Each cell of the ``bench --sweep --input-lengths`` summary ``cfg.sweep``: T(1) and
-    T(K + 1) (``cfg.draft_len``; tree: ``tree_nodes + 1``) at batch = the cell's concurrency and
-    context = its input length + half of ``max_tokens`` (the mean context over the answer),
-    measured here with ``cfg.measure`` or from the roofline, turned into the predicted step by
-    :func:`cell_prediction`, twice: with the cell's own baseline as the overhead (``per_cell``)
-    and with the overhead of the shortest length at the same concurrency (``from_shortest``:
-    how verify cost grows with context, predicted out of sample). Cells off by more than
-    ``cfg.tolerance`` are listed in ``outside``."""
-    data = read_json(Path(cfg.sweep or ""))
-    cells = data.get("levels") if isinstance(data, dict) else None
-    if not isinstance(cells, list) or not cells or "input_length" not in cells[0]:
-        raise SpecserveError(f"{cfg.sweep}: not a `specserve bench --sweep --input-lengths` "
-                             "summary (no levels with input_length)")
-    if cfg.draft_len is None and cfg.tree_nodes is None:
-        raise SpecserveError("--sweep needs --draft-len K (or --tree-nodes N): the verify step "
-                             "scores K + 1 tokens")
-    n_verify = (cfg.tree_nodes + 1) if cfg.tree_nodes is not None else int(cfg.draft_len or 0) + 1
-    half = int(data.get("config", {}).get("max_tokens", 0)) // 2
-    times: dict[tuple[int, int], tuple[float, float]] = {}
-    for cell in cells:
-        c, n = int(cell["concurrency"]), int(cell["input_length"])
-        t = step_times(cfg, c, n + half, [1, n_verify])
-        times[(c, n)] = (t[1], t[n_verify])
-    shortest = {int(x["concurrency"]): min(int(y["input_length"]) for y in cells
-                                           if y["concurrency"] == x["concurrency"])
-                for x in cells}
-    per_cell, from_short = [], []
-    for cell in cells:
-        c, n = int(cell["concurrency"]), int(cell["input_length"])
-        t1, tv = times[(c, n)]
-        per_cell.append(cell_prediction(cell, n_verify, t1, tv))
-        ref = next(x for x in cells if x["concurrency"] == c
-                   and int(x["input_length"]) == shortest[c])
-        o = max(0.0, ref["baseline"]["step_ms"] / 1e3 - times[(c, shortest[c])][0])
-        from_short.append(cell_prediction(cell, n_verify, t1, tv, o))
-    return {"sweep": cfg.sweep, "n_verify": n_verify, "context_offset": half,
-            "step_times": "measured" if cfg.measure else "roofline", "tolerance": cfg.tolerance,
-            "per_cell": per_cell, "from_shortest": from_short,
-            "outside": [f"{m}: c={r['concurrency']} L={r['input_length']}: predicted "
-                        f"{r['predicted_step_ms']:.3g} ms, measured {r['measured_step_ms']:.3g} "
-                        f"ms ({r['relative_error']:+.0%})"
-                        for m, rows in (("per_cell", per_cell), ("from_shortest", from_short))
-                        for r in rows if abs(r["relative_error"]) > cfg.tolerance]}
 
 
 def predict_schedule(cfg: PredictConfig) -> dict[str, Any]:

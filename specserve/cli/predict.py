@@ -13,7 +13,8 @@ from typing import Any
 import click
 
 from specserve.cli._output import FORMAT_OPTION, emit
-from specserve.predict import PROPOSERS, PredictConfig, predict
+from specserve.predict import PROPOSERS, PredictConfig
+from specserve.predict_sweep import predict_report
 from specserve.runtime.timing import STATS
 from specserve.spec.predictor import DTYPE_BYTES, GPUS
 
@@ -82,8 +83,10 @@ def _text(r: dict[str, Any]) -> str:
         for a, b in zip(vc["per_cell"], vc["from_shortest"], strict=True):
             lines.append(f"  L={a['input_length']:>5} c={a['concurrency']:>3}: "
                          f"{a['predicted_step_ms']:.3g} / {a['measured_step_ms']:.3g} "
-                         f"({a['relative_error']:+.0%}); overhead from the shortest length: "
-                         f"{b['predicted_step_ms']:.3g} ({b['relative_error']:+.0%})")
+                         f"({a['relative_error']:+.0%}) = T {a['t_verify_ms']:.3g} + o "
+                         f"{a['overhead_ms']:.3g} + prefill share {a['prefill_share_ms']:.3g}; "
+                         f"o from the shortest length: {b['predicted_step_ms']:.3g} "
+                         f"({b['relative_error']:+.0%})")
         lines += [f"OUTSIDE {vc['tolerance']:.0%}: {x}" for x in vc["outside"]]
     return "\n".join(lines)
 
@@ -141,4 +144,4 @@ def _text(r: dict[str, Any]) -> str:
 @FORMAT_OPTION
 def command(fmt: str, **opts: Any) -> None:
     """Predict decode time per step, tokens/s ceiling and speculative speedup."""
-    emit(predict(PredictConfig(**opts)), fmt, _text)
+    emit(predict_report(PredictConfig(**opts)), fmt, _text)

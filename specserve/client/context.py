@@ -13,7 +13,10 @@ text, since random-token prompts overstate speculative throughput.
   ``length + max_tokens > max_seq_len`` from its ``build_config.json``) is refused in one line.
 - :func:`step_ms`: the measured cost of one step, per request ``(E2E - TTFT) / steps`` (the
   streamed chunks after the first; a verify step, proposal included, for speculation; a decode
-  step for the baseline), averaged over completed requests.
+  step for the baseline), averaged over completed requests; :func:`steps_mean`: how many
+  such steps a request took, and :func:`step_ms_p50`: the median interval between chunks. The
+  mean minus the median is mostly the stalls of steps that waited for another request's
+  prefill; ``specserve predict --sweep`` reads the baseline's as the served prefill cost.
 """
 
 from __future__ import annotations
@@ -127,3 +130,23 @@ def step_ms(records: Sequence[RequestRecord]) -> float | None:
             if r.status == "completed" and r.phase == "measure" and r.e2e_s is not None
             and r.ttft_s is not None and r.tokens_per_step]
     return sum(vals) / len(vals) if vals else None
+
+
+def steps_mean(records: Sequence[RequestRecord]) -> float | None:
+    """Mean steps per request after the first chunk, over the requests :func:`step_ms` uses."""
+    vals = [len(r.tokens_per_step) for r in records
+            if r.status == "completed" and r.phase == "measure" and r.e2e_s is not None
+            and r.ttft_s is not None and r.tokens_per_step]
+    return sum(vals) / len(vals) if vals else None
+
+
+def step_ms_p50(records: Sequence[RequestRecord]) -> float | None:
+    """Median interval between consecutive chunks after the first, in ms, over the requests
+    :func:`step_ms` uses (a step that did not wait for anyone's prefill; None without any)."""
+    vals = sorted(x for r in records if r.status == "completed" and r.phase == "measure"
+                  and r.e2e_s is not None and r.ttft_s is not None and r.tokens_per_step
+                  for x in r.itl_chunk_s)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return (vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2) * 1e3

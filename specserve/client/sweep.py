@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.client.config import BenchmarkConfig
-from specserve.client.context import step_ms
+from specserve.client.context import step_ms, step_ms_p50, steps_mean
 from specserve.client.metrics import RequestRecord
 from specserve.client.summary import bootstrap_speedup, per_request_values
 from specserve.config import write_json_atomic, write_text_atomic
@@ -95,7 +95,8 @@ def level_summary(spec: Phase, base: Phase, seed: int, n_boot: int) -> dict[str,
                 "tpot_ms_p50": v["tpot_ms"]["p50"],
                 "tau": (v.get("engine_counters") or {}).get("tau") or acc["tau_server"]
                 or acc["tau_stream"], "report": p.summary["config"]["out"],
-                "step_ms": step_ms(p.records),
+                "step_ms": step_ms(p.records), "steps_mean": steps_mean(p.records),
+                "step_ms_p50": step_ms_p50(p.records),
                 "input_tokens_mean": _mean([r.input_tokens for r in p.records
                                             if r.phase == "measure" and r.input_tokens]),
                 "tau_by_category": {c: (f["variants"].get("spec") or {}).get("tau") for c, f in

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,26 @@ def _forward_job(model: Any, n: int, batch: int, kv_len: int, seed: int = 0) -> 
     depth = torch.arange(n)  # [n]
     tokens = torch.randint(0, model.cfg.vocab_size, (batch, n), generator=g)  # [B, n]
     return lambda: model.logits(model(tokens, cache, lengths, depth, None))
+
+
+def _prefill_job(model: Any, length: int, chunk: int, seed: int = 0) -> Any:
+    """A closure running the in-flight batcher's prefill of one ``length``-token prompt
+    (:class:`specserve.runtime.scheduler.Scheduler`): ``chunk``-token forwards over a one-row
+    cache that grows by each, then the logits of the last token (the first one sampled)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    cache = model.new_cache(1, length)
+    tokens = torch.randint(0, model.cfg.vocab_size, (1, length), generator=g)  # [1, L]
+
+    def run() -> Any:
+        hidden = None
+        for start in range(0, length, chunk):
+            cache.lengths = [start]
+            hidden = model(tokens[:, start:start + chunk], cache)  # [1, <= chunk, H]
+        assert hidden is not None
+        return model.logits(hidden[:, -1])  # [1, V]
+    return run
 
 
 def _heads_job(heads: Any, hidden_size: int, batch: int, topk: int) -> Any:
@@ -59,12 +79,14 @@ def _round_robin(jobs: dict[str, Any], reps: int) -> dict[str, list[float]]:
 def measure_step_times(model_dir: Path, ns: list[int], *, batch: int, kv_len: int, reps: int,
                        draft_dir: Path | None = None, medusa_dir: Path | None = None,
                        medusa_topk: int = 10, stat: str = "min",
-                       threads: int | None = 1) -> dict[str, Any]:
+                       threads: int | None = 1, prefill_lens: Sequence[int] = (),
+                       prefill_chunk: int = 256) -> dict[str, Any]:
     """Time T(n) for each ``n`` with the reference decoder's model, plus one draft step or one
-    Medusa-heads pass. Returns ``{"step_s": {n: s}, "draft_step_s": s|None, "heads_s": s|None,
-    "samples_s": {job: [s, ...]}}`` (``stat`` of the samples). ``threads``: torch CPU threads
-    (the Triton reference model uses SPECSERVE_TORCH_THREADS, default 1); None leaves torch's
-    setting alone.
+    Medusa-heads pass, and the prefill of one prompt of each of ``prefill_lens`` tokens (in
+    ``prefill_chunk`` chunks, as the served batcher runs it). Returns ``{"step_s": {n: s},
+    "draft_step_s": s|None, "heads_s": s|None, "prefill_s": {L: s}, "samples_s": {job: [s,
+    ...]}}`` (``stat`` of the samples). ``threads``: torch CPU threads (the Triton reference
+    model uses SPECSERVE_TORCH_THREADS, default 1); None leaves torch's setting alone.
     """
     import torch
 
@@ -82,7 +104,11 @@ def measure_step_times(model_dir: Path, ns: list[int], *, batch: int, kv_len: in
     if medusa_dir is not None:
         heads = load_medusa_heads(medusa_dir, target.cfg.hidden_size, target.cfg.vocab_size)
         jobs["heads"] = _heads_job(heads, target.cfg.hidden_size, batch, medusa_topk)
+    for n in sorted(set(prefill_lens)):
+        jobs[f"p{n}"] = _prefill_job(target, n, max(1, prefill_chunk))
     samples = _round_robin(jobs, reps)
     t = {k: float(STATS[stat](v)) for k, v in samples.items()}
     return {"step_s": {int(k[1:]): v for k, v in t.items() if k.startswith("t")},
-            "draft_step_s": t.get("draft"), "heads_s": t.get("heads"), "samples_s": samples}
+            "draft_step_s": t.get("draft"), "heads_s": t.get("heads"),
+            "prefill_s": {int(k[1:]): v for k, v in t.items() if k.startswith("p")},
+            "samples_s": samples}

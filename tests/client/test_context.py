@@ -20,6 +20,8 @@ from specserve.client.context import (
     long_prompts,
     parse_lengths,
     step_ms,
+    step_ms_p50,
+    steps_mean,
     tokenizer_ends,
 )
 from specserve.client.datasets import Prompt, load_dataset, load_prompts
@@ -93,6 +95,14 @@ def test_step_ms_is_e2e_minus_ttft_over_the_steps() -> None:
     b = _rec([1, 2], 0.050)          # 1 step over 40 ms
     assert step_ms([a, b]) == pytest.approx(30.0)  # type: ignore[list-item]
     assert step_ms([_rec([1], 0.01)]) is None      # type: ignore[list-item]
+
+
+def test_steps_mean_and_the_median_step() -> None:
+    a = _rec([1, 4, 4, 4], 0.070)    # chunks every 10 ms (the helper's clock)
+    b = _rec([1, 2], 0.050)
+    assert steps_mean([a, b]) == pytest.approx(2.0)    # type: ignore[list-item]
+    assert step_ms_p50([a, b]) == pytest.approx(10.0)  # type: ignore[list-item]
+    assert steps_mean([]) is None and step_ms_p50([_rec([1], 0.01)]) is None  # type: ignore[list-item]
 
 
 def _engine(tmp_path: Path, max_input: int, max_seq: int) -> Path:
