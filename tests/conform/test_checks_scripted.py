@@ -31,6 +31,7 @@ RED = {
     "skewed_sampler": ("distribution", "fail"),
     "n_clone": ("n", "fail"),
     "drop_logprob": ("logprobs", "fail"),
+    "top_shifted": ("top-logprobs", "fail"),
     "grammar_leak": ("json-schema", "fail"),
     "long_crash": ("long-prompt", "broken"),
     "empty_crash": ("empty-prompt", "broken"),
@@ -69,6 +70,13 @@ def test_plant_turns_its_check_red(tmp_path: Path, plant: str) -> None:
     assert rows[check]["verdict"] == verdict, rows[check]
     evidence = rows[check]["evidence"]
     assert evidence and (tmp_path / evidence).is_file()
+
+
+@pytest.mark.parametrize("check", ["logprobs-stream", "top-logprobs", "logprobs-chat"])
+def test_dropped_logprob_turns_every_logprob_check_red(tmp_path: Path, check: str) -> None:
+    rows = conform(tmp_path, {"drop_logprob"}, (check,))
+    assert rows[check]["verdict"] == "fail", rows[check]
+    assert "logprob missing" in rows[check]["detail"]
 
 
 def test_refusal_is_refused_not_passed(tmp_path: Path) -> None:
