@@ -37,7 +37,7 @@ def conform(args: argparse.Namespace, method: str, protocol: str, url: str, mode
     out = args.work / f"ours-{method}-{protocol}"
     cmd = [sys.executable, "-m", "specserve.cli.main", "conform", "--url", url,
            "--protocol", protocol, "--model", model, "--baseline-model", baseline,
-           "--method", method, "--engine", engine,
+           "--method", method, "--engine", engine, "--engine-version", version(),
            "--tokenizer", str(DEMO / "tokenizer"), "--context-limit", str(limit),
            "--samples", str(args.samples), "--budget-s", str(args.budget_s),
            "--out", str(out), "--format", "json", *extra]
@@ -49,6 +49,15 @@ def conform(args: argparse.Namespace, method: str, protocol: str, url: str, mode
     report: dict[str, Any] = json.loads(proc.stdout)
     print(report["summary"], f"\n({time.time() - t0:.0f} s)", flush=True)
     return report
+
+
+def version() -> str:
+    """specserve's version and commit (the Triton or Dynamo version is in the docs' header)."""
+    from specserve import __version__
+
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, cwd=ROOT).stdout.strip()
+    return f"{__version__}@{sha}" if sha else __version__
 
 
 def save(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

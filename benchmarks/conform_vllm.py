@@ -42,7 +42,7 @@ def server(args: argparse.Namespace, port: int, spec: dict[str, Any] | None, log
 
     template = args.work / "chat_template.jinja"
     template.write_text(TEMPLATE)
-    eager = bool(spec) and spec.get("method") == "eagle3"
+    eager = spec is not None and spec.get("method") == "eagle3"
     cfg = VllmConfig(venv=args.vllm_venv, model=DEMO / "target", served_model_name="demo",
                      port=port, max_num_seqs=16, speculative_config=spec,
                      enforce_eager=eager, extra_args=("--chat-template", str(template)))
