@@ -77,7 +77,8 @@ def dynamo(args: argparse.Namespace, kinds: list[str], only: set[str] | None
     from specserve.frontends.dynamo_serve import DynamoDeployment, DynamoServeConfig, ServedModel
 
     engines = {k: args.work / "engines" / k for k in kinds}
-    models = tuple(ServedModel(k, engine=engines[k]) for k in kinds) + (
+    models = tuple(ServedModel(k, engine=engines[k]) for k in kinds
+                   if not only or k in only) + (
         ServedModel("none", speculation=False, engine=engines["draft"]),)
     cfg = DynamoServeConfig(engine=engines["draft"], models=models, max_batch=16,
                             log_dir=args.work / "dynamo-logs")
@@ -114,7 +115,8 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else None
     rows: list[dict[str, Any]] = []
     frontends = args.frontends.split(",")
-    kinds = ["draft", "ngram", "medusa", "eagle3"]
+    kinds = [k for k in ("draft", "ngram", "medusa", "eagle3")   # draft: also "none"'s engine
+             if not only or k in only or k == "draft"]
     for kind in kinds:
         build_engine(kind, args.work / "engines" / kind, DEMO / "eagle3")
     for kind in kinds if "triton" in frontends else []:
