@@ -67,27 +67,53 @@ def _cell(text: str) -> str:
     return " ".join(str(text).replace("|", "\\|").split())
 
 
-def section(title: str, rows: Sequence[dict[str, Any]]) -> str:
-    from specserve.conform.matrix import counts, pivot, row_from_dict
+METHOD_ORDER = ("none", "draft", "draft_model", "draft-bls", "ngram", "ngram-bls", "medusa",
+                "eagle3", "suffix")
+PROTOCOL_ORDER = ("grpc", "http", "openai")
 
-    typed = [row_from_dict(r) for r in rows]
+
+def _order(r: Any) -> tuple[int, int]:
+    m = METHOD_ORDER.index(r.method) if r.method in METHOD_ORDER else len(METHOD_ORDER)
+    p = PROTOCOL_ORDER.index(r.protocol) if r.protocol in PROTOCOL_ORDER else 9
+    return p, m
+
+
+def _label(r: Any) -> str:
+    front = {"specserve-dynamo": "dynamo"}.get(r.engine, r.protocol)
+    return f"{r.method} ({front})"
+
+
+def section(title: str, rows: Sequence[dict[str, Any]]) -> str:
+    """Counts per configuration, the pivot (columns: method (front door)), the non-pass rows."""
+    from specserve.conform.matrix import SYMBOL, counts, row_from_dict
+
+    typed = sorted((row_from_dict(r) for r in rows), key=_order)   # stable: checks in order
     configs = list(dict.fromkeys(r.config for r in typed))
-    lines = [f"### {title}", "", "| configuration | date | pass | fail | refused | broken | "
-             "not run |", "|---|---|---|---|---|---|---|"]
+    label = {r.config: _label(r) for r in typed}
+    lines = [f"### {title}", "", "| configuration | engine, version | date | pass | fail | "
+             "refused | broken | not run |", "|---|---|---|---|---|---|---|---|"]
     for c in configs:
         mine = [r for r in typed if r.config == c]
         n = counts(mine)
-        lines.append(f"| {c} | {mine[0].date} | {n['pass']} | {n['fail']} | {n['refused']} | "
-                     f"{n['broken']} | {n['not run']} |")
-    lines += ["", pivot(typed), "", "<details><summary>every non-pass verdict, with its "
-              "detail and evidence</summary>", "",
-              "| configuration | check | verdict | detail | evidence |", "|---|---|---|---|---|"]
+        lines.append(f"| {label[c]} | {mine[0].engine} {mine[0].version} | {mine[0].date} | "
+                     f"{n['pass']} | {n['fail']} | {n['refused']} | {n['broken']} | "
+                     f"{n['not run']} |")
+    checks = list(dict.fromkeys((r.group, r.check) for r in sorted(typed, key=lambda r: r.group)))
+    cell = {(r.check, r.config): SYMBOL[r.verdict] for r in typed}
+    lines += ["", "| # | check | " + " | ".join(label[c] for c in configs) + " |",
+              "|---|---|" + "---|" * len(configs)]
+    for group, name in checks:
+        lines.append(f"| {group} | {name} | " + " | ".join(cell.get((name, c), "")
+                                                         for c in configs) + " |")
+    lines += ["", "<details><summary>every non-pass verdict, with its detail and evidence"
+              "</summary>", "", "| configuration | check | verdict | detail | evidence |",
+              "|---|---|---|---|---|"]
     for r in typed:
         if r.verdict != "pass":
             ev = f"[{Path(r.evidence).name}]({r.evidence.removeprefix('docs/')})" \
                 if r.evidence else ""
-            lines.append(f"| {r.config} | {r.check} | {r.verdict} | {_cell(r.detail)[:400]} | "
-                         f"{ev} |")
+            lines.append(f"| {label[r.config]} | {r.check} | {SYMBOL[r.verdict]} | "
+                         f"{_cell(r.detail)[:400]} | {ev} |")
     lines += ["", "</details>", ""]
     return "\n".join(lines)
 

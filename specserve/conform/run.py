@@ -134,6 +134,8 @@ def run_conform(cfg: ConformConfig, progress: bool = False) -> dict[str, Any]:
     cfg.validate()
     cfg.out.mkdir(parents=True, exist_ok=True)
     names = [c for c in ORDER if c in cfg.checks]
+    for name in names:   # no stale evidence of an earlier run beside this run's matrix
+        (cfg.out / "evidence" / f"{name}.json").unlink(missing_ok=True)
     bar, advance = _progress(len(names), progress)
     try:
         rows = asyncio.run(_run(cfg, advance))
