@@ -6,6 +6,7 @@ streamed chunk split mid-character, a dropped logprob, ...)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,11 +40,12 @@ RED = {
 }
 
 
-def conform(tmp: Path, plants: set[str], checks: tuple[str, ...] = ORDER) -> dict[str, dict]:
+def conform(tmp: Path, plants: set[str], checks: tuple[str, ...] = ORDER,
+            settings: Settings = SETTINGS) -> dict[str, dict]:
     with ScriptedServer(run=3, plants=plants) as spec, ScriptedServer(run=1) as base:
         cfg = ConformConfig(url=spec.url, protocol="openai", model="toy",
                             baseline_url=base.url, out=tmp, method="scripted", checks=checks,
-                            extra_body={"return_token_ids": True}, settings=SETTINGS)
+                            extra_body={"return_token_ids": True}, settings=settings)
         report = run_conform(cfg)
     return {r["check"]: r for r in report["rows"]}
 
@@ -53,7 +55,9 @@ def test_every_plant_is_mapped() -> None:
 
 
 def test_clean_scripted_server_passes_every_check(tmp_path: Path) -> None:
-    rows = conform(tmp_path, set())
+    # 100 samples: the clean pair must pass at alpha 1e-3 whatever the power (the skewed plant
+    # keeps 150, for power); fewer requests keep tests/conform under 20 s
+    rows = conform(tmp_path, set(), settings=replace(SETTINGS, samples=100))
     verdicts = {name: r["verdict"] for name, r in rows.items()}
     # the scripted server refuses the empty prompt on both sides: a clean refusal
     assert verdicts.pop("empty-prompt") == "refused"

@@ -15,12 +15,14 @@ def test_cli_writes_matrix_and_exits_1_on_failure(tmp_path: Path) -> None:
     with ScriptedServer(run=3, plants={"overshoot"}) as spec, ScriptedServer() as base:
         res = CliRunner().invoke(cli, [
             "conform", "--url", spec.url, "--baseline-url", base.url, "--protocol", "openai",
-            "--model", "toy", "--method", "scripted", "--checks", "max-tokens,n",
+            "--model", "toy", "--method", "scripted", "--checks", "n,max-tokens",
             "--out", str(tmp_path), "--format", "json"])
     assert res.exit_code == 1, res.output
     report = json.loads(res.output)
     assert report["counts"]["fail"] == 1 and report["counts"]["pass"] == 1
-    assert json.loads((tmp_path / "matrix.json").read_text())["rows"][0]["check"] == "max-tokens"
+    # the checks run in the order given (conform_vllm.py puts the one that kills vLLM last)
+    assert [r["check"] for r in json.loads((tmp_path / "matrix.json").read_text())["rows"]] == [
+        "n", "max-tokens"]
     assert "| 3 | max-tokens | **FAIL** |" in (tmp_path / "matrix.md").read_text()
 
 
