@@ -39,6 +39,7 @@ PLANTS = frozenset({
     "finish_missing",    # streamed answers carry no finish_reason
     "usage_off",         # streamed usage counts one token too many
     "seed_ignored",      # seed ignored
+    "stream_seed_off",   # a streamed request samples another stream (seed + 1)
     "skewed_sampler",    # T > 0: tokens after the first sampled from p^3 (not p)
     "n_clone",           # n > 1: every choice a copy of the first
     "drop_logprob",      # the second token's logprob dropped (null)
@@ -102,6 +103,8 @@ class Toy:
     def generate(self, prompt: str, body: dict[str, Any], choice: int) -> Generation:
         t = float(body.get("temperature", 1.0))
         seed = body.get("seed")
+        if seed is not None and body.get("stream") and "stream_seed_off" in self.plants:
+            seed = int(seed) + 1
         rng = random.Random(None if seed is None or "seed_ignored" in self.plants
                             else int(seed) * 1000 + choice)
         max_tokens = int(body.get("max_tokens", 16))
