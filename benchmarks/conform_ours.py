@@ -4,10 +4,14 @@ as ``benchmarks/peers.py`` builds them) one repository with ``--baseline`` and o
 tritonserver; the speculative ``ensemble`` is compared with ``ensemble_baseline`` (the same
 engine, speculation off) over gRPC and over HTTP. The "none" row is ``ensemble_baseline``
 against itself. For draft and n-gram also ``tensorrt_llm_bls`` with ``num_draft_tokens`` 4
-(its own speculation loop, "draft-bls" / "ngram-bls"). Matrices go to
+(its own speculation loop, "draft-bls" / "ngram-bls"). With ``--frontends ...,dynamo`` (needs
+``make setup-dynamo``) also one Dynamo deployment (``specserve.frontends.dynamo_serve``: the
+frontend and one specserve worker per served name) serving every method's engine under the
+method's name and the draft engine without speculation as "none"; each method is compared with
+"none" over OpenAI (protocol "openai", engine "specserve-dynamo"). Matrices go to
 ``WORK/ours-METHOD-PROTOCOL/``, the pivot to ``WORK/ours.md``.
 
-    .venv/bin/python benchmarks/conform_ours.py --work reports/conform
+    .venv/bin/python benchmarks/conform_ours.py --work reports/conform --frontends triton,dynamo
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ BLS_KINDS = ("draft", "ngram")   # tensorrt_llm_bls drafts itself (draft model o
 
 
 def conform(args: argparse.Namespace, method: str, protocol: str, url: str, model: str,
-            limit: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+            limit: int, extra: tuple[str, ...] = (), baseline: str = "ensemble_baseline",
+            engine: str = "specserve-torch") -> dict[str, Any]:
     out = args.work / f"ours-{method}-{protocol}"
     cmd = [sys.executable, "-m", "specserve.cli.main", "conform", "--url", url,
-           "--protocol", protocol, "--model", model, "--baseline-model", "ensemble_baseline",
-           "--method", method, "--engine", "specserve-torch",
+           "--protocol", protocol, "--model", model, "--baseline-model", baseline,
+           "--method", method, "--engine", engine, "--engine-version", version(),
            "--tokenizer", str(DEMO / "tokenizer"), "--context-limit", str(limit),
            "--samples", str(args.samples), "--budget-s", str(args.budget_s),
            "--out", str(out), "--format", "json", *extra]
@@ -46,6 +51,50 @@ def conform(args: argparse.Namespace, method: str, protocol: str, url: str, mode
     return report
 
 
+def version() -> str:
+    """specserve's version and commit (the Triton or Dynamo version is in the docs' header)."""
+    from specserve import __version__
+
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, cwd=ROOT).stdout.strip()
+    return f"{__version__}@{sha}" if sha else __version__
+
+
+def save(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` merged into the rows already in ``path`` (a configuration measured again
+    replaces its old rows: runs of ``--only`` add up); returns what was written."""
+    old = json.loads(path.read_text()) if path.is_file() else []
+    fresh = {(r["method"], r["protocol"]) for r in rows}
+    merged = [r for r in old if (r["method"], r["protocol"]) not in fresh] + rows
+    path.write_text(json.dumps(merged, indent=1))
+    return merged
+
+
+def dynamo(args: argparse.Namespace, kinds: list[str], only: set[str] | None
+           ) -> list[dict[str, Any]]:
+    """Every method behind one Dynamo frontend, each against "none" (OpenAI)."""
+    from specserve.engine_record import read_engine_record
+    from specserve.frontends.dynamo_serve import DynamoDeployment, DynamoServeConfig, ServedModel
+
+    engines = {k: args.work / "engines" / k for k in kinds}
+    models = tuple(ServedModel(k, engine=engines[k]) for k in kinds
+                   if not only or k in only) + (
+        ServedModel("none", speculation=False, engine=engines["draft"]),)
+    cfg = DynamoServeConfig(engine=engines["draft"], models=models, max_batch=16,
+                            log_dir=args.work / "dynamo-logs")
+    limit = read_engine_record(engines["draft"]).max_input_len
+    rows: list[dict[str, Any]] = []
+    with DynamoDeployment(cfg).start(600) as dep:
+        url = dep.url.removeprefix("http://")
+        for method in ["none", *kinds]:
+            if only and method not in only:
+                continue
+            print(f"== {method} (dynamo)", flush=True)
+            rows += conform(args, method, "openai", url, method, limit, baseline="none",
+                            engine="specserve-dynamo")["rows"]
+    return rows
+
+
 def main() -> None:
     from peers import build_engine  # benchmarks/peers.py: the same torch engines
 
@@ -57,6 +106,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "reports" / "conform")
     ap.add_argument("--only", default=None, help="comma-separated methods")
     ap.add_argument("--protocols", default="grpc,http")
+    ap.add_argument("--frontends", default="triton", help="triton and/or dynamo")
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--budget-s", type=float, default=600.0, help="per method and protocol")
     args = ap.parse_args()
@@ -64,11 +114,15 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(",")) if args.only else None
     rows: list[dict[str, Any]] = []
-    for kind in ("draft", "ngram", "medusa", "eagle3"):
+    frontends = args.frontends.split(",")
+    kinds = [k for k in ("draft", "ngram", "medusa", "eagle3")   # draft: also "none"'s engine
+             if not only or k in only or k == "draft"]
+    for kind in kinds:
+        build_engine(kind, args.work / "engines" / kind, DEMO / "eagle3")
+    for kind in kinds if "triton" in frontends else []:
         if only and kind not in only and not (kind == "draft" and "none" in only):
             continue
         engine, repo = args.work / "engines" / kind, args.work / f"repo-{kind}"
-        build_engine(kind, engine, DEMO / "eagle3")
         subprocess.run([sys.executable, "-m", "specserve.cli.main", "repo", "--engine",
                         str(engine), "--out", str(repo), "--baseline", "--force"], check=True,
                        capture_output=True)
@@ -89,11 +143,12 @@ def main() -> None:
                     print(f"== {kind}-bls ({protocol})", flush=True)
                     rows += conform(args, f"{kind}-bls", protocol, url, "tensorrt_llm_bls",
                                     limit, ("--num-draft-tokens", "4"))["rows"]
-                (args.work / "ours-rows.json").write_text(json.dumps(rows, indent=1))
+                save(args.work / "ours-rows.json", rows)
         finally:
             srv.stop()
-    (args.work / "ours-rows.json").write_text(json.dumps(rows, indent=1))
-    table = pivot([row_from_dict(r) for r in rows])
+    if "dynamo" in frontends:
+        rows += dynamo(args, kinds, only)
+    table = pivot([row_from_dict(r) for r in save(args.work / "ours-rows.json", rows)])
     (args.work / "ours.md").write_text(table)
     print(table)
 

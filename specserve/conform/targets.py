@@ -12,7 +12,10 @@ are ``specserve.client``'s (``AiohttpClient``, ``error_text``; the Triton transp
   ``specserve/triton/templates/ensemble/config.pbtxt``) through ``GrpcTransport`` /
   ``HttpTransport``: ``stop`` -> ``stop_words``, ``stop_token_ids`` [t] -> ``end_id`` t,
   ``ignore_eos`` -> ``end_id`` -1, ``n`` -> ``num_return_sequences``, ``logprobs`` ->
-  ``return_log_probs``. Chat, structured output and finish reasons have no tensor there:
+  ``return_log_probs`` (answer: ``output_log_probs``), top-k ``logprobs`` k > 0 -> the
+  reference model's ``num_top_log_probs`` (answer: ``top_log_probs`` /
+  ``top_log_prob_ids``; not expressible where the model does not declare it, as the ensemble
+  does not). Chat, structured output and finish reasons have no tensor there:
   :class:`NotExpressible`.
 """
 
@@ -261,7 +264,9 @@ def triton_inputs(p: Probe, declared: frozenset[str]) -> dict[str, Any]:
         raise NotExpressible("stop token ids map onto end_id: one id, and not with ignore_eos")
     extra: dict[str, Any] = {
         "stop_words": p.stop[0] if p.stop else None, "min_tokens": p.min_tokens,
-        "num_return_sequences": p.n, "return_log_probs": True if p.logprobs else None,
+        "num_return_sequences": p.n,
+        "return_log_probs": True if p.logprobs is not None else None,
+        "num_top_log_probs": p.logprobs or None,   # the reference model's own input
         "return_num_input_tokens": True,
     }
     extra = {k: v for k, v in extra.items() if v is not None}
@@ -269,6 +274,25 @@ def triton_inputs(p: Probe, declared: frozenset[str]) -> dict[str, Any]:
     if missing:
         raise NotExpressible(f"the model declares no input {missing[0]!r}")
     return {k: v for k, v in extra.items() if k in declared}
+
+
+def triton_logprobs(arrays: dict[str, list[Any]], k: int) -> list[TokenLogprob] | None:
+    """``output_log_probs`` (and with ``k`` > 0 ``top_log_probs`` / ``top_log_prob_ids``, k per
+    token, most likely first) as per-token entries; None when the answer carries none. The
+    Triton answer names no token per log-prob: entries are named by position (``#i``), the
+    top-k alternatives by token id."""
+    lps = arrays.get("output_log_probs")
+    if not lps:
+        return None
+    vals, ids = arrays.get("top_log_probs") or [], arrays.get("top_log_prob_ids") or []
+    out = []
+    for i, lp in enumerate(lps):
+        top = None
+        if k > 0 and len(vals) >= (i + 1) * k and len(ids) >= (i + 1) * k:
+            top = {str(int(t)): float(v) for t, v in
+                   zip(ids[i * k:(i + 1) * k], vals[i * k:(i + 1) * k], strict=True)}
+        out.append(TokenLogprob(f"#{i}", None if lp is None else float(lp), top))
+    return out
 
 
 class TritonTarget:
@@ -338,7 +362,9 @@ class TritonTarget:
                   if c] if probe.stream else []
         n_in = raw.server.get("num_input_tokens")
         choice = Choice(text=text, chunks=[c for c, _ in pieces],
-                        chunk_tokens=[n for _, n in pieces])
+                        chunk_tokens=[n for _, n in pieces],
+                        logprobs=None if probe.logprobs is None
+                        else triton_logprobs(raw.arrays, probe.logprobs))
         return Reply(wire=wire, choices=[choice],
                      completion_tokens=sum(counts) if counts else None,
                      prompt_tokens=int(n_in) if n_in is not None else None)

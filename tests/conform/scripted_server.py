@@ -39,9 +39,11 @@ PLANTS = frozenset({
     "finish_missing",    # streamed answers carry no finish_reason
     "usage_off",         # streamed usage counts one token too many
     "seed_ignored",      # seed ignored
+    "stream_seed_off",   # a streamed request samples another stream (seed + 1)
     "skewed_sampler",    # T > 0: tokens after the first sampled from p^3 (not p)
     "n_clone",           # n > 1: every choice a copy of the first
     "drop_logprob",      # the second token's logprob dropped (null)
+    "top_shifted",       # top-k logprobs: ranks 2..k+1 (the most likely one left out)
     "grammar_leak",      # structured output: an invalid answer
     "long_crash",        # HTTP 500 for prompts over LIMIT - 32 tokens
     "empty_crash",       # HTTP 500 for the empty prompt
@@ -74,6 +76,12 @@ def logprobs_of(last: int) -> list[float]:
     return [math.log(x) for x in p]
 
 
+def wants_logprobs(body: dict[str, Any]) -> bool:
+    """OpenAI: ``logprobs`` k >= 0 (completions; 0 = the chosen tokens only) or true (chat)."""
+    lp = body.get("logprobs")
+    return lp is not None and lp is not False   # 0 == False: compare by identity
+
+
 def last_token(prompt: str) -> int:
     return VOCAB.index(prompt[-1]) if prompt and prompt[-1] in VOCAB else len(prompt) % 15 + 1
 
@@ -95,6 +103,8 @@ class Toy:
     def generate(self, prompt: str, body: dict[str, Any], choice: int) -> Generation:
         t = float(body.get("temperature", 1.0))
         seed = body.get("seed")
+        if seed is not None and body.get("stream") and "stream_seed_off" in self.plants:
+            seed = int(seed) + 1
         rng = random.Random(None if seed is None or "seed_ignored" in self.plants
                             else int(seed) * 1000 + choice)
         max_tokens = int(body.get("max_tokens", 16))
@@ -232,7 +242,7 @@ class ScriptedServer:
             return 500, {"error": {"message": "internal error", "code": 500}}
         if prompt == "":
             raise ValueError("prompt is empty")
-        if body.get("logprobs") and "refuse_logprobs" in self.plants:
+        if wants_logprobs(body) and "refuse_logprobs" in self.plants:
             raise ValueError("logprobs are not supported with speculative decoding")
         if n_prompt + int(body.get("max_tokens", 16)) > LIMIT:
             raise ValueError(f"prompt {n_prompt} + max_tokens exceeds max_model_len {LIMIT}")
@@ -273,7 +283,7 @@ class ScriptedServer:
 
     def _logprobs(self, body: dict[str, Any], g: Generation, ids: list[int], offset: int,
                   chat: bool) -> Any:
-        if not body.get("logprobs"):
+        if not wants_logprobs(body):
             return None
         k = int(body.get("top_logprobs") or 0) if chat else int(body["logprobs"])
         entries = []
@@ -282,7 +292,8 @@ class ScriptedServer:
             lp = row[t] if t < len(row) else 0.0
             if "drop_logprob" in self.plants and offset + j == 1:
                 lp = None
-            best = sorted(range(len(row)), key=lambda i: -row[i])[:k]
+            skip = 1 if "top_shifted" in self.plants else 0
+            best = sorted(range(len(row)), key=lambda i: -row[i])[skip:k + skip]
             entries.append((self.text_of([t]), lp, {VOCAB[i]: row[i] for i in best}))
         if chat:
             return {"content": [{"token": tok, "logprob": lp, "top_logprobs": [

@@ -3,11 +3,18 @@ Triton mapping (what the ensemble cannot express), refusal vs broken."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from specserve.client.transport import RawResult
 from specserve.conform.matrix import Row, markdown, pivot, row_from_dict, summary
 from specserve.conform.probe import NotExpressible, Probe, failed, is_triton_refusal
-from specserve.conform.targets import openai_request, parse_openai, triton_inputs
+from specserve.conform.targets import (
+    openai_request,
+    parse_openai,
+    triton_inputs,
+    triton_logprobs,
+)
 
 ENSEMBLE = frozenset({"text_input", "max_tokens", "stop_words", "min_tokens", "end_id",
                       "num_return_sequences", "return_log_probs", "return_num_input_tokens"})
@@ -63,13 +70,35 @@ def test_parse_streamed_chat_and_wrong_shapes() -> None:
 def test_triton_mapping() -> None:
     assert triton_inputs(Probe("a", 4, stop=("x",), min_tokens=2), ENSEMBLE) == {
         "stop_words": "x", "min_tokens": 2, "return_num_input_tokens": True}
-    assert triton_inputs(Probe("a", 4, n=2, logprobs=5), ENSEMBLE)["return_log_probs"] is True
+    assert triton_inputs(Probe("a", 4, n=2, logprobs=0), ENSEMBLE)["return_log_probs"] is True
+    # top-k: the reference model's own num_top_log_probs, which the ensemble does not declare
+    with pytest.raises(NotExpressible, match="declares no input 'num_top_log_probs'"):
+        triton_inputs(Probe("a", 4, logprobs=5), ENSEMBLE)
+    assert triton_inputs(Probe("a", 4, logprobs=2), ENSEMBLE | {"num_top_log_probs"})[
+        "num_top_log_probs"] == 2
     for p in (Probe("a", 4, chat=True), Probe("a", 4, response_format={"type": "json_object"}),
               Probe("a", 4, regex="x"), Probe("a", 4, stop=("x", "y"))):
         with pytest.raises(NotExpressible):
             triton_inputs(p, ENSEMBLE)
     with pytest.raises(NotExpressible, match="declares no input 'min_tokens'"):
         triton_inputs(Probe("a", 4, min_tokens=1), frozenset({"text_input"}))
+
+
+def test_triton_logprobs_from_the_answer_tensors() -> None:
+    raw = RawResult()
+    # two streamed responses as the gRPC transport decodes them: [1, 1, T] / [1, 1, T, k]
+    raw.add_response(0.1, {"text_output": "a", "num_output_tokens": 2,
+                           "output_log_probs": np.array([[[-0.5, -1.0]]], dtype=np.float32),
+                           "top_log_probs": np.array([[[[-0.5, -2], [-1, -1.5]]]]),
+                           "top_log_prob_ids": np.array([[[[7, 3], [9, 4]]]])})
+    raw.add_response(0.2, {"text_output": "b", "num_output_tokens": 1,
+                           "output_log_probs": [[[-0.25]]]})   # HTTP: nested JSON lists
+    lps = triton_logprobs(raw.arrays, 0)
+    assert lps is not None and [t.logprob for t in lps] == [-0.5, -1.0, -0.25]
+    assert [t.token for t in lps] == ["#0", "#1", "#2"] and lps[0].top is None
+    top = triton_logprobs(raw.arrays, 2)
+    assert top is not None and top[1].top == {"9": -1.0, "4": -1.5} and top[2].top is None
+    assert triton_logprobs(RawResult().arrays, 0) is None   # none asked back: "no logprobs"
 
 
 def test_refused_vs_broken() -> None:

@@ -242,7 +242,24 @@ def test_min_tokens_keeps_early_stop_tokens() -> None:
     res = run(request(prompt, 40, 3, end_id=eos, min_tokens=6), Draft(), target)
     expected = full[:later[0]] if later else full
     assert res.tokens == expected
-    assert all(c[3].min_tokens == max(0, 6 - (len(c[0]) - len(prompt))) for c in target.calls)
+    assert all(c[3].min_tokens == min(max(0, 6 - (len(c[0]) - len(prompt))), len(c[1]) + 1)
+               for c in target.calls)
+
+
+def test_min_tokens_never_exceeds_the_target_calls_length() -> None:
+    """A prompt-lookup draft that proposes nothing: each target call asks for one token, so its
+    min_tokens is at most 1 (the model refuses min_tokens > request_output_len; seen through
+    ``specserve conform``'s min-tokens check on the n-gram BLS), and early stops still wait."""
+    prompt = [1, 2, 3]
+    full = greedy(prompt, 40)
+    eos = full[2]
+    later = [i for i, t in enumerate(full) if t == eos and i >= 6]
+    target = Target(stops=frozenset({eos}))
+    res = run(request(prompt, 40, 4, end_id=eos, min_tokens=6), lambda c, k, s: ([], None),
+              target)
+    assert res.tokens == (full[:later[0]] if later else full)
+    assert all(c[3].min_tokens <= len(c[1]) + 1 for c in target.calls)
+    assert [c[3].min_tokens for c in target.calls][:7] == [1] * 6 + [0]
 
 
 def test_stop_words_single_excluded_multi_included() -> None:

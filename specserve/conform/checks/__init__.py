@@ -6,7 +6,8 @@ from specserve.conform.checks.base import REGISTRY, Check, Context, Outcome, Set
 
 ORDER = ("greedy-completions", "greedy-chat", "stream-bytes", "stop-string", "stop-token-ids",
          "max-tokens", "min-tokens", "ignore-eos", "finish-reason", "usage", "seed",
-         "distribution", "n", "logprobs", "logprobs-chat", "json-schema", "json-object",
+         "distribution", "n", "logprobs", "logprobs-stream", "top-logprobs",
+         "logprobs-chat", "json-schema", "json-object",
          "regex", "long-prompt", "empty-prompt", "one-token-prompt")
 
 __all__ = ["ORDER", "REGISTRY", "Check", "Context", "Outcome", "Settings", "greedy",

@@ -40,7 +40,8 @@ specserve's own rules on top (documented in docs/architecture.md, "Triton contra
   (accepted drafts only; upstream's "draft == target" and "no progress"): the loop ends there,
   because asking again with a new seed could continue a sequence the target had ended.
 - The draft gets ``end_id = -1`` and no stop words (it always proposes k tokens); ``min_tokens``
-  for the target is what is left of the request's ``min_tokens``.
+  for the target is what is left of the request's ``min_tokens``, at most that call's
+  ``request_output_len`` (``len(drafts) + 1``; the model refuses a larger one).
 """
 
 from __future__ import annotations
@@ -243,9 +244,12 @@ def run(req: SpecRequest, draft: DraftFn, target: TargetFn,
                                     f"{len(drafts)} tokens")
             elif logits is not None:
                 logits = logits[len(logits) - len(drafts):]
+        # what is left of min_tokens, at most this call's output length (drafts + 1): a
+        # prompt-lookup draft may propose fewer than k tokens, or none
         target_sampling = replace(req.sampling,
                                   seed=iteration_seed(req.sampling.seed, index, "target"),
-                                  min_tokens=max(0, req.min_tokens - len(out.tokens)))
+                                  min_tokens=min(max(0, req.min_tokens - len(out.tokens)),
+                                                 len(drafts) + 1))
         tokens, accepted, drafted = target(context, drafts, logits, target_sampling)
         tokens = [int(t) for t in tokens]
         if len(tokens) > len(drafts) + 1:
