@@ -11,7 +11,7 @@ Here: :class:`StepPlan` is what :meth:`specserve.runtime.scheduler.Scheduler.sch
 (and all it returns), :class:`specserve.runtime.runner.ModelRunner` executes it and returns
 :class:`StepOutput` (one per phase: the newcomers' prefill, then the running rows' speculative
 step), and ``Scheduler.update`` applies each. The plan names pool rows as the runner will see
-them after ``evict``: rows ``0..len(decode)-1`` run, newcomers go in the rows after them.
+them after ``evict``: newcomers go in the rows after the running ones, and all of them run.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class Handle:
 class Join:
     """A newcomer (vLLM's ``NewRequestData``) prefilled this step into pool row ``row``; the
     first ``fed`` prompt tokens are in the runner's scratch row already (the last chunk of a
-    chunked prompt), else 0. Its first token is sampled there; it runs from the next step."""
+    chunked prompt), else 0. Its first token is sampled there; it takes the step's speculative
+    step too."""
 
     handle: Handle
     row: int
@@ -75,9 +76,10 @@ class StepPlan:
     """What one step does, decided before it runs.
 
     ``evict``: pool rows that leave first, in this order (each: the last row moves into it;
-    what finished or was cancelled since the last plan); ``decode``: the running requests, pool
-    row i = ``decode[i]``, each takes one speculative step; ``join``: newcomers prefilled into
-    the rows after them, in row order; ``chunk``: a long prompt's chunk into the scratch row;
+    what finished or was cancelled since the last plan); ``decode``: the requests that take one
+    speculative step, pool row i = ``decode[i]``: the running ones, then the newcomers;
+    ``join``: the newcomers, prefilled first into the rows after the running ones, in row
+    order; ``chunk``: a long prompt's chunk into the scratch row;
     ``token_budget``: prompt tokens the step may prefill (``prefill_chunk``), of which
     ``prefill_tokens`` are planned (the chunk's included)."""
 

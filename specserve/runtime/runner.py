@@ -12,10 +12,10 @@ through its :class:`~specserve.runtime.proposers.SlotProposer`. A plan runs in t
    hole, in the pool, the lengths and the proposer alike), a long prompt's chunk into the
    scratch row, and the newcomers' prefill into the rows after the running ones (one forward
    per group of equal ``fed``; a chunked prompt's earlier chunks are copied into its row
-   first) with their first tokens sampled;
+   first) with their first tokens sampled; each group's proposer state joins after it;
 2. :meth:`ModelRunner.decode`: one speculative step of :class:`~specserve.runtime.decoder.
-   SpecDecoder` over the running rows, then the newcomers' proposer state joins (so it follows
-   their rows from the next step, when they run).
+   SpecDecoder` over the running rows and the newcomers (a newcomer that finished at its first
+   token rides along as a finished row: nothing is emitted for it).
 
 Both return a :class:`~specserve.runtime.plan.StepOutput` and change no request: the decoder
 runs on a batch detached from the requests' state (:meth:`Batch.detach`); the scheduler's
@@ -53,7 +53,6 @@ class ModelRunner:
     def reset(self) -> None:
         """An empty pool (start, or after a failed step): no row, no pending proposer state."""
         self.lengths: list[int] = []  # KV length of each pool row in use
-        self._joined: list[tuple[list[list[int]], StepOutcome]] = []  # prefilled, not admitted
         self._long_aux: list[torch.Tensor] = []  # a chunked prompt's captured layers (EAGLE-3)
         if self.slots is not None:
             self.slots.reserve(self.capacity, self.max_len)
@@ -66,12 +65,12 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, plan: StepPlan) -> StepOutput:
         """Phase 1: evictions, the chunk, the newcomers' prefill (rows in ``plan.join``
-        order)."""
+        order) and their proposer state."""
         for row in plan.evict:
             self._evict(row)
-        if len(plan.decode) != self.rows:
-            raise SpecserveError(f"in-flight batching: the plan runs {len(plan.decode)} rows, "
-                                 f"the pool holds {self.rows}")
+        if len(plan.decode) - len(plan.join) != self.rows:
+            raise SpecserveError(f"in-flight batching: the plan runs {len(plan.decode)} rows "
+                                 f"with {len(plan.join)} newcomers, the pool holds {self.rows}")
         if plan.chunk is not None:
             self._chunk(plan.chunk)
         out: list[RowOutput] = []
@@ -81,8 +80,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, plan: StepPlan) -> StepOutput:
-        """Phase 2: one speculative step of rows ``0..len(plan.decode)-1``; then the newcomers'
-        proposer state joins."""
+        """Phase 2: one speculative step of rows ``0..len(plan.decode)-1``."""
         rows: tuple[RowOutput, ...] = ()
         n = len(plan.decode)
         if n:
@@ -92,10 +90,6 @@ class ModelRunner:
             self.decoder.step(st, cache)
             self.lengths[:n] = cache.lengths
             rows = tuple(st.outputs())
-        for prompts, outcome in self._joined:
-            if self.slots is not None:
-                self.slots.admit(prompts, outcome)
-        self._joined = []
         return StepOutput("decode", rows)
 
     def _evict(self, row: int) -> None:
@@ -133,9 +127,10 @@ class ModelRunner:
         aux = fwd.aux
         if aux is not None and fed:  # its earlier chunks' captured layers first
             aux = torch.cat([*self._long_aux, aux], dim=1)
-        last = [max(x - fed - 1, 0) for x in view.lengths]
-        self._joined.append(([j.handle.prompt for j in group],
-                             StepOutcome(fwd.hidden, last, [0] * m, st.seqs, aux=aux)))
+        if self.slots is not None:
+            last = [max(x - fed - 1, 0) for x in view.lengths]
+            self.slots.admit([j.handle.prompt for j in group],
+                             StepOutcome(fwd.hidden, last, [0] * m, st.seqs, aux=aux))
         return st.outputs()
 
 

@@ -15,11 +15,12 @@ Each :meth:`Scheduler.step` runs in three parts, as vLLM v1's engine core does
    :class:`~specserve.runtime.plan.StepPlan`;
 2. :class:`~specserve.runtime.runner.ModelRunner` executes it: the newcomers' prefill (first
    token sampled), then one step of :class:`~specserve.runtime.decoder.SpecDecoder` over the
-   running rows (per-row draft lengths, per-row lengths in one verify forward);
+   running rows and the newcomers (per-row draft lengths, per-row lengths in one verify
+   forward);
 3. :meth:`Scheduler.update` applies each phase's outcome to the requests: emitted tokens
    (streamed), stats, stops and finish; a finished request leaves (its row goes in the next
    plan's ``evict``) and gets its result. Newcomers' first tokens go out after the prefill,
-   before the running rows' step; they run from the next step.
+   before the step's speculative tokens.
 
 Outputs are unchanged by batching: every row's verification depends only on its own tokens,
 drafts and generator (the decoder's invariant), so a request's tokens equal its tokens run alone,
@@ -142,18 +143,21 @@ class Scheduler:
         tokens = self.prefill_chunk - budget + (0 if chunk is None else chunk.stop - chunk.start)
         if last is not None:
             tokens += len(last.prompt) - self._fed
-        return StepPlan(evict, tuple(self.running), tuple(joins), chunk, self.prefill_chunk,
-                        tokens)
+        decode = (*self.running, *(j.handle for j in joins))
+        return StepPlan(evict, decode, tuple(joins), chunk, self.prefill_chunk, tokens)
 
     def update(self, plan: StepPlan, out: StepOutput) -> None:
         """Apply one phase's outcome: each row's tokens (streamed), stats, stop and finish.
-        Newcomers become running rows (after the running ones, in join order)."""
+        Newcomers become running rows (after the running ones, in join order); one that
+        finished at its first token passes the step's speculative outcome by."""
         if out.phase == "prefill":
             handles = [j.handle for j in plan.join]
             self.running += handles
         else:
             handles = list(plan.decode)
         for h, r in zip(handles, out.rows, strict=True):
+            if h.result is not None:
+                continue
             row = h.state()
             row.apply(r)
             if r.tokens and h.on_tokens is not None:

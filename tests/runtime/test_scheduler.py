@@ -277,8 +277,8 @@ def test_arrivals_taken_in_at_schedule_join_before_the_running_rows_step(
         tiny_models: TinyModels, kind: str, temperature: float) -> None:
     """Requests that arrive while a step runs are taken in by ``intake`` at the next
     ``schedule()`` (vLLM v1's engine core drains its queue before scheduling): they are
-    prefilled first in that step, so their first token comes out before the running rows'
-    tokens of it, and every request's tokens and stats still equal it run alone."""
+    prefilled first in that step, so their first token comes out before the step's
+    speculative tokens, and every request's tokens and stats still equal it run alone."""
     want = _alone(tiny_models, kind, temperature)
     events: list[tuple[str, int]] = []
     streamed: list[list[int]] = [[] for _ in PROMPTS]
@@ -309,11 +309,11 @@ def test_arrivals_taken_in_at_schedule_join_before_the_running_rows_step(
     assert [g[0] for g in got] == [w[0] for w in want]
     assert [g[1] for g in got] == [w[1] for w in want]
     assert streamed == [w[0] for w in want]
-    # step 1: 3 and 4 arrive (0, 1, 2 running; 4 slots): 3's first token, then the running
-    # rows' tokens; 4 waits for a slot
+    # step 1: 3 and 4 arrive (0, 1, 2 running; 4 slots): 3's first token, then the step's
+    # speculative tokens (3's second ones among them); 4 waits for a slot
     step1 = events[events.index(("end", 0)) + 1:events.index(("end", 1))]
     assert step1[:3] == [("submit", 3), ("submit", 4), ("tokens", 3)]
-    assert set(step1[3:]) == {("tokens", 0), ("tokens", 1), ("tokens", 2)}
+    assert set(step1[3:]) == {("tokens", 0), ("tokens", 1), ("tokens", 2), ("tokens", 3)}
 
 
 @pytest.mark.parametrize("kind", ["none", "draft_same", "medusa", "eagle3"])
