@@ -1,7 +1,9 @@
 """Per-call state of :class:`specserve.runtime.decoder.SpecDecoder`: the sequences of one
 ``generate``/``verify`` call, their outputs, stop conditions (end_id/stop tokens, max_tokens,
 min_tokens, stop sequences), stats, generators, times, the opt-in emitted-token logits and
-log-probabilities (:mod:`specserve.spec.logprobs`); and the result record of one request."""
+log-probabilities (:mod:`specserve.spec.logprobs`); the result record of one request; and, for
+in-flight batching, one step's batch detached from the requests' own state (:meth:`Batch.detach`)
+with what it did to each row (:class:`RowOutput`, applied by the scheduler's ``update``)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,26 @@ class GenerationResult:
         return float(sum(self.logprobs or ()))
 
 
+@dataclass(frozen=True)
+class RowOutput:
+    """What one step (a prefill, or a speculative step) did to one row: the tokens it emitted,
+    its finish reason ("" while it runs on), this step's acceptance stats (empty after a
+    prefill), the row's first/last token times, its draft length for the next step (adaptive;
+    None: unset), the emitted tokens' kept logits and log-probabilities (when asked), and the
+    prediction drafts accepted this step."""
+
+    tokens: tuple[int, ...]
+    finish: str
+    stats: AcceptanceStats
+    first_ns: int
+    last_ns: int
+    draft_len: int | None
+    logits: tuple[torch.Tensor, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[list[tuple[int, float]], ...]
+    predicted: int
+
+
 class Batch:
     """Mutable per-call state: sequences, outputs, stop flags, stats, generators, times."""
 
@@ -75,34 +97,54 @@ class Batch:
         self.tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
         self.pred = [[0] for _ in range(n)]  # per row: prediction drafts accepted (one cell)
         self.predicted: set[int] = set()  # rows whose drafts came from their prediction (step)
+        self.base = [0] * n  # outputs' lengths before this step (a detach batch)
 
     @classmethod
-    def merge(cls, parts: list[Batch], prop: Proposer | None) -> Batch:
-        """One batch over single-row parts (in-flight batching): the mutable per-row objects
-        (sequence, output, stats, generator, logits list) are shared with the parts; the flags
-        go back with :meth:`write_back`."""
+    def detach(cls, parts: list[Batch], prop: Proposer | None) -> Batch:
+        """One step's batch over single-row parts (in-flight batching: the model runner runs
+        the decoder on it): copies of each part's sequence, output and flags, empty stats and
+        captured logits / log-probabilities, so a step changes no part; :meth:`outputs` says
+        what it did and :meth:`apply` is how a part takes it. The generators are the parts'
+        own (row b's random stream goes on where it was)."""
         st = cls.__new__(cls)
         st.params = [p.params[0] for p in parts]
-        st.seqs, st.out = [p.seqs[0] for p in parts], [p.out[0] for p in parts]
+        st.seqs, st.out = [list(p.seqs[0]) for p in parts], [list(p.out[0]) for p in parts]
+        st.base = [len(o) for o in st.out]
         st.done, st.finish = [p.done[0] for p in parts], [p.finish[0] for p in parts]
-        st.stats, st.stop = [p.stats[0] for p in parts], [p.stop[0] for p in parts]
+        st.stats = [AcceptanceStats() for _ in parts]
+        st.stop = [p.stop[0] for p in parts]
         st.first, st.last = [p.first[0] for p in parts], [p.last[0] for p in parts]
         st.gens, st.prop = [p.gens[0] for p in parts], prop
         st.k = [p.k[0] for p in parts] if all(p.k for p in parts) else []
         st.want = [p.want[0] for p in parts]
-        st.lps, st.tops = [p.lps[0] for p in parts], [p.tops[0] for p in parts]
-        st.pred, st.predicted = [p.pred[0] for p in parts], set()
-        st.logits = [p.logits[0] if p.logits is not None else [] for p in parts] \
-            if any(st.want) else None
+        st.lps, st.tops = [[] for _ in parts], [[] for _ in parts]
+        st.pred, st.predicted = [[0] for _ in parts], set()
+        st.logits = [[] for _ in parts] if any(st.want) else None
         return st
 
-    def write_back(self, parts: list[Batch]) -> None:
-        """The flags of a :meth:`merge` batch back into its parts (row i -> parts[i])."""
-        for i, p in enumerate(parts):
-            p.done[0], p.finish[0] = self.done[i], self.finish[i]
-            p.first[0], p.last[0] = self.first[i], self.last[i]
-            if self.k:
-                p.k = [self.k[i]]
+    def outputs(self) -> list[RowOutput]:
+        """What this :meth:`detach` batch's step did, row by row."""
+        return [RowOutput(tuple(self.out[b][self.base[b]:]),
+                          self.finish[b] if self.done[b] else "", self.stats[b],
+                          self.first[b], self.last[b], self.k[b] if self.k else None,
+                          tuple(self.logits[b]) if self.logits is not None else (),
+                          tuple(self.lps[b]), tuple(self.tops[b]), self.pred[b][0])
+                for b in range(len(self.seqs))]
+
+    def apply(self, r: RowOutput) -> None:
+        """A single-row batch (one request's state) takes one step's :class:`RowOutput`."""
+        self.out[0].extend(r.tokens)
+        self.seqs[0].extend(r.tokens)
+        self.done[0], self.finish[0] = bool(r.finish), r.finish
+        self.stats[0] = self.stats[0].merge(r.stats)
+        self.first[0], self.last[0] = r.first_ns, r.last_ns
+        if r.draft_len is not None:
+            self.k = [r.draft_len]
+        if self.logits is not None:
+            self.logits[0].extend(r.logits)
+        self.lps[0].extend(r.logprobs)
+        self.tops[0].extend(r.top_logprobs)
+        self.pred[0][0] += r.predicted
 
     def keep_logits(self, want: list[bool]) -> None:
         """Keep the logits of emitted tokens for the rows that want them (opt-in)."""

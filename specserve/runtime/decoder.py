@@ -37,7 +37,7 @@ import torch
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
 from specserve.runtime.kvcache import KVCache
-from specserve.runtime.model import Transformer
+from specserve.runtime.model import Forward, Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import (
     ChainProposal,
@@ -137,12 +137,12 @@ class SpecDecoder:
         max_len = max(len(q) + p.max_tokens for q, p in zip(prompts, plist, strict=True)) + look
         cache = self._get_cache(len(prompts), max_len, look)
         with torch.inference_mode():
-            hidden = self._prefill(st, cache, on_step, sample=not verify)
+            fwd = self._prefill(st, cache, on_step, sample=not verify)
             if prop is not None:
                 prop.start([list(p) for p in prompts], max_len)
                 n = len(prompts)
-                prop.update(StepOutcome(hidden, [max(x - 1, 0) for x in cache.lengths],
-                                        [0] * n, st.seqs, aux=self._aux()))
+                prop.update(StepOutcome(fwd.hidden, [max(x - 1, 0) for x in cache.lengths],
+                                        [0] * n, st.seqs, aux=fwd.aux))
             while not all(st.done):
                 self._step(st, cache, on_step)
                 if verify:  # one step only
@@ -185,6 +185,25 @@ class SpecDecoder:
         if bad is not None:
             raise SpecserveError(f"prediction: token id {bad} outside the vocab ({vocab})")
 
+    def lookahead(self) -> int:
+        """Cache rows a verify forward of this decoder's proposer may add past a sequence."""
+        return self._lookahead(self.proposer)
+
+    def prefill(self, st: Batch, cache: KVCache, fed: int = 0) -> Forward:
+        """In-flight batching (:mod:`specserve.runtime.runner`): prefill ``st``'s prompts
+        (after their first ``fed`` tokens, in ``cache`` already) and sample their first
+        tokens into ``st``; the prompts' hidden states and captured layers."""
+        return self._prefill(st, cache, None, fed=fed)
+
+    def step(self, st: Batch, cache: KVCache) -> None:
+        """In-flight batching: one speculative step of every row of ``st`` (steps 1-4)."""
+        self._step(st, cache, None)
+
+    @staticmethod
+    def _capture(st: Batch) -> tuple[int, ...]:
+        """The target layers the call's proposer reads (EAGLE-3), () for none."""
+        return () if st.prop is None else st.prop.aux_layers
+
     @staticmethod
     def _lookahead(prop: Proposer | None) -> int:
         """Cache rows a verify forward may add past a sequence: the proposer's most, or a
@@ -203,26 +222,29 @@ class SpecDecoder:
         return c
 
     def _prefill(self, st: Batch, cache: KVCache, on_step: OnStep | None,
-                 sample: bool = True, fed: int = 0) -> torch.Tensor:
+                 sample: bool = True, fed: int = 0) -> Forward:
         """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
         hidden states [B, P, H]. ``sample`` False (:meth:`verify`): run all but each prompt's
         last token (which stays pending) and sample nothing; no forward when that is nothing
         (hidden states [B, 1, H] of zeros then). ``fed``: the first tokens of every prompt are
         in the cache already (a chunked prefill's earlier chunks): only the rest is run, and
-        hidden states are those of the rest."""
+        hidden states are those of the rest. The captured layers (EAGLE-3) come with them."""
         dev, n = self.device, len(st.seqs)
         rows = [s[fed:] for s in st.seqs] if sample else [s[fed:-1] for s in st.seqs]
         lens = [len(s) for s in rows]
+        capture = self._capture(st)
         if max(lens) == 0:
             cache.lengths = [fed + x for x in lens]
-            return torch.zeros(n, 1, self.target.cfg.hidden_size, dtype=self.target.dtype,
-                               device=dev)
+            h = self.target.cfg.hidden_size
+            zeros = torch.zeros(n, 1, h, dtype=self.target.dtype, device=dev)
+            return Forward(zeros, zeros.repeat(1, 1, len(capture)) if capture else None)
         cache.lengths = [fed] * n
         tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in rows], device=dev)
-        hidden: torch.Tensor = self.target(tokens, cache)  # [B, P, H]
+        fwd = self.target.run(tokens, cache, capture=capture)
+        hidden = fwd.hidden  # [B, P, H]
         cache.lengths = [fed + x for x in lens]
         if not sample:
-            return hidden
+            return fwd
         last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
         logits = self.target.logits(last)[:, None]  # [B, 1, V]
         self._ban_stops(st, logits, [0])
@@ -231,7 +253,7 @@ class SpecDecoder:
             new = st.emit(b, [first[b]])
             st.record(b, logits[b], new)
             self._deliver(st, b, new, on_step)
-        return hidden
+        return fwd
 
     def _pick(self, st: Batch, logits: torch.Tensor) -> list[int]:
         """One token per row from logits [B, V]: argmax, or sampled with the row's params."""
@@ -319,7 +341,8 @@ class SpecDecoder:
         pending = torch.tensor([[s[-1]] for s in st.seqs], device=dev)  # [B, 1]
         drafts = pending[:, :0] if prop is None else prop.tokens[:, :k].to(dev)  # [B, k]
         tokens = torch.cat([pending, drafts], dim=1) if k else pending  # [B, k+1]
-        hidden = self.target(tokens, cache)  # 2. verify forward [B, k+1, H]
+        fwd = self.target.run(tokens, cache, capture=self._capture(st))  # 2. verify forward
+        hidden = fwd.hidden  # [B, k+1, H]
         logits = self.target.logits(hidden)  # [B, k+1, V]
         self._ban_stops(st, logits, list(range(k + 1)))
         if k == 0:  # 3. verify (or just sample)
@@ -344,11 +367,7 @@ class SpecDecoder:
                 grow = len(toks) - 1 == counts[b]
                 st.k[b] = min(st.k[b] + 2, self._kmax(st)) if grow else max(st.k[b] - 1, 1)
         if st.prop is not None:
-            st.prop.update(StepOutcome(hidden, last, last, st.seqs, aux=self._aux()))
-
-    def _aux(self) -> torch.Tensor | None:
-        """The target's captured layers from its last forward (EAGLE-3), None if none."""
-        return self.target.last_aux if self.target.capture else None
+            st.prop.update(StepOutcome(hidden, last, last, st.seqs, aux=fwd.aux))
 
     @staticmethod
     def _kmax(st: Batch) -> int:
@@ -394,8 +413,9 @@ class SpecDecoder:
                    on_step: OnStep | None) -> None:
         """Steps 2-4 for a candidate tree (greedy; longest accepted root-to-leaf path)."""
         n, buf, tree_tokens = len(st.seqs), prop.buffers, prop.tokens  # [B, N+1]
-        hidden = self.target(tree_tokens, cache, None, buf.position_ids,
-                             buf.attn_mask)  # [B, N+1, H]
+        fwd = self.target.run(tree_tokens, cache, None, buf.position_ids, buf.attn_mask,
+                              capture=self._capture(st))
+        hidden = fwd.hidden  # [B, N+1, H]
         logits = self.target.logits(hidden)  # [B, N+1, V]
         depths = buf.position_ids.tolist()
         self._ban_stops(st, logits, depths)
@@ -418,4 +438,4 @@ class SpecDecoder:
                                 nodes=[(heads[j], ranks[j]) for j in path[1:]])
             self._deliver(st, b, new, on_step)
         assert st.prop is not None
-        st.prop.update(StepOutcome(hidden, last, accepted, st.seqs, kept, aux=self._aux()))
+        st.prop.update(StepOutcome(hidden, last, accepted, st.seqs, kept, aux=fwd.aux))

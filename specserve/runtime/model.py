@@ -11,18 +11,22 @@ SwiGLU MLP. Qwen2's q/k/v biases and tied embeddings are read from the checkpoin
 one on are refused by :func:`specserve.checkpoint.check_family`.
 In the spirit of gpt-fast: one small file, preallocated cache, fused q/k/v and gate/up matmuls.
 
-One call, :meth:`Transformer.forward`, handles prefill, single-token decode, a chain of K draft
-tokens and a whole Medusa tree: callers pass per-row cache lengths, position ids and a boolean
-``node_mask`` [T, T] saying which of the T new tokens see each other (causal for a chain, the tree
-ancestor mask from :func:`specserve.spec.tree.build_tree_buffers` for a tree). New K/V are written
+One call, :meth:`Transformer.run` (``forward``: its hidden states alone), handles prefill,
+single-token decode, a chain of K draft tokens and a whole Medusa tree: callers pass per-row
+cache lengths, position ids and a boolean ``node_mask`` [T, T] saying which of the T new tokens
+see each other (causal for a chain, the tree ancestor mask from
+:func:`specserve.spec.tree.build_tree_buffers` for a tree). New K/V are written
 at ``length[b] + t``; only ``KVCache.lengths`` decides what is valid, so rolling back is setting a
-length, and a tree path is kept by :meth:`KVCache.keep_nodes`.
+length, and a tree path is kept by :meth:`KVCache.keep_nodes`. A forward is pure apart from the
+cache slots it writes: no hooks, no state on the model; what EAGLE-3 reads (the residual stream
+at a few layers, Li et al. 2025) comes back in :class:`Forward` when the caller names the layers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -154,6 +158,16 @@ def _block(x: torch.Tensor, blk: Block, kbuf: torch.Tensor, vbuf: torch.Tensor,
     return x + linear(F.silu(g) * u, blk.down)
 
 
+@dataclass(frozen=True)
+class Forward:
+    """What one :meth:`Transformer.run` returns: ``hidden [B, T, H]`` after the final norm, and
+    ``aux [B, T, len(capture) * H]``, the residual stream before each captured layer
+    (concatenated in ``capture`` order), or None when none was asked for."""
+
+    hidden: torch.Tensor
+    aux: torch.Tensor | None = None
+
+
 class Transformer(RopeModel):
     """Llama-family causal LM: tokens + cache in, final-norm hidden states out."""
 
@@ -170,13 +184,6 @@ class Transformer(RopeModel):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        # called before each layer of a forward when set (in-flight batching prefills
-        # newcomers there: specserve.runtime.scheduler.Scheduler._preempt)
-        self.preempt: Callable[[], None] | None = None
-        # EAGLE-3: the residual stream before these layers (len(layers): after the last one)
-        # is kept from every forward, concatenated, in last_aux [B, T, len(capture) * H]
-        self.capture: tuple[int, ...] = ()
-        self.last_aux: torch.Tensor | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -203,27 +210,32 @@ class Transformer(RopeModel):
     def forward(self, tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor | None = None,
                 depth: torch.Tensor | None = None,
                 node_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states [B, T, H] (after the final norm) of T new tokens per row.
+        """Hidden states [B, T, H] (after the final norm) of T new tokens per row: the
+        ``hidden`` of :meth:`run` without captured layers."""
+        return self.run(tokens, cache, lengths, depth, node_mask).hidden
+
+    def run(self, tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor | None = None,
+            depth: torch.Tensor | None = None, node_mask: torch.Tensor | None = None,
+            capture: Sequence[int] = ()) -> Forward:
+        """One forward of T new tokens per row.
 
         tokens: [B, T] int64, written at ``cache.lengths[b] + t``; lengths: [B] int64 copy of
         ``cache.lengths`` (made here when None); depth: [T] int64 position offset of each new
         token (None: 0..T-1, a chain; tree depths otherwise); node_mask: [T, T] bool (None:
-        causal). The cache is written but ``cache.lengths`` is left to the caller.
+        causal); capture: layer indices whose input residual stream goes into
+        :attr:`Forward.aux` (``len(layers)``: the last layer's output, before the final norm;
+        EAGLE-3). The cache is written but ``cache.lengths`` is left to the caller.
         """
         st = self.step_inputs(tokens, cache, lengths, depth, node_mask)
         x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            if self.preempt is not None:
-                self.preempt()
-            if i in self.capture:
+            if i in capture:
                 aux.append(x)
             x = _block(x, cast(Block, layer), cache.k[i], cache.v[i], st)
-        if self.capture:
-            if len(self.layers) in self.capture:
-                aux.append(x)
-            self.last_aux = torch.cat(aux, dim=-1)  # [B, T, len(capture) * H]
-        return _rms_norm(x, self.norm)
+        if len(self.layers) in capture:
+            aux.append(x)
+        return Forward(_rms_norm(x, self.norm), torch.cat(aux, dim=-1) if aux else None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., V] from hidden states [..., H]."""

@@ -211,17 +211,19 @@ def _dense(w: torch.Tensor) -> torch.Tensor:
 # --- training ------------------------------------------------------------------------------
 
 def target_batch(target: Transformer, rows: torch.Tensor, ids: torch.Tensor,
-                 index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Frozen target over rows [B, N]: captured states [B, N, n*H], restricted log-distribution
-    [B, N, Vd] and the draft id of its argmax [B, N] (-1 outside the draft vocabulary)."""
+                 index: torch.Tensor, capture: tuple[int, ...]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Frozen target over rows [B, N]: captured states [B, N, n*H] (the layers ``capture``
+    names), restricted log-distribution [B, N, Vd] and the draft id of its argmax [B, N] (-1
+    outside the draft vocabulary)."""
     with torch.no_grad():
         cache = target.new_cache(rows.shape[0], rows.shape[1])
-        hidden = target(rows, cache)  # [B, N, H]
-        assert target.last_aux is not None
-        logits = target.logits(hidden)  # [B, N, V]
+        out = target.run(rows, cache, capture=capture)  # hidden [B, N, H]
+        assert out.aux is not None
+        logits = target.logits(out.hidden)  # [B, N, V]
         logp = F.log_softmax(logits[..., ids], dim=-1)
         top = index[logits.argmax(-1)]
-        return target.last_aux.float(), logp, top
+        return out.aux.float(), logp, top
 
 
 @dataclass
@@ -243,7 +245,8 @@ class _Trainer:
         return self.seqs[pick].to(self.target.device)  # [b, T]
 
     def loss(self, rows: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
-        aux, logp, top = target_batch(self.target, rows, self.ids, self.index)
+        aux, logp, top = target_batch(self.target, rows, self.ids, self.index,
+                                      self.head.cfg.aux_layer_ids)
         dev = self.head.device
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.bf16):
             logits = ttt_forward(self.head, aux.to(dev), rows.to(dev), self.cfg.ttt_steps)
@@ -399,7 +402,6 @@ def run_train_eagle3(cfg: Eagle3TrainConfig, reporter: Reporter | None = None, *
             target.cfg, size, intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads))
         init_head(head, target, ids, cfg.seed)
         head.to(cfg.device).bind(target.embed.weight)
-        target.capture = head.cfg.aux_layer_ids
         tr = _Trainer(head, target, train_seqs, ids, cfg, choice.bf16)
         steps = cfg.steps if cfg.minutes is None else steps_for_minutes(tr, cfg.minutes, rep)
         t0 = time.monotonic()

@@ -15,9 +15,10 @@ is the only place that imports ``pb_utils``. The unit tests drive it with a real
 
 Policy (in-flight batching, :class:`~specserve.runtime.scheduler.Scheduler`):
 
-- **intake**: everything queued goes to the scheduler between steps and from inside a step (the
-  scheduler's ``intake`` hook), where it is prefilled at once and joins the batch when the step
-  ends; a ``None`` in the queue stops the loop once nothing is left.
+- **intake**: everything queued goes to the scheduler between steps (here, and from the
+  scheduler's ``intake`` hook at the start of each ``schedule()``); it is prefilled first in the
+  next step and runs from the step after; a ``None`` in the queue stops the loop once nothing
+  is left.
 - **backpressure**: while the scheduler holds ``max_pending`` requests (waiting + running),
   nothing more is taken: requests stay in the model's bounded queue, and past its bound the
   model answers "server busy".
@@ -28,7 +29,7 @@ Policy (in-flight batching, :class:`~specserve.runtime.scheduler.Scheduler`):
 - **cancellation**: after every step, a request whose client went away is cancelled (its slot is
   freed at the next step) and answered with the final flag only.
 
-A proposer that cannot join a running batch (``inflight = False``: oracle, external) is refused
+A proposer that cannot join a running batch (``slots()`` is None: oracle, external) is refused
 when the loop is made (:func:`make_scheduler`), never served some other way.
 """
 
@@ -191,7 +192,7 @@ class ServingLoop:
             self._poll_cancelled()
 
     def intake(self, block: bool = False) -> None:
-        """Queued requests to the scheduler (also from inside a step: Scheduler.intake)."""
+        """Queued requests to the scheduler (also as a step is scheduled: Scheduler.intake)."""
         if not block and self.source.empty():
             return  # the common case inside a step: nothing arrived
         if self.sch.waiting + len(self.sch.running) >= self.max_pending:

@@ -52,12 +52,11 @@ def random_head(target: Transformer, seed: int = 0, draft_vocab: int | None = No
 
 
 def _aux(target: Transformer, head: Eagle3Head, tokens: list[int]) -> torch.Tensor:
-    target.capture = head.cfg.aux_layer_ids
     cache = target.new_cache(1, 64)
     with torch.inference_mode():
-        target(torch.tensor([tokens]), cache)
-    assert target.last_aux is not None
-    return target.last_aux  # [1, N, n*H]
+        aux = target.run(torch.tensor([tokens]), cache, capture=head.cfg.aux_layer_ids).aux
+    assert aux is not None
+    return aux  # [1, N, n*H]
 
 
 def test_training_time_test_equals_the_cached_inference_path(tiny_models: TinyModels) -> None:

@@ -51,14 +51,21 @@ def _wrong_at(g: list[int], j: int, vocab: int) -> list[int]:
 
 
 class _Forwards:
-    """Counts the target's forwards and their token widths (a forward hook)."""
+    """Counts the target's forwards and their token widths (every forward is a
+    ``Transformer.run``: the instance's own is wrapped; ``remove()`` unwraps it)."""
 
     def __init__(self, model: Transformer) -> None:
         self.widths: list[int] = []
-        self.handle = model.register_forward_hook(self._hook)
+        self.model, run = model, model.run
 
-    def _hook(self, module: Any, args: Any, out: Any) -> None:
-        self.widths.append(int(args[0].shape[1]))
+        def counted(tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.widths.append(int(tokens.shape[1]))
+            return run(tokens, *args, **kwargs)
+        model.run = counted  # type: ignore[method-assign]
+        self.handle = self
+
+    def remove(self) -> None:
+        del self.model.run
 
 
 def test_greedy_accepts_the_right_prefix_plus_one(tiny_models: TinyModels) -> None:

@@ -69,6 +69,12 @@ class _Scripted:
         self.steps: list[int] = []
         self.accepted_log: list[list[int]] = []
 
+    aux_layers: tuple[int, ...] = ()  # no target layers read
+
+    def slots(self) -> None:
+        """Per-call state (the scripts are indexed by row): not in flight."""
+        return None
+
     def bind(self, target: Transformer) -> None:
         self.vocab = target.cfg.vocab_size
 

@@ -1,7 +1,8 @@
 """In-flight batching (specserve.runtime.scheduler): every request's tokens equal its tokens run
 alone, for every in-flight proposer, with staggered arrivals, mixed prompt and output lengths,
 a capacity smaller than the load (requests wait for a slot), greedy and seeded sampling; a
-cancelled request frees its slot at the next step; a newcomer starts at the next step."""
+cancelled request frees its slot at the next step; a newcomer starts at the next step; the plan
+(specserve.runtime.plan) puts newcomers joining in one step in rows of their own."""
 
 from __future__ import annotations
 
@@ -272,11 +273,12 @@ def test_a_failed_admission_gives_every_request_back_and_the_pool_recovers(
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_newcomers_prefilled_inside_a_running_step_keep_every_output(
+def test_arrivals_taken_in_at_schedule_join_before_the_running_rows_step(
         tiny_models: TinyModels, kind: str, temperature: float) -> None:
-    """Requests submitted while a step's forward runs (through ``intake``, called at the
-    step's preemption points) are prefilled there: their first token comes out before the
-    step's own tokens, and every request's tokens and stats still equal it run alone."""
+    """Requests that arrive while a step runs are taken in by ``intake`` at the next
+    ``schedule()`` (vLLM v1's engine core drains its queue before scheduling): they are
+    prefilled first in that step, so their first token comes out before the step's
+    speculative tokens, and every request's tokens and stats still equal it run alone."""
     want = _alone(tiny_models, kind, temperature)
     events: list[tuple[str, int]] = []
     streamed: list[list[int]] = [[] for _ in PROMPTS]
@@ -289,7 +291,7 @@ def test_newcomers_prefilled_inside_a_running_step_keep_every_output(
             streamed[i].extend(new)
         return cb
 
-    def intake() -> None:  # arrivals of this step (or missed), submitted inside it
+    def intake() -> None:  # this step's arrivals, submitted as it is scheduled
         for i, t in enumerate(ARRIVE):
             if t <= step[0] and i not in handles:
                 handles[i] = sch.submit(PROMPTS[i], _params(i, temperature),
@@ -298,11 +300,8 @@ def test_newcomers_prefilled_inside_a_running_step_keep_every_output(
 
     sch = Scheduler(SpecDecoder(tiny_models.target, _proposer(kind, tiny_models)), 4,
                     max_len=64, intake=intake)
-    for i in (0, 1):   # a batch running from step 0
-        handles[i] = sch.submit(PROMPTS[i], _params(i, temperature), on_tokens=on_tokens(i))
     while len(handles) < len(PROMPTS) or not sch.idle:
-        if not sch.step() or len(handles) < len(PROMPTS):
-            intake()   # idle, or no preemption point came: they start at the next step
+        sch.step()
         events.append(("end", step[0]))
         step[0] += 1
     got = [(h.result.token_ids, h.result.stats) for _, h in sorted(handles.items())  # type: ignore[attr-defined]
@@ -310,51 +309,42 @@ def test_newcomers_prefilled_inside_a_running_step_keep_every_output(
     assert [g[0] for g in got] == [w[0] for w in want]
     assert [g[1] for g in got] == [w[1] for w in want]
     assert streamed == [w[0] for w in want]
-    # request 2 arrived inside step 0 (0 and 1 running, slots free): its first token came
-    # out inside that step, before the running rows' tokens of it; 3 likewise in step 1
-    assert events.index(("tokens", 2)) < events.index(("end", 0))
-    first_of_step = events.index(("submit", 2)) + 1
-    assert events[first_of_step] == ("tokens", 2)
-    inside = [i for i in range(2, len(PROMPTS)) if events.index(("tokens", i)) <
-              events.index(("end", ARRIVE[i]))]
-    assert inside[:2] == [2, 3]   # 4 found the 4 slots taken: it waited for a step's end
+    # step 1: 3 and 4 arrive (0, 1, 2 running; 4 slots): 3's first token, then the step's
+    # speculative tokens (3's second ones among them); 4 waits for a slot
+    step1 = events[events.index(("end", 0)) + 1:events.index(("end", 1))]
+    assert step1[:3] == [("submit", 3), ("submit", 4), ("tokens", 3)]
+    assert set(step1[3:]) == {("tokens", 0), ("tokens", 1), ("tokens", 2), ("tokens", 3)}
 
 
 @pytest.mark.parametrize("kind", ["none", "draft_same", "medusa", "eagle3"])
-def test_two_groups_joining_inside_one_step_keep_their_own_rows(
+def test_newcomers_and_a_chunked_prompt_join_one_step_in_rows_of_their_own(
         tiny_models: TinyModels, kind: str) -> None:
-    """Arrivals spread over one step's layers (the Triton pattern: the adapter's queue fills
-    while the forward runs): request 2 arrives at the step's first preemption point, request 3
-    at its second. Each is prefilled there, as its own group, into rows after the running ones
-    and after the group already joining; every request's tokens equal it run alone."""
-    want = _alone(tiny_models, kind, 0.0)
-    events: list[tuple[str, int]] = []
-    handles: dict[int, object] = {}
-    points = [0]   # preemption points seen in step 0
-
-    def on_tokens(i: int):  # noqa: ANN202
-        return lambda new: events.append(("tokens", i))
-
-    def intake() -> None:
-        points[0] += 1
-        i = {1: 2, 2: 3}.get(points[0])
-        if i is not None and not events.count(("end", 0)):
-            handles[i] = sch.submit(PROMPTS[i], _params(i, 0.0), on_tokens=on_tokens(i))
-            events.append(("submit", i))
-
+    """Two groups join in one step: two short newcomers (one shares a running request's
+    prompt) and a chunked prompt's last chunk; the plan puts them in the rows after the running
+    one, each in a row of its own, and every request's tokens and stats equal it run alone."""
+    prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[4], PROMPTS[1]]  # running, long, short, shared
+    params = [SamplingParams(max_tokens=n, seed=7 + i) for i, n in enumerate([20, 9, 8, 12])]
+    dec = SpecDecoder(tiny_models.target, _proposer(kind, tiny_models))
+    want = [dec.generate([p], q)[0] for p, q in zip(prompts, params, strict=True)]
     sch = Scheduler(SpecDecoder(tiny_models.target, _proposer(kind, tiny_models)), 4,
-                    max_len=64, intake=intake)
-    for i in (0, 1):
-        handles[i] = sch.submit(PROMPTS[i], _params(i, 0.0), on_tokens=on_tokens(i))
+                    max_len=64, prefill_chunk=4)
+    plans = []
+    handles = [sch.submit(prompts[0], params[0])]
     sch.step()
-    events.append(("end", 0))
+    handles.append(sch.submit(prompts[1], params[1]))  # 12 tokens: chunks of 4, 4, then 4
+    sch.step()
+    sch.step()
+    handles += [sch.submit(p, q) for p, q in zip(prompts[2:], params[2:], strict=True)]
+    plans.append(sch.schedule())
+    plan = plans[0]
+    assert [(handles.index(j.handle), j.row, j.fed) for j in plan.join] == [
+        (2, 1, 0), (3, 2, 0), (1, 3, 8)]
+    sch.update(plan, sch.runner.prefill(plan))
+    sch.update(plan, sch.runner.decode(plan))
     sch.run_until_idle()
-    # both joined inside step 0, one after the other: 3 arrived after 2 had been prefilled
-    assert events.index(("submit", 2)) < events.index(("tokens", 2)) < events.index(
-        ("submit", 3)) < events.index(("tokens", 3)) < events.index(("end", 0))
-    got = [handles[i].result for i in range(4)]  # type: ignore[attr-defined]
-    assert [g.token_ids for g in got] == [w[0] for w in want[:4]]
-    assert [g.stats for g in got] == [w[1] for w in want[:4]]
+    got = [h.result for h in handles]
+    assert [g.token_ids for g in got if g] == [w.token_ids for w in want]
+    assert [g.stats for g in got if g] == [w.stats for w in want]
 
 
 def test_stop_tokens_end_requests_in_flight_with_reason_stop(tiny_models: TinyModels) -> None:

@@ -85,7 +85,7 @@ class StepOutcome:
     predicted the pending token (0 for finished rows); ``accepted[b]``: drafts accepted this step
     (0 after the prefill); ``seqs``: the sequences now; ``paths[b]`` (tree steps only): the kept
     node indices, root first (a chain keeps positions ``0..last[b]``); ``aux [B, T, n*H]``: the
-    target's residual stream at the layers ``Transformer.capture`` names (EAGLE-3), else None."""
+    target's residual stream at the layers ``Proposer.aux_layers`` names (EAGLE-3), else None."""
 
     hidden: torch.Tensor
     last: list[int]
@@ -110,6 +110,15 @@ class Proposer(Protocol):
     def lookahead(self) -> int:
         """The most tokens one proposal adds to a verify forward (chain K, tree N nodes)."""
 
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        """Target layers whose input residual stream it reads (EAGLE-3; ``StepOutcome.aux``
+        from ``Transformer.run(capture=...)``); () for none."""
+
+    def slots(self) -> SlotProposer | None:
+        """Its in-flight interface (rows that join and leave a running batch), or None when
+        it keeps per-call state and cannot serve in flight (oracle, external drafts)."""
+
     def bind(self, target: Transformer) -> None:
         """Called once by the decoder: move weights to the target's device and dtype, share its
         embedding, ..."""
@@ -125,11 +134,9 @@ class Proposer(Protocol):
 
 
 class SlotProposer(Protocol):
-    """A proposer whose per-sequence state can join and leave a running batch (in-flight
-    batching, :mod:`specserve.runtime.scheduler`): its rows are the scheduler's rows, in order.
-    """
-
-    inflight: bool  # False: this proposer cannot (a row-indexed reference, external drafts)
+    """A proposer's per-sequence state that can join and leave a running batch (in-flight
+    batching: :mod:`specserve.runtime.runner` calls it, :meth:`Proposer.slots` gives it): its
+    rows are the runner's KV pool rows, in order."""
 
     def reserve(self, capacity: int, max_len: int) -> None:
         """A pool for ``capacity`` sequences of up to ``max_len`` tokens; no sequence yet."""
@@ -178,7 +185,12 @@ class ChainProposer:
     def lookahead(self) -> int:
         return self.max_draft_len
 
-    inflight = True  # stateless per row (the sequences come with every request)
+    aux_layers: tuple[int, ...] = ()
+
+    def slots(self) -> SlotProposer | None:
+        """Itself: a chain proposer is stateless per row unless it says otherwise (a subclass
+        with per-call state returns None)."""
+        return self
 
     def bind(self, target: Transformer) -> None:
         """Chain proposers keep their own device and dtype."""

@@ -3,7 +3,8 @@ a chain of K drafts, or a static tree (EAGLE-2's candidate tree with fixed shape
 2024; ``eagle_choices`` as in TensorRT-LLM's EagleDecodingConfig).
 
 The head reads the target's residual stream at a few layers from the verify forward the
-decoder runs anyway (``Transformer.capture``; :class:`StepOutcome` ``aux``). Each proposal
+decoder runs anyway (``aux_layers``, captured by ``Transformer.run``; :class:`StepOutcome`
+``aux``). Each proposal
 first catches up: the kept positions' fused target states paired with their next tokens go
 through the head in one forward (its KV cache holds one entry per target position); the
 output at the last position gives draft 1, and each further draft feeds the head its own
@@ -54,6 +55,7 @@ class Eagle3Proposer(ChainProposer):
         self.tree = None if choices is None else MedusaTree.from_choices(choices)
         super().__init__(max_draft_len if self.tree is None else self.tree.depth)
         self.head = head
+        self.aux_layers = head.cfg.aux_layer_ids  # the target layers the head reads
         self._plans: dict[int, tuple[TreeBuffers, list[TreeLevel], int]] = {}
         self.cache: KVCache | None = None
         self.pool: KVCache  # in-flight batching only (reserve)
@@ -61,10 +63,9 @@ class Eagle3Proposer(ChainProposer):
         self.feats: list[torch.Tensor | None] = []
 
     def bind(self, target: Transformer) -> None:
-        """Capture the head's layers in every target forward; share the target's embedding."""
+        """Share the target's embedding (the decoder captures :attr:`aux_layers` itself)."""
         self.head.to(device=target.device, dtype=target.dtype).decode_layout()
         self.head.bind(target.embed.weight)
-        target.capture = self.head.cfg.aux_layer_ids
 
     @property
     def lookahead(self) -> int:

@@ -18,7 +18,12 @@ import torch
 
 from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
-from specserve.runtime.proposers.base import ChainProposal, ChainProposer, pad_drafts
+from specserve.runtime.proposers.base import (
+    ChainProposal,
+    ChainProposer,
+    SlotProposer,
+    pad_drafts,
+)
 from specserve.spec.sampling import logits_to_probs
 
 
@@ -29,7 +34,9 @@ class ExternalDraftProposer(ChainProposer):
     of :meth:`~specserve.runtime.decoder.SpecDecoder.verify`); never again, so in a plain
     ``generate`` (where the prefill has sampled a token already) it proposes nothing."""
 
-    inflight = False  # drafts are given per row of one verify() call
+    def slots(self) -> SlotProposer | None:
+        """None: drafts are given per row of one verify() call."""
+        return None
 
     name = "external"
 

@@ -16,6 +16,7 @@ from specserve.runtime.model import Transformer
 from specserve.runtime.proposers.base import (
     ChainProposal,
     ProposalRequest,
+    SlotProposer,
     StepOutcome,
     TreeProposal,
 )
@@ -81,7 +82,11 @@ class MedusaProposer:
         self._hidden = h[torch.arange(h.shape[0], device=dev), torch.tensor(outcome.last,
                                                                             device=dev)]
 
-    inflight = True
+    aux_layers: tuple[int, ...] = ()
+
+    def slots(self) -> SlotProposer | None:
+        """Itself: the per-row state is the last kept hidden state."""
+        return self
 
     def reserve(self, capacity: int, max_len: int) -> None:
         """In-flight batching: the per-row state is the last kept hidden state only."""

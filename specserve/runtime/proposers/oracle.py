@@ -8,7 +8,12 @@ from __future__ import annotations
 import torch
 
 from specserve.runtime.params import SamplingParams
-from specserve.runtime.proposers.base import ChainProposal, ChainProposer, pad_drafts
+from specserve.runtime.proposers.base import (
+    ChainProposal,
+    ChainProposer,
+    SlotProposer,
+    pad_drafts,
+)
 
 
 class OracleProposer(ChainProposer):
@@ -16,7 +21,10 @@ class OracleProposer(ChainProposer):
     sequence still follows its reference; nothing after a divergence."""
 
     name = "oracle"
-    inflight = False  # references are indexed by the row of one generate() call
+
+    def slots(self) -> SlotProposer | None:
+        """None: references are indexed by the row of one generate() call."""
+        return None
 
     def __init__(self, references: list[list[int]], max_draft_len: int = 4,
                  device: torch.device | str = "cpu") -> None:

@@ -1,0 +1,145 @@
+"""The model runner of in-flight batching: it executes a :class:`~specserve.runtime.plan.StepPlan`
+and says what happened, as vLLM v1's ``GPUModelRunner.execute_model`` does for the scheduler's
+``SchedulerOutput`` (vllm-project/vllm ``vllm/v1/worker/gpu_model_runner.py``): the runner owns
+the model-side state, the scheduler owns the requests (:mod:`specserve.runtime.plan`).
+
+Model-side state: one KV pool with a row per sequence (the running ones are its first rows, so
+a step's forward runs on a view of them), each row's KV length, a one-row scratch cache for
+chunked prefill (Sarathi, Agrawal et al. 2024) and the proposer's per-row state, joined and left
+through its :class:`~specserve.runtime.proposers.SlotProposer`. A plan runs in two phases:
+
+1. :meth:`ModelRunner.prefill`: the plan's evictions (swap-remove: the last row moves into the
+   hole, in the pool, the lengths and the proposer alike), a long prompt's chunk into the
+   scratch row, and the newcomers' prefill into the rows after the running ones (one forward
+   per group of equal ``fed``; a chunked prompt's earlier chunks are copied into its row
+   first) with their first tokens sampled; each group's proposer state joins after it;
+2. :meth:`ModelRunner.decode`: one speculative step of :class:`~specserve.runtime.decoder.
+   SpecDecoder` over the running rows and the newcomers (a newcomer that finished at its first
+   token rides along as a finished row: nothing is emitted for it).
+
+Both return a :class:`~specserve.runtime.plan.StepOutput` and change no request: the decoder
+runs on a batch detached from the requests' state (:meth:`Batch.detach`); the scheduler's
+``update`` applies the outputs. Every row's verification depends only on its own tokens, drafts
+and generator, so a request's tokens equal its tokens run alone at any arrival pattern.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.errors import SpecserveError
+from specserve.runtime.batch import Batch, RowOutput
+from specserve.runtime.decoder import SpecDecoder
+from specserve.runtime.kvcache import KVCache
+from specserve.runtime.plan import Chunk, Join, StepOutput, StepPlan
+from specserve.runtime.proposers import SlotProposer, StepOutcome
+
+
+class ModelRunner:
+    """Executes step plans over ``capacity`` pool rows of up to ``max_len`` tokens each."""
+
+    def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int) -> None:
+        prop = decoder.proposer
+        self.slots: SlotProposer | None = None if prop is None else prop.slots()
+        if prop is not None and self.slots is None:
+            raise SpecserveError(f"in-flight batching: the {prop.name} proposer keeps per-call "
+                                 "state and cannot join a running batch")
+        self.decoder, self.capacity, self.max_len = decoder, capacity, max_len
+        self.pool: KVCache = decoder.target.new_cache(capacity, max_len + decoder.lookahead())
+        self.capture = () if prop is None else prop.aux_layers
+        self._scratch: KVCache | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty pool (start, or after a failed step): no row, no pending proposer state."""
+        self.lengths: list[int] = []  # KV length of each pool row in use
+        self._long_aux: list[torch.Tensor] = []  # a chunked prompt's captured layers (EAGLE-3)
+        if self.slots is not None:
+            self.slots.reserve(self.capacity, self.max_len)
+
+    @property
+    def rows(self) -> int:
+        """Pool rows in use."""
+        return len(self.lengths)
+
+    @torch.inference_mode()
+    def prefill(self, plan: StepPlan) -> StepOutput:
+        """Phase 1: evictions, the chunk, the newcomers' prefill (rows in ``plan.join``
+        order) and their proposer state."""
+        for row in plan.evict:
+            self._evict(row)
+        if len(plan.decode) - len(plan.join) != self.rows:
+            raise SpecserveError(f"in-flight batching: the plan runs {len(plan.decode)} rows "
+                                 f"with {len(plan.join)} newcomers, the pool holds {self.rows}")
+        if plan.chunk is not None:
+            self._chunk(plan.chunk)
+        out: list[RowOutput] = []
+        for group in _groups(plan.join):
+            out += self._prefill(group)
+        return StepOutput("prefill", tuple(out))
+
+    @torch.inference_mode()
+    def decode(self, plan: StepPlan) -> StepOutput:
+        """Phase 2: one speculative step of rows ``0..len(plan.decode)-1``."""
+        rows: tuple[RowOutput, ...] = ()
+        n = len(plan.decode)
+        if n:
+            st = Batch.detach([h.state() for h in plan.decode], self.decoder.proposer)
+            cache = self.pool.view(0, n)
+            cache.lengths = self.lengths[:n]  # advanced in place by the step
+            self.decoder.step(st, cache)
+            self.lengths[:n] = cache.lengths
+            rows = tuple(st.outputs())
+        return StepOutput("decode", rows)
+
+    def _evict(self, row: int) -> None:
+        last = self.rows - 1
+        if row != last:
+            self.pool.move_row(last, row, self.lengths[last])
+            self.lengths[row] = self.lengths[last]
+        self.lengths.pop()
+        if self.slots is not None:
+            self.slots.evict(row)
+
+    def _chunk(self, c: Chunk) -> None:
+        """``prompt[start:stop]`` into the scratch row (its captured layers kept)."""
+        if self._scratch is None:
+            self._scratch = self.decoder.target.new_cache(1, self.pool.max_len)
+        view = self._scratch.view(0, 1)
+        view.lengths = [c.start]
+        piece = torch.tensor([c.handle.prompt[c.start:c.stop]], device=self.decoder.device)
+        aux = self.decoder.target.run(piece, view, capture=self.capture).aux
+        self._long_aux = ([] if c.start == 0 else self._long_aux) + (
+            [aux] if aux is not None else [])
+
+    def _prefill(self, group: list[Join]) -> list[RowOutput]:
+        """Prefill one group (consecutive rows, one ``fed``) and sample its first tokens."""
+        start, fed, m = group[0].row, group[0].fed, len(group)
+        if fed:  # a chunked prompt: its earlier chunks into its row first
+            assert self._scratch is not None and m == 1
+            for dst, src in zip((*self.pool.k, *self.pool.v),
+                                (*self._scratch.k, *self._scratch.v), strict=True):
+                dst[start, :, :fed] = src[0, :, :fed]
+        st = Batch.detach([j.handle.state() for j in group], self.decoder.proposer)
+        view = self.pool.view(start, start + m)
+        fwd = self.decoder.prefill(st, view, fed=fed)
+        self.lengths += view.lengths
+        aux = fwd.aux
+        if aux is not None and fed:  # its earlier chunks' captured layers first
+            aux = torch.cat([*self._long_aux, aux], dim=1)
+        if self.slots is not None:
+            last = [max(x - fed - 1, 0) for x in view.lengths]
+            self.slots.admit([j.handle.prompt for j in group],
+                             StepOutcome(fwd.hidden, last, [0] * m, st.seqs, aux=aux))
+        return st.outputs()
+
+
+def _groups(joins: tuple[Join, ...]) -> list[list[Join]]:
+    """Consecutive joins with the same ``fed`` (one prefill forward each)."""
+    out: list[list[Join]] = []
+    for j in joins:
+        if out and out[-1][0].fed == j.fed == 0:
+            out[-1].append(j)
+        else:
+            out.append([j])
+    return out
