@@ -1,7 +1,8 @@
 """Per-call state of :class:`specserve.runtime.decoder.SpecDecoder`: the sequences of one
 ``generate``/``verify`` call, their outputs, stop conditions (end_id/stop tokens, max_tokens,
 min_tokens, stop sequences), stats, generators, times, the opt-in emitted-token logits and
-log-probabilities (:mod:`specserve.spec.logprobs`); and the result record of one request."""
+log-probabilities (:mod:`specserve.spec.logprobs`), the guided rows' grammar matchers
+(:mod:`specserve.runtime.grammar`); and the result record of one request."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.runtime.grammar import GuideMatcher
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import Proposer
 from specserve.spec.logprobs import token_logprobs
@@ -75,6 +77,9 @@ class Batch:
         self.tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
         self.pred = [[0] for _ in range(n)]  # per row: prediction drafts accepted (one cell)
         self.predicted: set[int] = set()  # rows whose drafts came from their prediction (step)
+        # structured output: each guided row's grammar matcher (runtime/grammar.py)
+        self.guides: list[GuideMatcher | None] = [
+            None if p.guide is None else p.guide.matcher(sorted(p.stop_ids)) for p in params]
 
     @classmethod
     def merge(cls, parts: list[Batch], prop: Proposer | None) -> Batch:
@@ -92,6 +97,7 @@ class Batch:
         st.want = [p.want[0] for p in parts]
         st.lps, st.tops = [p.lps[0] for p in parts], [p.tops[0] for p in parts]
         st.pred, st.predicted = [p.pred[0] for p in parts], set()
+        st.guides = [p.guides[0] for p in parts]
         st.logits = [p.logits[0] if p.logits is not None else [] for p in parts] \
             if any(st.want) else None
         return st
