@@ -93,6 +93,10 @@ class GuideCompiler:
             self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         return self._compiler
 
+    def compile_text(self, kind: str, text: str) -> CompiledGuide:
+        """:meth:`compile` of ``Guide(kind, text)`` (the front doors' form)."""
+        return self.compile(Guide(kind, text))
+
     def compile(self, guide: Guide) -> CompiledGuide:
         """The compiled guide, or SpecserveError with one line (bad schema / regex / grammar, or
         a grammar no token of this vocabulary can start)."""
