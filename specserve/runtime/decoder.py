@@ -286,8 +286,7 @@ class SpecDecoder:
         # tree proposer for its chain (a tree cannot be cut per row)
         predicting = [b for b in st.active() if st.params[b].prediction]
         chain_only = bool(predicting) or any(st.params[b].draft_cap(kmax) < kmax
-                                             or st.guides[b] is not None for b in st.active())
-        # (a guided row: trees fall back to their top-1 chain, whose drafts the grammar cuts)
+                                             for b in st.active())
         prop = None if p is None else p.get_proposal(
             ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only))
         st.predicted = set()
@@ -419,6 +418,10 @@ class SpecDecoder:
         logits = self.target.logits(hidden)  # [B, N+1, V]
         depths = buf.position_ids.tolist()
         self._ban_stops(st, logits, depths)
+        allowed = GuidedStep.tree(st.guides, tree_tokens, buf.parents.tolist(), st.active(),
+                                  logits.shape[-1], self.device)
+        if allowed is not None:  # structured output: each node's grammar set [B, N+1, V]
+            logits = mask_logits(logits, allowed)
         res = tree_greedy_verify(tree_tokens, logits, buf)
         toks, nums, paths = res.tokens.tolist(), res.num_emitted.tolist(), \
             res.accepted_nodes.tolist()
@@ -433,6 +436,10 @@ class SpecDecoder:
             cache.lengths[b] += len(path)
             new = st.emit(b, toks[b][:keep])
             st.record(b, logits[b, path[:len(new)]], new)  # token i: node path[i]'s logits
+            guide = st.guides[b]
+            if guide is not None:  # the kept path and its bonus token
+                for t in new:
+                    guide.accept(t)
             st.stats[b].observe(nodes, len(path) - 1, num_emitted=len(new),
                                 positions_drafted=depth,
                                 nodes=[(heads[j], ranks[j]) for j in path[1:]])

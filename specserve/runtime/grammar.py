@@ -232,8 +232,46 @@ class GuidedStep:
         return out
 
     @staticmethod
+    def tree(matchers: Sequence[GuideMatcher | None], tokens: torch.Tensor,
+             parents: Sequence[int], active: Sequence[int], vocab: int,
+             device: torch.device) -> torch.Tensor | None:
+        """allowed [B, N+1, V] for a candidate tree (``tokens [B, N+1]``, node 0 the root =
+        the pending token, ``parents[i]`` node i's parent): node i's set is the grammar's after
+        the tokens on the path root..i (walked depth first with accept / rollback; the matchers
+        end where they began). A node outside its parent's set, and what hangs below it, keeps
+        all True: greedy tree verification can never accept it, as the parent's masked argmax is
+        inside the set. None: no guided row."""
+        rows = [b for b in active if matchers[b] is not None]
+        if not rows:
+            return None
+        n = len(parents)
+        children: list[list[int]] = [[] for _ in range(n)]
+        for i in range(1, n):
+            children[parents[i]].append(i)
+        allowed = torch.ones(len(matchers), n, vocab, dtype=torch.bool)
+        for b in rows:
+            m = matchers[b]
+            assert m is not None
+            _visit(m, tokens[b].tolist(), children, allowed[b], 0)
+        return allowed.to(device)
+
+    @staticmethod
     def first(matchers: Sequence[GuideMatcher | None], active: Sequence[int], vocab: int,
               device: torch.device) -> torch.Tensor | None:
         """allowed [B, 1, V] for the prefill's sampled token; None: no guided row."""
         step = GuidedStep.plan(matchers, None, [0] * len(matchers), active, vocab, device)
         return None if step is None else step.allowed
+
+
+def _visit(m: GuideMatcher, toks: list[int], children: list[list[int]], out: torch.Tensor,
+           node: int) -> None:
+    """Fill ``out[node]`` [V] and recurse into the children the set allows (depth <= tree
+    depth); the matcher is back where it was on return."""
+    out[node] = m.allowed()
+    if m.terminated:
+        return
+    for c in children[node]:
+        if bool(out[node, toks[c]]):
+            m.accept(toks[c])
+            _visit(m, toks, children, out, c)
+            m.rollback(1)

@@ -4,7 +4,7 @@
 - The masking math: xgrammar's bitmask layout (bit j of word w = token 32 w + j), masked logits,
   the draft's q renormalized over the allowed set.
 - Greedy, every method (draft model same/random, n-gram, EAGLE-3 chain; Medusa and EAGLE-3
-  trees, which fall back to their top-1 chain for guided steps; Predicted Outputs), in one
+  trees, every node masked by the grammar set after its path; Predicted Outputs), in one
   in-flight batch with unguided rows: each guided row equals plain guided decoding (no
   proposer) token for token, is valid JSON under the schema and ends with the stop token; each
   unguided row equals plain decoding.
@@ -42,7 +42,7 @@ from tests.helpers.negative_control import skip_residual_sample
 from tests.runtime.conftest import TinyModels
 from tests.runtime.test_distribution import PROMPT, N, V, _chi2_p, _tiny
 from tests.runtime.test_distribution import _proposer as _v8_proposer
-from tests.runtime.test_scheduler import PROMPTS, _proposer
+from tests.runtime.test_scheduler import PROMPTS, TREE, _proposer
 
 torch.set_num_threads(1)
 
@@ -121,6 +121,8 @@ def test_greedy_guided_rows_equal_plain_guided_decoding(tiny_models: TinyModels,
         assert _valid(tok, g.result.token_ids)
         assert u.result.token_ids == wu
         drafted += g.result.stats.draft_tokens
+        if kind in ("medusa", "eagle3_tree"):  # every guided step verified the whole tree
+            assert g.result.stats.draft_tokens == TREE.num_nodes * g.result.stats.steps
     assert drafted > 0  # guided rows really were speculative
 
 
