@@ -126,6 +126,55 @@ def test_greedy_guided_rows_equal_plain_guided_decoding(tiny_models: TinyModels,
     assert drafted > 0  # guided rows really were speculative
 
 
+class _OracleTree:
+    """A test tree proposer: along the branch [1], [1, 0], [1, 0, 0] of ``TREE`` it proposes the reference continuation (so tree steps accept several nodes and the
+    bonus comes from a deep node's logits); every other node gets a token next to the
+    reference's (mostly outside the grammar)."""
+
+    name, max_draft_len, lookahead = "oracle_tree", TREE.depth, TREE.num_nodes
+
+    def __init__(self, references: list[list[int]], vocab: int) -> None:
+        from specserve.spec.tree import build_tree_buffers
+
+        self.refs, self.vocab, self.buffers = references, vocab, build_tree_buffers(TREE)
+
+    def bind(self, target: Any) -> None:
+        pass
+
+    def start(self, prompts: list[list[int]], max_len: int) -> None:
+        pass
+
+    def update(self, outcome: Any) -> None:
+        pass
+
+    def get_proposal(self, request: Any) -> Any:
+        from specserve.runtime.proposers import TreeProposal
+
+        rows = []
+        for seq, ref in zip(request.seqs, self.refs, strict=True):
+            n, row = len(seq), [seq[-1]]
+            for path in TREE.choices:
+                want = ref[n + len(path) - 1] if n + len(path) - 1 < len(ref) else 0
+                on = ref[:n] == seq and path[0] == 1 and not any(path[1:])
+                row.append(want if on else (want + 1) % self.vocab)
+            rows.append(row)
+        return TreeProposal(torch.tensor(rows), self.buffers)
+
+
+def test_a_tree_that_follows_the_grammar_is_accepted_deep(tiny_models: TinyModels, tok: Any,
+                                                          guide: CompiledGuide) -> None:
+    """Tree steps that accept several nodes: the bonus comes from a deep node's masked logits,
+    the other branch's nodes (outside the grammar) are never accepted."""
+    plain = SpecDecoder(tiny_models.target)
+    want = [plain.generate([p], _guided(tok, guide))[0].token_ids for p in PROMPTS]
+    refs = [p + w for p, w in zip(PROMPTS, want, strict=True)]
+    dec = SpecDecoder(tiny_models.target, _OracleTree(refs, tiny_models.target.cfg.vocab_size))
+    res = dec.generate(PROMPTS, [_guided(tok, guide) for _ in PROMPTS])
+    assert [r.token_ids for r in res] == want
+    assert all(_valid(tok, r.token_ids) for r in res)
+    assert sum(r.stats.accepted_tokens for r in res) > 2 * sum(r.stats.steps for r in res)
+
+
 def _sampled_validity(m: TinyModels, tok: Any, guide: CompiledGuide, kind: str,
                       n: int) -> None:
     dec = _spec(m, kind)
