@@ -14,8 +14,11 @@
   test_distribution.py) for an EBNF grammar whose allowed set depends on the prefix: tokens 1-3
   follow the *constrained* target distribution (enumerated with Hugging Face's model and fresh
   xgrammar matchers), for a draft model and an EAGLE-3 chain (sampled q, masked and
-  renormalized) and Medusa's chain (one-hot q, ``slow``); the negative control
-  (tests/helpers/negative_control.py: no residual after a rejection) fails the same test.
+  renormalized; a fixed peaked q that the grammar cuts often) and Medusa's chain (one-hot q,
+  ``slow``); two negative controls fail the same test: tests/helpers/negative_control.py (no
+  residual after a rejection) and the draft's q left unmasked.
+- Trees: an oracle tree accepts deep under the grammar (the bonus from a deep node's masked
+  logits; the off-grammar branch never accepted).
 - Bad guides (malformed schema, regex, EBNF; a grammar no token can start) are one line each;
   min_tokens and a missing stop token are refused.
 """
@@ -127,9 +130,10 @@ def test_greedy_guided_rows_equal_plain_guided_decoding(tiny_models: TinyModels,
 
 
 class _OracleTree:
-    """A test tree proposer: along the branch [1], [1, 0], [1, 0, 0] of ``TREE`` it proposes the reference continuation (so tree steps accept several nodes and the
-    bonus comes from a deep node's logits); every other node gets a token next to the
-    reference's (mostly outside the grammar)."""
+    """A test tree proposer: along the branch [1], [1, 0], [1, 0, 0] of ``TREE`` it proposes
+    the reference continuation (so tree steps accept several nodes and the bonus comes from a
+    deep node's logits); every other node gets a token next to the reference's (mostly
+    outside the grammar)."""
 
     name, max_draft_len, lookahead = "oracle_tree", TREE.depth, TREE.num_nodes
 
@@ -247,8 +251,9 @@ def vocab8(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _chi2_both(target_dir: Path, kind: str) -> float:
     guide = _v8_guide()
     target = load_model(target_dir)
-    prop = (DraftModelProposer(load_model(target_dir.parent / "draft"), max_draft_len=2)
-            if kind == "draft" else _v8_proposer(kind, target_dir.parent / "draft", target))
+    prop: Any = (_FixedQ() if kind == "fixed_q" else
+                 DraftModelProposer(load_model(target_dir.parent / "draft"), max_draft_len=2)
+                 if kind == "draft" else _v8_proposer(kind, target_dir.parent / "draft", target))
     dec = SpecDecoder(target, prop)
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=s, end_id=STOP, guide=guide)
               for s in range(N)]
@@ -263,7 +268,39 @@ def _chi2_both(target_dir: Path, kind: str) -> float:
     return min(_chi2_p(c12, joint), _chi2_p(c3, p3))
 
 
-@pytest.mark.parametrize("kind", ["draft", "eagle3",
+# q of _FixedQ: peaked on "a" and "g", so the grammar often cuts (g after a, c-e) and the cut
+# drafts' renormalized q differs from q inside the allowed set
+FIXED_Q = torch.tensor([0.45, 0.05, 0.05, 0.05, 0.05, 0.05, 0.25, 0.05])
+
+
+class _FixedQ:
+    """A test chain proposer: 2 drafts per step, each drawn from FIXED_Q with the row's own
+    generator (q reported as probs), whatever the context."""
+
+    name, max_draft_len, lookahead = "fixed_q", 2, 2
+
+    def bind(self, target: Any) -> None:
+        pass
+
+    def start(self, prompts: list[list[int]], max_len: int) -> None:
+        pass
+
+    def update(self, outcome: Any) -> None:
+        pass
+
+    def get_proposal(self, request: Any) -> Any:
+        from specserve.runtime.proposers import ChainProposal
+
+        b = len(request.seqs)
+        toks = torch.zeros(b, 2, dtype=torch.long)
+        for i, g in enumerate(request.generators):
+            if request.limits[i]:
+                toks[i] = torch.multinomial(FIXED_Q, 2, replacement=True, generator=g)
+        probs = FIXED_Q.expand(b, 2, V).clone()  # [B, 2, V]
+        return ChainProposal(toks, [min(2, k) for k in request.limits], probs)
+
+
+@pytest.mark.parametrize("kind", ["draft", "eagle3", "fixed_q",
                                   pytest.param("medusa", marks=pytest.mark.slow)])
 def test_guided_requests_follow_the_constrained_distribution(vocab8: Path, kind: str) -> None:
     assert _chi2_both(vocab8, kind) > 1e-3
@@ -275,6 +312,16 @@ def test_the_negative_control_fails_the_same_test(vocab8: Path,
     residual step (p ~ 1e-97 here; the draft model's fewer surviving drafts give 3e-3)."""
     monkeypatch.setattr(decoder_module, "rejection_sample", skip_residual_sample)
     assert _chi2_both(vocab8, "eagle3") < 1e-3
+
+
+def test_an_unmasked_draft_q_fails_the_same_test(vocab8: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Power against the fault the renormalization guards: cut drafts verified against the
+    draft's unmasked q over-accept (p ~ 1e-76 here, 0.57 with the masked q)."""
+    from specserve.runtime.grammar import GuidedStep
+
+    monkeypatch.setattr(GuidedStep, "mask_q", lambda self, q: q)
+    assert _chi2_both(vocab8, "fixed_q") < 1e-3
 
 
 @pytest.mark.parametrize(("kind", "text", "msg"), [
