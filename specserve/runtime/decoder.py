@@ -36,7 +36,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
-from specserve.runtime.grammar import GuidedStep
+from specserve.runtime.grammar import DraftGuide, GuidedStep
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
@@ -287,8 +287,9 @@ class SpecDecoder:
         predicting = [b for b in st.active() if st.params[b].prediction]
         chain_only = bool(predicting) or any(st.params[b].draft_cap(kmax) < kmax
                                              for b in st.active())
+        guide = DraftGuide(st.guides, st.active()) if any(st.guides) else None
         prop = None if p is None else p.get_proposal(
-            ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only))
+            ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only, guide))
         st.predicted = set()
         if predicting:
             prop, limits = self._predict(st, prop, limits, predicting)

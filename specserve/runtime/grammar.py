@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from specserve.errors import SpecserveError
-from specserve.spec.grammar import bitmask_to_allowed, mask_probs
+from specserve.spec.grammar import bitmask_to_allowed, mask_logits, mask_probs
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")  # TensorRT-LLM's guide_type
 MAX_GUIDE_CHARS = 1 << 20
@@ -173,6 +173,13 @@ class GuideMatcher:
         if n:
             self._m.rollback(n)
 
+    def fork(self) -> GuideMatcher:
+        """An independent copy of this state (xgrammar's ``GrammarMatcher.fork``)."""
+        new = GuideMatcher.__new__(GuideMatcher)
+        new.vocab_size, new._m = self.vocab_size, self._m.fork()
+        new._bitmask = self._bitmask.clone()
+        return new
+
     def walk(self, drafts: Sequence[int]) -> list[torch.Tensor]:
         """Accept the drafts while the grammar allows them; the allowed sets [V] bool of the
         verified positions: position j scores the token after ``j`` kept drafts, so
@@ -275,3 +282,35 @@ def _visit(m: GuideMatcher, toks: list[int], children: list[list[int]], out: tor
             m.accept(toks[c])
             _visit(m, toks, children, out, c)
             m.rollback(1)
+
+
+class DraftGuide:
+    """Grammar-aware drafting: a fork of each guided row's matcher follows the drafts as a
+    proposer makes them, so the draft's logits can be masked to the grammar before it picks
+    (its greedy argmax and its sampled q then stay inside; q is the masked distribution, which
+    the verifier's renormalization leaves as it is). A row whose draft leaves the grammar anyway
+    (a proposer that does not mask) is no longer guided for the rest of the chain: the decoder's
+    walk cuts it there. The rows' own matchers are not touched."""
+
+    def __init__(self, matchers: Sequence[GuideMatcher | None], active: Sequence[int]) -> None:
+        self.forks = {b: m.fork() for b in active if (m := matchers[b]) is not None}
+        self._allowed: dict[int, torch.Tensor] = {}
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] of one draft step -> a copy masked on the guided rows."""
+        out = logits.clone()
+        for b, f in self.forks.items():
+            if out.shape[-1] == f.vocab_size:
+                self._allowed[b] = a = f.allowed().to(out.device)  # [V]
+                out[b] = mask_logits(out[b], a)
+        return out
+
+    def advance(self, tok: torch.Tensor) -> None:
+        """The drafts tok [B] were picked: each guided row's fork accepts its own."""
+        for b in list(self.forks):
+            f, t = self.forks[b], int(tok[b])
+            a = self._allowed.pop(b, None)
+            if f.terminated or not bool((f.allowed() if a is None else a)[t]):
+                del self.forks[b]
+                continue
+            f.accept(t)
