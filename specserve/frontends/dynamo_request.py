@@ -13,25 +13,42 @@ Dynamo's frontend tokenizes an OpenAI request and hands a worker a ``Preprocesse
 No second copy of the request checks: the dict is written as the Triton ``tensorrt_llm`` inputs
 (``input_ids``, ``request_output_len``, ``stop_words_list``, ``end_id``, ...) and goes through
 :func:`specserve.triton.llm_io.parse_request` and :func:`~specserve.triton.llm_io.sampling_params`
-like a Triton request. What that model cannot serve (``n > 1``, ``logprobs``,
-``guided_decoding``, penalties, beam search, ...) is refused with a one-line ValueError, which
-the worker sends to the client as an error, never ignored.
+like a Triton request. What that model cannot serve (``n > 1``, ``logprobs``, penalties, beam
+search, ...) is refused with a one-line ValueError, which the worker sends to the client as an
+error, never ignored.
+
+Structured output: OpenAI's ``response_format`` reaches the worker as
+``sampling_options.guided_decoding`` (Dynamo's ``GuidedDecodingOptions``: one of ``json``,
+``regex``, ``choice``, ``grammar``, ``structural_tag``, plus the modifiers ``backend`` and
+``whitespace_pattern``; ``{"type": "json_object"}`` arrives as ``{"json": {"type": "object"}}``,
+``../shared/reference/dynamo-cpu.md``). ``json`` (a schema, object or string) becomes the Triton
+inputs ``guided_decoding_guide_type = json_schema`` / ``guided_decoding_guide``, ``regex`` ->
+``regex``, ``grammar`` -> ``ebnf_grammar`` (xgrammar's EBNF); ``choice``, ``structural_tag``,
+``whitespace_pattern`` and a ``backend`` other than xgrammar are refused by name.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specserve.triton.llm_io import EngineLimits, LlmRequest, parse_request, sampling_params
+from specserve.triton.llm_io import (
+    CompileGuide,
+    EngineLimits,
+    LlmRequest,
+    parse_request,
+    sampling_params,
+)
 
 if TYPE_CHECKING:
     from specserve.runtime.params import SamplingParams
 
 # served fields of each section; any other field must be absent, None or its neutral value
-SAMPLING_SERVED = frozenset({"temperature", "top_p", "top_k", "seed"})
+SAMPLING_SERVED = frozenset({"temperature", "top_p", "top_k", "seed", "guided_decoding"})
+GUIDED = {"json": "json_schema", "regex": "regex", "grammar": "ebnf_grammar"}  # -> guide type
 STOP_SERVED = frozenset({"max_tokens", "stop", "stop_token_ids", "stop_token_ids_hidden",
                          "min_tokens", "ignore_eos"})
 NEUTRAL: Mapping[str, tuple[Any, ...]] = {
@@ -55,6 +72,23 @@ def _refuse_unserved(section: str, values: Mapping[str, Any] | None,
 def _stop_words(ids: list[int]) -> np.ndarray[Any, Any]:
     """TensorRT-LLM's ``[2, L]`` word list of single-token words (``llm_io.word_ids``)."""
     return np.array([ids, list(range(1, len(ids) + 1))], dtype=np.int32)
+
+
+def _guided(options: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """Dynamo's ``guided_decoding`` -> (guide type, guide) of the Triton inputs, or None."""
+    if not options:
+        return None
+    found = []
+    for key, value in options.items():
+        if value is None or (key == "backend" and value == "xgrammar"):
+            continue
+        if key not in GUIDED:
+            raise ValueError(f"sampling_options.guided_decoding.{key} = {value!r} is not "
+                             "supported by the specserve worker")
+        found.append((GUIDED[key], value if isinstance(value, str) else json.dumps(value)))
+    if len(found) > 1:
+        raise ValueError("sampling_options.guided_decoding: only one of json, regex, grammar")
+    return found[0] if found else None
 
 
 def to_arrays(request: Mapping[str, Any], max_seq_len: int) -> dict[str, np.ndarray[Any, Any]]:
@@ -96,15 +130,20 @@ def to_arrays(request: Mapping[str, Any], max_seq_len: int) -> dict[str, np.ndar
         arrays["runtime_top_p"] = np.array([sampling["top_p"]], dtype=np.float32)
     if sampling.get("seed") is not None:
         arrays["seed"] = np.array([int(sampling["seed"])], dtype=np.uint64)
+    guide = _guided(sampling.get("guided_decoding"))
+    if guide is not None:
+        arrays["guided_decoding_guide_type"] = np.array([guide[0].encode()], dtype=np.object_)
+        arrays["guided_decoding_guide"] = np.array([guide[1].encode()], dtype=np.object_)
     return arrays
 
 
-def admit(request: Mapping[str, Any], limits: EngineLimits
-          ) -> tuple[LlmRequest, SamplingParams]:
+def admit(request: Mapping[str, Any], limits: EngineLimits,
+          guides: CompileGuide | None = None) -> tuple[LlmRequest, SamplingParams]:
     """One Dynamo request -> (request, its sampling parameters), every check of a Triton
-    request done; ValueError / SpecserveError with a one-line reason."""
+    request done; ValueError / SpecserveError with a one-line reason. ``guides``: the model's
+    grammar compiler (structured output)."""
     req = parse_request(to_arrays(request, limits.max_seq_len), exclude_default=True)
-    return req, sampling_params(req, limits)
+    return req, sampling_params(req, limits, guides=guides)
 
 
 def finish_reason(generated: int, params: SamplingParams) -> str:

@@ -140,13 +140,15 @@ def client_error(code: int, message: str) -> Exception:
     (an OpenAI error body); any other exception reaches the client as a bare 500."""
     from dynamo.llm.exceptions import InvalidArgument
 
-    return InvalidArgument(message)
+    err: Exception = InvalidArgument(message)
+    return err
 
 
 class Worker:
     """The engine, its serving loop on a thread, and the Dynamo handler."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
+        from specserve.runtime.grammar import GuideCompiler
         from specserve.triton.llm_engine import engine_limits, load_decoder
         from specserve.triton.serving_loop import make_scheduler
 
@@ -155,6 +157,8 @@ class Worker:
                                                             cfg.speculation)
         self.limits: EngineLimits = engine_limits(record, self.decoder.target.cfg.vocab_size,
                                                   getattr(self.tokenizer, "eos_token_id", None))
+        self.guides = GuideCompiler(self.tokenizer, self.decoder.target.cfg.vocab_size,
+                                    [] if self.limits.eos is None else [self.limits.eos])
         self.counters = SpecCounters(cfg.metrics_port) if cfg.metrics_port else None
         self.queue: queue.Queue[Pending | None] = queue.Queue(maxsize=cfg.max_pending)
         scheduler = make_scheduler(self.decoder, cfg.max_batch, self.limits.max_seq_len,
@@ -173,7 +177,7 @@ class Worker:
                        ) -> AsyncIterator[dict[str, Any]]:
         """Dynamo's handler: admit, queue for the loop, yield its responses."""
         try:
-            req, params = admit(request, self.limits)
+            req, params = admit(request, self.limits, self.guides.compile_text)
         except (ValueError, SpecserveError) as e:
             raise client_error(400, f"specserve: {e}") from None
         sender = DynamoSender(asyncio.get_running_loop(), params, self.counters)

@@ -1,9 +1,10 @@
 """Per-call state of :class:`specserve.runtime.decoder.SpecDecoder`: the sequences of one
 ``generate``/``verify`` call, their outputs, stop conditions (end_id/stop tokens, max_tokens,
 min_tokens, stop sequences), stats, generators, times, the opt-in emitted-token logits and
-log-probabilities (:mod:`specserve.spec.logprobs`); the result record of one request; and, for
-in-flight batching, one step's batch detached from the requests' own state (:meth:`Batch.detach`)
-with what it did to each row (:class:`RowOutput`, applied by the scheduler's ``update``)."""
+log-probabilities (:mod:`specserve.spec.logprobs`), the guided rows' grammar matchers
+(:mod:`specserve.runtime.grammar`); the result record of one request; and, for in-flight
+batching, one step's batch detached from the requests' own state (:meth:`Batch.detach`) with what
+it did to each row (:class:`RowOutput`, applied by the scheduler's ``update``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.runtime.grammar import GuideMatcher
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import Proposer
 from specserve.spec.logprobs import token_logprobs
@@ -98,6 +100,9 @@ class Batch:
         self.pred = [[0] for _ in range(n)]  # per row: prediction drafts accepted (one cell)
         self.predicted: set[int] = set()  # rows whose drafts came from their prediction (step)
         self.base = [0] * n  # outputs' lengths before this step (a detach batch)
+        # structured output: each guided row's grammar matcher (runtime/grammar.py)
+        self.guides: list[GuideMatcher | None] = [
+            None if p.guide is None else p.guide.matcher(sorted(p.stop_ids)) for p in params]
 
     @classmethod
     def detach(cls, parts: list[Batch], prop: Proposer | None) -> Batch:
@@ -119,6 +124,9 @@ class Batch:
         st.want = [p.want[0] for p in parts]
         st.lps, st.tops = [[] for _ in parts], [[] for _ in parts]
         st.pred, st.predicted = [[0] for _ in parts], set()
+        # the parts' own matchers, like their generators: a step advances each guided row's
+        # grammar state by exactly the tokens its RowOutput carries (rejections rolled back)
+        st.guides = [p.guides[0] for p in parts]
         st.logits = [[] for _ in parts] if any(st.want) else None
         return st
 

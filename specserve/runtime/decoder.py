@@ -36,6 +36,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
+from specserve.runtime.grammar import DraftGuide, GuidedStep
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Forward, Transformer
 from specserve.runtime.params import SamplingParams
@@ -52,6 +53,7 @@ from specserve.runtime.proposers.prediction import (
     overlay,
     prediction_drafts,
 )
+from specserve.spec.grammar import mask_logits
 from specserve.spec.sampling import logits_to_probs, sample
 from specserve.spec.schedule import DraftSchedule
 from specserve.spec.tree import tree_greedy_verify
@@ -248,10 +250,16 @@ class SpecDecoder:
         last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
         logits = self.target.logits(last)[:, None]  # [B, 1, V]
         self._ban_stops(st, logits, [0])
+        allowed = GuidedStep.first(st.guides, st.active(), logits.shape[-1], dev)
+        if allowed is not None:  # structured output: the grammar's tokens only
+            logits = mask_logits(logits, allowed)  # [B, 1, V]
         first = self._pick(st, logits[:, 0])
         for b in range(n):
             new = st.emit(b, [first[b]])
             st.record(b, logits[b], new)
+            guide = st.guides[b]
+            if guide is not None and new:
+                guide.accept(new[0])
             self._deliver(st, b, new, on_step)
         return fwd
 
@@ -301,8 +309,9 @@ class SpecDecoder:
         predicting = [b for b in st.active() if st.params[b].prediction]
         chain_only = bool(predicting) or any(st.params[b].draft_cap(kmax) < kmax
                                              for b in st.active())
+        guide = DraftGuide(st.guides, st.active()) if any(st.guides) else None
         prop = None if p is None else p.get_proposal(
-            ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only))
+            ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only, guide))
         st.predicted = set()
         if predicting:
             prop, limits = self._predict(st, prop, limits, predicting)
@@ -337,6 +346,10 @@ class SpecDecoder:
         counts, k = [0] * n, 0
         if prop is not None:
             counts = [min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)]
+        # structured output: cut each guided row's drafts where they leave its grammar
+        guided = GuidedStep.plan(st.guides, None if prop is None else prop.tokens, counts, act,
+                                 self.target.cfg.vocab_size, dev)
+        if prop is not None:
             k = max(counts)
         pending = torch.tensor([[s[-1]] for s in st.seqs], device=dev)  # [B, 1]
         drafts = pending[:, :0] if prop is None else prop.tokens[:, :k].to(dev)  # [B, k]
@@ -345,11 +358,15 @@ class SpecDecoder:
         hidden = fwd.hidden  # [B, k+1, H]
         logits = self.target.logits(hidden)  # [B, k+1, V]
         self._ban_stops(st, logits, list(range(k + 1)))
+        if guided is not None:  # the constrained target at every verified position
+            logits = mask_logits(logits, guided.allowed)  # [B, k+1, V]
         if k == 0:  # 3. verify (or just sample)
             emitted = [[t] for t in self._pick(st, logits[:, 0])]
         else:
             assert prop is not None
             q = prop.probs[:, :k] if prop.probs is not None else None
+            if guided is not None and q is not None:
+                q = guided.mask_q(q)  # [B, k, V] the cut drafts' q over the grammar's tokens
             emitted = self._verify_chain(st, drafts, q, logits, counts,
                                          prop.acceptance == "typical")
         last = [0] * n
@@ -359,6 +376,9 @@ class SpecDecoder:
             last[b] = len(toks) - 1
             new = st.emit(b, toks)
             st.record(b, logits[b], new)  # token j was chosen from the logits at position j
+            guide = st.guides[b]
+            if guide is not None:  # roll back the rejected drafts, take the last token
+                guide.settle(counts[b], len(toks) - 1, toks[-1])
             st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
             if b in st.predicted:
                 st.pred[b][0] += min(len(toks) - 1, len(new))
@@ -419,6 +439,10 @@ class SpecDecoder:
         logits = self.target.logits(hidden)  # [B, N+1, V]
         depths = buf.position_ids.tolist()
         self._ban_stops(st, logits, depths)
+        allowed = GuidedStep.tree(st.guides, tree_tokens, buf.parents.tolist(), st.active(),
+                                  logits.shape[-1], self.device)
+        if allowed is not None:  # structured output: each node's grammar set [B, N+1, V]
+            logits = mask_logits(logits, allowed)
         res = tree_greedy_verify(tree_tokens, logits, buf)
         toks, nums, paths = res.tokens.tolist(), res.num_emitted.tolist(), \
             res.accepted_nodes.tolist()
@@ -433,6 +457,10 @@ class SpecDecoder:
             cache.lengths[b] += len(path)
             new = st.emit(b, toks[b][:keep])
             st.record(b, logits[b, path[:len(new)]], new)  # token i: node path[i]'s logits
+            guide = st.guides[b]
+            if guide is not None:  # the kept path and its bonus token
+                for t in new:
+                    guide.accept(t)
             st.stats[b].observe(nodes, len(path) - 1, num_emitted=len(new),
                                 positions_drafted=depth,
                                 nodes=[(heads[j], ranks[j]) for j in path[1:]])

@@ -14,13 +14,23 @@
   ban, before top-k/top-p (:mod:`specserve.spec.logprobs`).
 - ``prediction`` (OpenAI's Predicted Outputs; Triton input ``prediction``): token ids of the
   expected output, a draft source (:mod:`specserve.runtime.proposers.prediction`); at most the
-  engine's context length (checked by the decoder and the scheduler)."""
+  engine's context length (checked by the decoder and the scheduler).
+- ``guide`` (structured output; Triton ``guided_decoding_guide_type`` / ``guided_decoding_guide``,
+  OpenAI ``response_format``): a grammar compiled by the front door for the engine's tokenizer
+  (:mod:`specserve.runtime.grammar`); every emitted token is sampled from the target's
+  distribution masked to the grammar, with or without speculation. The request's stop ids are
+  the grammar's stop tokens (one is needed); ``min_tokens`` is refused with a guide (it could
+  ban the only token the grammar allows)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from specserve.errors import SpecserveError
+
+if TYPE_CHECKING:
+    from specserve.runtime.grammar import CompiledGuide
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs (vLLM's default max_logprobs is 20 too)
 MAX_RETURN_SEQUENCES = 16  # n (OpenAI) / num_return_sequences (TensorRT-LLM) per request
@@ -47,6 +57,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     prediction: tuple[int, ...] = ()
+    guide: CompiledGuide | None = None
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -68,6 +79,12 @@ class SamplingParams:
                                  f"{self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
             raise SpecserveError("top_logprobs needs logprobs (return_log_probs) on")
+        if self.guide is not None:
+            if self.min_tokens:
+                raise SpecserveError("min_tokens cannot be combined with guided decoding")
+            if not self.stop_ids:
+                raise SpecserveError("guided decoding needs a stop token (end_id) to end the "
+                                     "grammar")
 
     def draft_cap(self, default: int) -> int:
         """The most drafts per step this request allows when the engine drafts ``default``."""

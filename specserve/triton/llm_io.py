@@ -32,18 +32,28 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   special tokens, a draft source; at most the engine's max_seq_len tokens) -> outputs
   ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` [1, 1] INT32 on the final
   response (:mod:`specserve.runtime.proposers.prediction`).
+- structured output (issue 31): ``guided_decoding_guide_type`` STRING (TensorRT-LLM's names and
+  values, tensorrtllm_backend ``tensorrt_llm/1/model.py``
+  ``get_guided_decoding_params_from_request``: ``json``, ``json_schema``, ``regex``,
+  ``ebnf_grammar``) and ``guided_decoding_guide`` STRING (the schema / regex / grammar; none
+  for ``json``), compiled with xgrammar for the model's tokenizer
+  (:mod:`specserve.runtime.grammar`); a guide without a type, an unknown type, a malformed
+  guide or one the tokenizer cannot express is one error line for that request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from specserve.errors import SpecserveError
 from specserve.runtime.params import SamplingParams
+
+if TYPE_CHECKING:
+    from specserve.runtime.grammar import CompiledGuide
 
 # Inputs the reference decoder honours; others must be absent or hold their neutral value.
 NEUTRAL: dict[str, float] = {
@@ -57,6 +67,7 @@ HONOURED = {
     "min_tokens", "exclude_input_in_output", "return_perf_metrics", "return_num_input_tokens",
     "return_num_output_tokens", "draft_input_ids", "draft_logits", "return_generation_logits",
     "return_log_probs", "num_top_log_probs", "num_draft_tokens", "prediction",
+    "guided_decoding_guide_type", "guided_decoding_guide",
 }
 MAYBE_EMPTY = {"draft_input_ids", "draft_logits"}  # empty = no drafts (a plain request)
 # draft_input_ids allowed on an engine whose record has no max_draft_len (a plain engine)
@@ -152,6 +163,8 @@ class LlmRequest:
     top_log_probs: int = 0
     num_draft_tokens: int | None = None  # None: the engine's draft length
     prediction: str | None = None  # Predicted Outputs: the expected output's text
+    guide_type: str | None = None  # guided_decoding_guide_type (None: no structured output)
+    guide: str | None = None  # guided_decoding_guide
 
     @property
     def verify_max_tokens(self) -> int:
@@ -225,6 +238,10 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
             raise ValueError(f"input '{name}' is not supported with streaming by the specserve "
                              "reference backend")
     k = opt("num_draft_tokens", None)
+    guide_type = _text(arrays, "guided_decoding_guide_type")
+    guide = _text(arrays, "guided_decoding_guide")
+    if guide is not None and guide_type is None:
+        raise ValueError("input 'guided_decoding_guide' needs 'guided_decoding_guide_type'")
     return LlmRequest(
         prompt=[int(t) for t in ids[:n]], max_tokens=max_tokens,
         streaming=bool(opt("streaming", False)), temperature=float(opt("temperature", 0.0)),
@@ -239,6 +256,7 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
         draft_ids=draft_ids, draft_logits=draft_logits, return_generation_logits=gen_logits,
         return_log_probs=log_probs, top_log_probs=int(opt("num_top_log_probs", 0)),
         num_draft_tokens=None if k is None else int(k), prediction=_text(arrays, "prediction"),
+        guide_type=guide_type, guide=guide,
     )
 
 
@@ -254,13 +272,16 @@ def _text(arrays: dict[str, np.ndarray[Any, Any]], name: str) -> str | None:
 
 
 Encode = Callable[[str], list[int]]
+# (guide type, guide text) -> the guide compiled for the model's tokenizer, or SpecserveError
+CompileGuide = Callable[[str, str], "CompiledGuide"]
 
 
-def sampling_params(req: LlmRequest, limits: EngineLimits,
-                    encode: Encode | None = None) -> SamplingParams:
+def sampling_params(req: LlmRequest, limits: EngineLimits, encode: Encode | None = None,
+                    guides: CompileGuide | None = None) -> SamplingParams:
     """The validated SamplingParams of ``req``, or ValueError/SpecserveError with a one-line
     reason (a bad request fails alone, before it reaches the batch). ``encode``: the model's
-    tokenizer (text -> ids without special tokens), for ``prediction``."""
+    tokenizer (text -> ids without special tokens), for ``prediction``; ``guides``: its
+    grammar compiler, for ``guided_decoding_guide_type``."""
     n = len(req.prompt)
     bad = next((t for t in req.prompt if not 0 <= t < limits.vocab_size), None)
     if bad is not None:
@@ -280,7 +301,8 @@ def sampling_params(req: LlmRequest, limits: EngineLimits,
         max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
         seed=req.seed, end_id=end_id, stop_token_ids=req.stop_token_ids, min_tokens=min_tokens,
         num_draft_tokens=req.num_draft_tokens, logprobs=req.return_log_probs,
-        top_logprobs=req.top_log_probs, prediction=_prediction(req, limits, encode))
+        top_logprobs=req.top_log_probs, prediction=_prediction(req, limits, encode),
+        guide=_guide(req, guides))
     params.validate()
     return params
 
@@ -301,14 +323,22 @@ def _prediction(req: LlmRequest, limits: EngineLimits, encode: Encode | None
     return ids
 
 
+def _guide(req: LlmRequest, guides: CompileGuide | None) -> CompiledGuide | None:
+    if req.guide_type is None:
+        return None
+    if guides is None:
+        raise ValueError("input 'guided_decoding_guide_type' needs the model's tokenizer")
+    return guides(req.guide_type, req.guide or "")
+
+
 def admit(arrays: dict[str, np.ndarray[Any, Any]], model: ModelParams, decoupled: bool,
-          limits: EngineLimits, encode: Encode | None = None
-          ) -> tuple[LlmRequest, SamplingParams]:
+          limits: EngineLimits, encode: Encode | None = None,
+          guides: CompileGuide | None = None) -> tuple[LlmRequest, SamplingParams]:
     """One Triton request's inputs -> (request, its sampling parameters), every check done."""
     req = parse_request(arrays, model.exclude_default)
     if req.streaming and not decoupled:
         raise ValueError("streaming needs a decoupled model (specserve repo --decoupled)")
-    return req, sampling_params(req, limits, encode)
+    return req, sampling_params(req, limits, encode, guides)
 
 
 def _drafts(arrays: dict[str, np.ndarray[Any, Any]]

@@ -47,7 +47,7 @@ def test_unset_max_tokens_and_temperature_follow_openai() -> None:
 
 @pytest.mark.parametrize("section, field, value", [
     ("sampling_options", "n", 2),
-    ("sampling_options", "guided_decoding", {"json": {"type": "object"}}),
+    ("sampling_options", "guided_decoding", {"choice": ["a", "b"]}),
     ("sampling_options", "presence_penalty", 0.5),
     ("output_options", "logprobs", 2),
     ("stop_conditions", "max_thinking_tokens", 8),
@@ -67,3 +67,31 @@ def test_the_triton_checks_apply() -> None:
 def test_finish_reason() -> None:
     _, params = admit(request(), LIMITS)
     assert finish_reason(4, params) == "length" and finish_reason(2, params) == "stop"
+
+
+@pytest.mark.parametrize(("options", "kind", "text"), [
+    ({"json": {"type": "object"}, "backend": None}, "json_schema", '{"type": "object"}'),
+    ({"json": '{"type": "integer"}'}, "json_schema", '{"type": "integer"}'),
+    ({"regex": "[0-9]+", "backend": "xgrammar"}, "regex", "[0-9]+"),
+    ({"grammar": 'root ::= "a"'}, "ebnf_grammar", 'root ::= "a"'),
+])
+def test_guided_decoding_maps_to_the_triton_guide_inputs(options: dict[str, object], kind: str,
+                                                         text: str) -> None:
+    """response_format reaches the worker as sampling_options.guided_decoding (dynamo-cpu.md);
+    it becomes TensorRT-LLM's guided_decoding_guide_type / guided_decoding_guide."""
+    seen: list[tuple[str, str]] = []
+
+    def compile_guide(k: str, t: str) -> None:  # type: ignore[return]
+        seen.append((k, t))
+
+    sampling = dict(request()["sampling_options"], guided_decoding=options)  # type: ignore[call-overload]
+    admit(request(sampling_options=sampling), LIMITS, compile_guide)  # type: ignore[arg-type]
+    assert seen == [(kind, text)]
+
+
+@pytest.mark.parametrize("options", [{"whitespace_pattern": " "}, {"backend": "outlines"},
+                                     {"structural_tag": "{}"}])
+def test_unserved_guided_decoding_options_are_refused(options: dict[str, object]) -> None:
+    sampling = dict(request()["sampling_options"], guided_decoding=options)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="sampling_options.guided_decoding"):
+        admit(request(sampling_options=sampling), LIMITS, lambda k, t: None)  # type: ignore[arg-type,return-value]

@@ -155,7 +155,7 @@ def test_reference_repositories_declare_the_tensors() -> None:
         assert f'name: "{name}"' in tparams.REFERENCE_OUTPUTS
 
 
-@pytest.mark.parametrize("name", ["num_return_sequences", "guided_decoding_guide_type"])
+@pytest.mark.parametrize("name", ["num_return_sequences"])
 def test_what_the_reference_model_does_not_serve_stays_refused(decoder: SpecDecoder,
                                                                name: str) -> None:
     assert name in DATA["refused_by_reference"]

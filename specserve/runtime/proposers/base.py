@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from specserve.runtime.grammar import DraftGuide
 from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.spec.sampling import logits_to_probs, sample
@@ -74,6 +75,9 @@ class ProposalRequest:
     # a row's num_draft_tokens is below max_draft_len: a tree proposer returns its chain, whose
     # per-row ``limits`` are the caps (a tree is one shape for the whole batch)
     chain_only: bool = False
+    # structured output: forks of the guided rows' grammar matchers for a proposer that masks
+    # its own drafting logits (DraftModelProposer); None: no guided row
+    guide: DraftGuide | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,7 @@ class ChainProposer:
         return self.max_draft_len
 
     aux_layers: tuple[int, ...] = ()
+    draft_guide: DraftGuide | None = None  # this step's (ProposalRequest.guide)
 
     def slots(self) -> SlotProposer | None:
         """Itself: a chain proposer is stateless per row unless it says otherwise (a subclass
@@ -211,6 +216,7 @@ class ChainProposer:
         """The chain of :meth:`propose` (a subclass may return a tree, as EAGLE-3 does)."""
         if max(request.limits) == 0:
             return None
+        self.draft_guide = request.guide
         return self.propose(request.seqs, request.limits, request.params, request.generators)
 
     def propose(self, seqs: list[list[int]], limits: list[int], params: list[SamplingParams],

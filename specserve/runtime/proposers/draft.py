@@ -101,9 +101,13 @@ class DraftModelProposer(ChainProposer):
         tokens, probs, counts = [], [], list(limits)
         for i in range(k):
             logits = self.model.logits(hidden)  # [B, V]
+            if self.draft_guide is not None:  # guided rows draft inside their grammar
+                logits = self.draft_guide.mask(logits)
             tok = logits.argmax(dim=-1)  # [B]
             if sampled:
                 probs.append(sample_rows(logits, tok, sampled, counts, i, params, generators))
+            if self.draft_guide is not None:
+                self.draft_guide.advance(tok)
             tokens.append(tok)
             if self.min_confidence > 0 and self._stop_unsure(logits, tok, i, counts):
                 break

@@ -31,6 +31,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
+from specserve.runtime.grammar import GuideCompiler
 from specserve.triton.llm_engine import engine_limits, load_decoder
 from specserve.triton.llm_io import ModelParams, admit
 from specserve.triton.serving_loop import (
@@ -87,6 +88,8 @@ class TritonPythonModel:
             self.params.engine_dir, self.params.speculation, self.params.checkpoint)
         self.limits = engine_limits(build, self.decoder.target.cfg.vocab_size,
                                     getattr(self.tokenizer, "eos_token_id", None))
+        self.guides = GuideCompiler(self.tokenizer, self.decoder.target.cfg.vocab_size,
+                                    [] if self.limits.eos is None else [self.limits.eos])
         self.queue: queue.Queue[Pending | None] = queue.Queue(maxsize=self.params.max_pending)
         scheduler = make_scheduler(self.decoder, self.params.max_batch, self.limits.max_seq_len,
                                    self.params.prefill_chunk)
@@ -104,7 +107,7 @@ class TritonPythonModel:
             arrays = {t.name(): t.as_numpy().copy() for t in request.inputs()}  # outlive execute
             try:
                 req, params = admit(arrays, self.params, self.decoupled, self.limits,
-                                    self._encode)
+                                    self._encode, self.guides.compile_text)
                 self.queue.put_nowait(Pending(req=req, params=params, sender=sender,
                                               arrival=now))
             except queue.Full:
