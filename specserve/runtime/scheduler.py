@@ -138,8 +138,9 @@ class Scheduler:
         if last is not None:
             joins.append(Join(last, n + len(joins), self._fed))
             self._long = None  # drain() finds it in the plan now
+        now = time.monotonic_ns()  # one admission time per group: they share the prefill
         for j in joins:
-            self._admit(j.handle)
+            self._admit(j.handle, now)
         tokens = self.prefill_chunk - budget + (0 if chunk is None else chunk.stop - chunk.start)
         if last is not None:
             tokens += len(last.prompt) - self._fed
@@ -231,10 +232,10 @@ class Scheduler:
             return c, None
         return None, h
 
-    def _admit(self, h: Handle) -> None:
+    def _admit(self, h: Handle, now: int) -> None:
         """A newcomer's request state (its first token is sampled by this step's prefill)."""
         prop = self.decoder.proposer
-        h.admitted_ns = h.admitted_ns or time.monotonic_ns()
+        h.admitted_ns = h.admitted_ns or now
         h.row = Batch([h.prompt], [h.params], self.decoder.device)
         h.row.keep_logits([h.return_logits])
         h.row.k = [0 if prop is None else prop.max_draft_len]

@@ -127,6 +127,18 @@ def test_a_newcomer_starts_at_the_next_step_and_cancel_frees_the_slot(
         [PROMPTS[2]], SamplingParams(max_tokens=40))[0].token_ids
 
 
+def test_a_prefill_group_shares_one_admission_time(tiny_models: TinyModels) -> None:
+    """Newcomers prefilled together are admitted at one time (Triton's first_scheduled_time_ns
+    tells clients which requests shared a batch); a later newcomer gets a later time."""
+    sch = Scheduler(SpecDecoder(tiny_models.target, NgramProposer(4)), 4, max_len=64)
+    group = [sch.submit(PROMPTS[i], SamplingParams(max_tokens=8)) for i in range(3)]
+    sch.step()
+    late = sch.submit(PROMPTS[0], SamplingParams(max_tokens=8))
+    sch.step()
+    times = {h.admitted_ns for h in group}
+    assert len(times) == 1 and 0 < times.pop() < late.admitted_ns
+
+
 def test_refusals(tiny_models: TinyModels) -> None:
     with pytest.raises(SpecserveError, match="oracle proposer keeps per-call state"):
         Scheduler(SpecDecoder(tiny_models.target, OracleProposer([[1, 2]])), 2, 64)
