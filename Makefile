@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,server]'
+	$(BIN)/pip install -q --no-deps -c constraints.txt ai-dynamo
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -198,11 +199,7 @@ TRTLLM_CHECK_ARGS ?=
 trtllm-check: setup
 	$(BIN)/python benchmarks/trtllm_check.py $(TRTLLM_CHECK_ARGS)
 
-# make setup-dynamo: NVIDIA Dynamo 1.6.1 for `python -m specserve.frontends.dynamo_worker` behind
-# `python -m dynamo.frontend`. Separate from `make setup`: ai-dynamo's aisimulate requirement is
-# not on PyPI, so it installs --no-deps plus its runtime requirements
-# (../shared/reference/dynamo-cpu.md).
+# make setup-dynamo: kept for old instructions; `make setup` installs NVIDIA Dynamo 1.6.1 now
+# (ai-dynamo-runtime and ai-dynamo's requirements in the server extra, pinned in constraints.txt;
+# ai-dynamo itself --no-deps, its aisimulate requirement is not on PyPI: docs/reliability.md).
 setup-dynamo: setup
-	$(BIN)/pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
-	$(BIN)/pip install -q 'aiohttp>=3.14.3' certifi 'kubernetes>=32.0.1,<33' msgspec \
-	  prometheus-client pyzmq redis tqdm 'transformers>=4.56' typing-extensions zstandard uvloop
