@@ -139,6 +139,7 @@ class FailoverRun:
             errors[key] = errors.get(key, 0) + 1
         return {
             "requests": len(self.records),
+            "reference_completed": len(reference),
             "recorded_in_summary": int(self.summary.get("records", {}).get("total", -1)),
             "completed": len(done),
             "completed_equal_reference": sum(1 for r in done
