@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
+.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-dynamo engine repo serve bench bench-runtime soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
   conform conform-vllm conform-trtllm clean help
 
@@ -50,6 +50,17 @@ demo: setup
 	$(BIN)/specserve demo --repo $(REPO) --engine engines/demo \
 	  --eval checkpoints/demo/eval.json --out reports/demo $(DEMO_ARGS); \
 	rc=$$?; echo "make demo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+# make demo-dynamo: the same demo through NVIDIA Dynamo's OpenAI frontend (issue 30 item 5): the
+# engine served by specserve workers as `demo` and, without speculation, `demo-baseline`; the
+# bench over /v1/completions, tau from the workers' counters (report in reports/demo-dynamo/).
+demo-dynamo: setup
+	@start=$$(date +%s); \
+	$(BIN)/specserve demo-model --out checkpoints/demo && \
+	$(MAKE) --no-print-directory engine && \
+	$(BIN)/specserve demo --frontend dynamo --engine engines/demo \
+	  --eval checkpoints/demo/eval.json --out reports/demo-dynamo $(DEMO_ARGS); \
+	rc=$$?; echo "make demo-dynamo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 # make engine [BACKEND=torch|trtllm|auto] [MODEL=dir] [MEDUSA=dir | DRAFT=dir | EAGLE3=dir |
 #   METHOD=medusa|draft|eagle3|ngram|fastest] [DTYPE=float32|bfloat16|float16|auto] [OUT=engines/x]
