@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # file per worker at a time (--dist loadfile: module-scoped servers start once)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
-.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo engine repo serve bench bench-runtime soak peer-vllm \
+.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-dynamo engine repo serve bench bench-runtime soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
   conform conform-vllm conform-trtllm clean help
 
@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,server]'
+	$(BIN)/pip install -q --no-deps -c constraints.txt ai-dynamo
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -52,6 +53,17 @@ demo: setup
 	$(BIN)/specserve demo --repo $(REPO) --engine engines/demo \
 	  --eval checkpoints/demo/eval.json --out reports/demo $(DEMO_ARGS); \
 	rc=$$?; echo "make demo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+# make demo-dynamo: the same demo through NVIDIA Dynamo's OpenAI frontend (issue 30 item 5): the
+# engine served by specserve workers as `demo` and, without speculation, `demo-baseline`; the
+# bench over /v1/completions, tau from the workers' counters (report in reports/demo-dynamo/).
+demo-dynamo: setup
+	@start=$$(date +%s); \
+	$(BIN)/specserve demo-model --out checkpoints/demo && \
+	$(MAKE) --no-print-directory engine && \
+	$(BIN)/specserve demo --frontend dynamo --engine engines/demo \
+	  --eval checkpoints/demo/eval.json --out reports/demo-dynamo $(DEMO_ARGS); \
+	rc=$$?; echo "make demo-dynamo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 # make engine [BACKEND=torch|trtllm|auto] [MODEL=dir] [MEDUSA=dir | DRAFT=dir | EAGLE3=dir |
 #   METHOD=medusa|draft|eagle3|ngram|fastest] [DTYPE=float32|bfloat16|float16|auto] [OUT=engines/x]
@@ -201,11 +213,7 @@ TRTLLM_CHECK_ARGS ?=
 trtllm-check: setup
 	$(BIN)/python benchmarks/trtllm_check.py $(TRTLLM_CHECK_ARGS)
 
-# make setup-dynamo: NVIDIA Dynamo 1.6.1 for `python -m specserve.frontends.dynamo_worker` behind
-# `python -m dynamo.frontend`. Separate from `make setup`: ai-dynamo's aisimulate requirement is
-# not on PyPI, so it installs --no-deps plus its runtime requirements
-# (../shared/reference/dynamo-cpu.md).
+# make setup-dynamo: kept for old instructions; `make setup` installs NVIDIA Dynamo 1.6.1 now
+# (ai-dynamo-runtime and ai-dynamo's requirements in the server extra, pinned in constraints.txt;
+# ai-dynamo itself --no-deps, its aisimulate requirement is not on PyPI: docs/reliability.md).
 setup-dynamo: setup
-	$(BIN)/pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
-	$(BIN)/pip install -q 'aiohttp>=3.14.3' certifi 'kubernetes>=32.0.1,<33' msgspec \
-	  prometheus-client pyzmq redis tqdm 'transformers>=4.56' typing-extensions zstandard uvloop

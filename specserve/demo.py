@@ -11,11 +11,19 @@ the tau check reads the ``code`` category, the prompts the offline figure is for
 
 The server is stopped on success, on failure and on Ctrl-C/SIGTERM (a context manager around
 :class:`specserve.triton.server.TritonServer`).
+
+``frontend="dynamo"`` (``specserve demo --frontend dynamo``, ``make demo-dynamo``; issue 30
+item 5) runs the same benchmark and report through NVIDIA Dynamo's OpenAI frontend instead: the
+engine served twice by specserve workers (:mod:`specserve.frontends.dynamo_serve`), with
+speculation as :data:`DYNAMO_SPEC` and without as :data:`DYNAMO_BASELINE`, the bench over
+``/v1/completions`` reading tau from the workers' Prometheus counters (``--metrics-url``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +32,10 @@ from specserve.config import JsonConfig, read_json, write_json_atomic, write_tex
 from specserve.engine_record import RECORD_FILE, EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
 from specserve.interrupts import sigterm_as_interrupt
+
+FRONTENDS = ("triton", "dynamo")
+#: The served model names of ``--frontend dynamo``: the engine with and without speculation.
+DYNAMO_SPEC, DYNAMO_BASELINE = "demo", "demo-baseline"
 
 
 @dataclass(frozen=True)
@@ -45,9 +57,17 @@ class DemoRunConfig(JsonConfig):
     tau_tolerance: float = 0.10
     extra_per_category: int = 4     # prose and structured prompts after the code ones
     extra_max_tokens: int = 48      # their answers' length
+    frontend: str = "triton"        # triton (the repository) | dynamo (the engine, OpenAI)
 
     def validate(self) -> None:
-        if not (Path(self.repo) / "ensemble_baseline").is_dir():
+        if self.frontend not in FRONTENDS:
+            raise SpecserveError(f"frontend must be one of {', '.join(FRONTENDS)}, got "
+                                 f"{self.frontend!r}")
+        if self.frontend == "dynamo":
+            if not self.engine or not Path(self.engine).is_dir():
+                raise SpecserveError(f"--frontend dynamo serves the engine directory: "
+                                     f"{self.engine} not found")
+        elif not (Path(self.repo) / "ensemble_baseline").is_dir():
             raise SpecserveError(
                 f"{self.repo}: no ensemble_baseline model "
                 "(write it with `specserve repo --baseline`)"
@@ -83,9 +103,14 @@ def demo_prompts(cfg: DemoRunConfig) -> list[Any]:
 
 
 def served_tau(summary: dict[str, Any]) -> tuple[float | None, str]:
-    """The served tau to check and what it covers: the ``code`` category's when the run had
-    several categories (the prompts eval.json measured offline), else the whole run's."""
-    cats = summary.get("categories") or {}
+    """The served tau to check and what it covers: the workers' Prometheus counters over the
+    run when the bench read them (``--frontend dynamo``); else the ``code`` category's when the
+    run had several categories (the prompts eval.json measured offline), else the whole
+    run's."""
+    counters = summary["variants"]["spec"].get("engine_counters") or {}
+    if counters.get("tau") is not None:  # through Dynamo: the workers' counters (the whole
+        return float(counters["tau"]), "all (worker counters)"  # run; the frontend may merge
+    cats = summary.get("categories") or {}  # stream chunks, so chunk sizes are no tau there)
     acc: dict[str, Any] = summary["variants"]["spec"].get("acceptance") or {}
     if len(cats) > 1 and "spec" in (cats.get("code") or {}).get("variants", {}):
         c = cats["code"]["variants"]["spec"]
@@ -196,7 +221,7 @@ def _append_offline(readme: Path, offline: dict[str, Any]) -> None:
 def summary_lines(summary: dict[str, Any], check: dict[str, Any]) -> list[str]:
     """The short summary printed at the end of ``make demo``."""
     spec, base = summary["variants"]["spec"], summary["variants"]["baseline"]
-    acc = spec.get("acceptance") or {}
+    acc = _acceptance(spec)
     sp = summary.get("speedup", {})
 
     def ms(v: dict[str, Any], key: str) -> str:
@@ -233,6 +258,17 @@ def summary_lines(summary: dict[str, Any], check: dict[str, Any]) -> list[str]:
     ]
 
 
+def _acceptance(variant: dict[str, Any]) -> dict[str, Any]:
+    """The variant's acceptance: the per-request figures (Triton), else the workers' counters
+    over the run (OpenAI through Dynamo: ``engine_counters``)."""
+    acc = dict(variant.get("acceptance") or {})
+    counters = variant.get("engine_counters") or {}
+    if acc.get("tau_server") is None and counters.get("tau") is not None:
+        acc["tau_server"] = counters["tau"]
+        acc["acceptance_rate"] = counters.get("acceptance_rate")
+    return acc
+
+
 def category_lines(summary: dict[str, Any]) -> list[str]:
     """One line per category: its spec tau and per-user tok/s speedup."""
     out = []
@@ -246,39 +282,66 @@ def category_lines(summary: dict[str, Any]) -> list[str]:
     return ["by category:", *out] if out else []
 
 
+@contextmanager
+def _triton(cfg: DemoRunConfig) -> Iterator[dict[str, Any]]:
+    """tritonserver on the repository; the bench's targets (gRPC, the two ensembles)."""
+    from specserve.triton.server import TritonServer
+
+    server = TritonServer(Path(cfg.repo).resolve(), http_port=cfg.http_port,
+                          grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)
+    try:
+        server.start(timeout_s=cfg.startup_timeout_s)
+        yield {"url": server.grpc_url, "model": "ensemble", "baseline_model": "ensemble_baseline"}
+    finally:
+        server.stop()
+
+
+@contextmanager
+def _dynamo(cfg: DemoRunConfig) -> Iterator[dict[str, Any]]:
+    """Dynamo's frontend and one worker per served name; the bench's targets (OpenAI
+    completions, each name's worker counters)."""
+    from specserve.frontends.dynamo_serve import DynamoDeployment, DynamoServeConfig, ServedModel
+
+    dep = DynamoDeployment(DynamoServeConfig(
+        engine=Path(str(cfg.engine)), http_port=cfg.http_port,
+        models=(ServedModel(DYNAMO_SPEC), ServedModel(DYNAMO_BASELINE, speculation=False))))
+    try:
+        dep.start(cfg.startup_timeout_s)
+        urls = {m: tuple(w.metrics_url for w in dep.workers if w.model == m)
+                for m in (DYNAMO_SPEC, DYNAMO_BASELINE)}
+        yield {"url": dep.url.removeprefix("http://"), "protocol": "openai",
+               "model": DYNAMO_SPEC, "baseline_model": DYNAMO_BASELINE,
+               "metrics_urls": urls[DYNAMO_SPEC], "baseline_metrics_urls": urls[DYNAMO_BASELINE]}
+    finally:
+        dep.stop()
+
+
 def run_demo(cfg: DemoRunConfig, progress: bool | None = None) -> DemoOutcome:
     """Start the server, benchmark, stop the server (always), check tau, return the outcome."""
     from specserve.client.config import BenchmarkConfig
     from specserve.client.datasets import dump_jsonl
     from specserve.client.run import run_benchmark
-    from specserve.triton.server import TritonServer
 
     cfg.validate()
     engine_record(cfg.engine)  # a bad build_config.json or eval.json fails before the server
     expected_tau(cfg.engine, cfg.eval_json)  # starts, in one line
     started = time.monotonic()
-    server = TritonServer(Path(cfg.repo).resolve(), http_port=cfg.http_port,
-                          grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)
-    with sigterm_as_interrupt():
-        try:
-            server.start(timeout_s=cfg.startup_timeout_s)
-            startup_s = time.monotonic() - started
-            prompts = demo_prompts(cfg)
-            dataset = Path(cfg.out) / "prompts.jsonl"
-            dataset.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(dataset, dump_jsonl(prompts))
-            bench = BenchmarkConfig(
-                url=server.grpc_url, out=cfg.out, model="ensemble",
-                baseline_model="ensemble_baseline", dataset=str(dataset),
-                requests=len(prompts) - cfg.warmup, warmup=cfg.warmup, max_tokens=cfg.max_tokens,
-                concurrency=cfg.concurrency, temperature=0.0, seed=0,
-            )
-            outcome = run_benchmark(bench, progress=progress)
-        finally:
-            server.stop()
+    serve = _dynamo if cfg.frontend == "dynamo" else _triton
+    with sigterm_as_interrupt(), serve(cfg) as targets:
+        startup_s = time.monotonic() - started
+        prompts = demo_prompts(cfg)
+        dataset = Path(cfg.out) / "prompts.jsonl"
+        dataset.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(dataset, dump_jsonl(prompts))
+        bench = BenchmarkConfig(
+            out=cfg.out, dataset=str(dataset), requests=len(prompts) - cfg.warmup,
+            warmup=cfg.warmup, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
+            temperature=0.0, seed=0, **targets)
+        outcome = run_benchmark(bench, progress=progress)
     check = tau_check(outcome.summary, cfg.engine, cfg.eval_json, cfg.tau_tolerance,
                       {"prompts": "builtin-code", "seed": 0, "warmup": cfg.warmup,
                        "requests": cfg.requests, "max_tokens": cfg.max_tokens})
+    check["frontend"] = cfg.frontend
     check["offline"] = offline_methods(cfg.eval_json)
     _append_offline(Path(cfg.out) / "README.md", check["offline"])
     check["server_startup_s"] = round(startup_s, 2)

@@ -15,7 +15,12 @@ Examples:
   specserve demo --repo triton_repo --engine engines/demo \\
       --eval checkpoints/demo/eval.json --out reports/demo
 \b
-`make demo` runs the whole pipeline (demo-model, build, repo) before this command.
+  specserve demo --frontend dynamo --engine engines/demo \\
+      --eval checkpoints/demo/eval.json --out reports/demo-dynamo
+\b
+`make demo` runs the whole pipeline (demo-model, build, repo) before this command;
+`make demo-dynamo` the same through NVIDIA Dynamo's OpenAI frontend (no repository: the
+engine is served as `demo` and, without speculation, `demo-baseline`).
 Exit code 0 on success, 1 when requests failed or tau differs from eval.json by more than
 the tolerance, 2 for bad input, 3 when the server cannot start.
 """
@@ -28,6 +33,19 @@ def _why(summary: dict[str, Any]) -> str:
         return str(summary["aborted"])
     r = summary.get("records", {})
     return f"{r.get('error', 0)} errors, {r.get('cancelled', 0)} cancelled"
+
+
+def _refuse_triton_options() -> None:
+    """--repo, --grpc-port and --metrics-port mean nothing behind Dynamo: refused if given."""
+    from click.core import ParameterSource
+
+    from specserve.errors import SpecserveError
+
+    ctx = click.get_current_context()
+    for name in ("repo", "grpc_port", "metrics_port"):
+        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            raise SpecserveError(f"--{name.replace('_', '-')} is a --frontend triton option "
+                                 "(--frontend dynamo serves --engine)")
 
 
 @click.command("demo", epilog=EXAMPLES,
@@ -48,19 +66,23 @@ def _why(summary: dict[str, Any]) -> str:
 @click.option("--http-port", type=click.IntRange(0, 65535), default=0, help="0 = a free port.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=0,
               help="0 = a free port.")
+@click.option("--frontend", type=click.Choice(["triton", "dynamo"]), default="triton",
+              show_default=True, help="Serve --repo on Triton, or --engine behind Dynamo.")
 @FORMAT_OPTION
 def command(repo: str, engine: str, eval_json: str, out: str, requests: int, warmup: int,
             max_tokens: int, concurrency: int, grpc_port: int, http_port: int,
-            metrics_port: int, fmt: str) -> None:
+            metrics_port: int, frontend: str, fmt: str) -> None:
     """Start tritonserver on 127.0.0.1 for REPO, run `specserve bench` with speculation
     (`ensemble`) against the no-speculation baseline (`ensemble_baseline`) in the same run,
     write the report with plots to OUT, stop the server, and print a short summary."""
     from specserve.demo import DemoRunConfig, run_demo, summary_lines
 
+    if frontend == "dynamo":
+        _refuse_triton_options()
     cfg = DemoRunConfig(repo=repo, out=out, engine=engine, eval_json=eval_json,
                         requests=requests, warmup=warmup, max_tokens=max_tokens,
                         concurrency=concurrency, grpc_port=grpc_port, http_port=http_port,
-                        metrics_port=metrics_port)
+                        metrics_port=metrics_port, frontend=frontend)
     result = run_demo(cfg)
     emit({"summary": result.summary, "check": result.check}, fmt,
          lambda d: "\n".join(summary_lines(d["summary"], d["check"]))

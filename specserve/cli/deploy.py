@@ -20,10 +20,16 @@ Examples:
   # PyTorch route (build_config.json "flow": "pytorch"): Dynamo, disaggregated, and Slurm
   specserve deploy --engine engines/eagle3 --out deploy/eagle3 \\
       --target dynamo --target dynamo-disagg --target slurm
+\b
+  # torch reference engine behind Dynamo: its Frontend + CPU pods running our worker
+  specserve deploy --engine engines/demo --out deploy/demo --target dynamo \\
+      --image registry.example.com/specserve:0.1.0 --replicas 2
 
 Targets: k8s (Deployment), lws (LeaderWorkerSet) for engines from `specserve build`;
 dynamo, dynamo-disagg (DynamoGraphDeployment) and slurm (sbatch) for the PyTorch route.
 Default: lws when a replica spans nodes, else k8s; dynamo + slurm for the PyTorch route.
+A torch engine (`--backend torch`) may also take --target dynamo (--image: an image with
+specserve and ai-dynamo installed; the pods run `python3 -m specserve.frontends.dynamo_worker`).
 The pods mount PersistentVolumeClaim --pvc at --mount; the engine flow serves the model
 repository --repo-path under it (write it there with `specserve repo --engine /models/...`).
 Exit codes: 0 written, 2 bad input (nothing written).

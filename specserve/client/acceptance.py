@@ -290,7 +290,8 @@ def acceptance_flags(acc: EngineAcceptance | None, variant: str) -> list[str]:
     if acc.draft_tokens == 0 and variant == "spec":
         return [f"{variant}: the server reports no drafted tokens ({acc.source}): speculation "
                 "is not running on it"]
-    if tau is not None and tau < NO_ACCEPTANCE_TAU and (acc.draft_tokens or acc.steps):
+    drafted = acc.draft_tokens if acc.draft_tokens is not None else acc.steps
+    if tau is not None and tau < NO_ACCEPTANCE_TAU and drafted:  # 0 drafts: no speculation
         return [f"{variant}: tau {tau:.3f} with drafts proposed ({acc.source}): the server "
                 "rejects (nearly) every draft; check the draft model, its vocabulary and the "
                 "speculative config"]

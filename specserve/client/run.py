@@ -49,15 +49,21 @@ def _progress_bar(total: int, enabled: bool) -> tuple[Callable[[RequestRecord], 
     return advance, prog
 
 
-def run_benchmark(cfg: BenchmarkConfig, progress: bool | None = None,
-                  plots: bool = True) -> BenchOutcome:
-    """Run the benchmark of ``cfg`` and write its report into ``cfg.out``."""
+def run_benchmark(cfg: BenchmarkConfig, progress: bool | None = None, plots: bool = True,
+                  observe: Callable[[RequestRecord], None] | None = None) -> BenchOutcome:
+    """Run the benchmark of ``cfg`` and write its report into ``cfg.out``; ``observe(rec)``
+    sees each record as it is made (the fault-injection harnesses act on it)."""
     cfg.validate()
     slo = parse_slo(cfg.slo) if cfg.slo else None
     out = Path(cfg.out)
     per_variant = 2 if cfg.has_baseline else 1
     show = sys.stderr.isatty() if progress is None else progress
-    advance, prog = _progress_bar((cfg.requests + cfg.warmup) * per_variant, show)
+    bar, prog = _progress_bar((cfg.requests + cfg.warmup) * per_variant, show)
+    hooks = [h for h in (bar, observe) if h is not None]
+
+    def advance(rec: RequestRecord) -> None:
+        for hook in hooks:
+            hook(rec)
     sink = JsonlSink(out / "requests.jsonl")
     started = time.time()
     try:

@@ -119,6 +119,15 @@ class EngineSource:
     model: str | None          # pytorch: the checkpoint the record names
     record: dict[str, Any]
     trtllm_version: str = TRTLLM_VERSION  # the release line the engine / YAML was written for
+    backend: str = "trtllm"    # engine flow: "torch" for the reference engine
+
+    @property
+    def torch(self) -> bool:
+        return self.flow == "engine" and self.backend == "torch"
+
+    def allowed_targets(self) -> tuple[str, ...]:
+        """The flow's targets; a torch engine may also go behind Dynamo (our worker)."""
+        return TARGETS[self.flow] + (("dynamo",) if self.torch else ())
 
     def nodes(self, gpus_per_node: int) -> int:
         """Nodes (pods) per replica; the world size must fill whole nodes or fit in one."""
@@ -158,7 +167,7 @@ def read_source(engine: str | Path) -> EngineSource:
     if flow == "engine":
         rec = read_engine_record(d)
         return EngineSource(d, "engine", rec.tp_size, rec.pp_size, rec.world_size, None, None,
-                            raw)
+                            raw, backend=rec.backend)
     tp, pp = _positive(raw, "tp_size", path), _positive(raw, "pp_size", path)
     spec = d / SPEC_YAML
     if not spec.is_file():
@@ -231,6 +240,11 @@ def target_image(cfg: DeployConfig, src: EngineSource, target: str) -> str:
     release's own image)."""
     if cfg.image is not None:
         return cfg.image
+    if target == "dynamo" and src.torch:
+        raise SpecserveError(f"--target dynamo for the torch engine {src.path}: give --image, "
+                             "an image with specserve and ai-dynamo 1.6.1 installed (`pip "
+                             "install -c constraints.txt '.[server]'` then `pip install --no-deps "
+                             "ai-dynamo==1.6.1`); none is published")
     if target.startswith("dynamo"):
         image = DYNAMO_IMAGES.get(src.trtllm_version)
         if image is None:
@@ -265,7 +279,7 @@ def _line(version: str) -> str:
 
 def resolve_targets(cfg: DeployConfig, src: EngineSource) -> tuple[str, ...]:
     """The targets to write: as given (checked against the flow) or the flow's defaults."""
-    allowed = TARGETS[src.flow]
+    allowed = src.allowed_targets()
     if not cfg.targets:
         if src.flow == "pytorch":  # Dynamo only where one of its images ships the release
             return ("dynamo", "slurm") if src.trtllm_version in DYNAMO_IMAGES else ("slurm",)

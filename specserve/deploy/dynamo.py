@@ -12,6 +12,16 @@ multinode.nodeCount (>= 2), extraPodSpec.{volumes, mainContainer}}``); the worke
 ``examples/backends/trtllm/deploy/{disagg.yaml, agg-with-config.yaml}`` @04521f47. A replica
 that spans nodes gets ``multinode.nodeCount`` and ``gpus_per_node`` GPUs per node; the operator
 places it through Grove or LeaderWorkerSet (peers-2026.md section 5).
+
+A torch (reference-engine) directory gets :func:`torch_graph_deployment` (issue 30 item 6): the
+same Frontend, and CPU worker pods running ``python3 -m specserve.frontends.dynamo_worker``
+(our worker, ``--engine`` on the models volume, its speculative-decoding counters on
+``--metrics-port``), no ``backendFramework`` (the CRD's enum names sglang, vllm and trtllm only)
+and no GPU. The operator injects ``DYN_NAMESPACE`` and ``DYN_DISCOVERY_BACKEND`` (default
+``kubernetes``) into every component, which the worker reads; the frontend re-sends a request
+whose worker died up to ``DYN_MIGRATION_LIMIT`` times (ai-dynamo 1.6.1
+``dynamo/frontend/frontend_args.py``). The image must hold specserve and ai-dynamo (none is
+published: ``--image`` is required).
 """
 
 from __future__ import annotations
@@ -98,3 +108,42 @@ def graph_deployment(name: str, cfg: DeployConfig, src: EngineSource, model: str
            "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels(name)},
            "spec": {"backendFramework": "trtllm", "services": services}}
     return [config_map(config, cfg, yamls), dgd]
+
+
+WORKER_MODULE = "specserve.frontends.dynamo_worker"
+WORKER_METRICS_PORT = 9090
+MIGRATION_LIMIT = 3
+#: Per worker pod: the reference engine runs one torch thread per worker on CPU.
+WORKER_CPU, WORKER_MEMORY = "2", "8Gi"
+
+
+def _torch_worker(name: str, cfg: DeployConfig, src: EngineSource) -> dict[str, Any]:
+    engine = pod_path(cfg, str(src.path.resolve()), "--engine")
+    cpu = {"cpu": WORKER_CPU, "memory": WORKER_MEMORY}
+    return {
+        "componentType": "worker", "replicas": cfg.replicas,
+        "resources": {"requests": dict(cpu), "limits": dict(cpu)},
+        "extraPodSpec": {
+            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": cfg.pvc}}],
+            "mainContainer": {
+                "image": cfg.image, "workingDir": "/workspace",
+                "command": ["python3", "-m", WORKER_MODULE],
+                "args": ["--engine", engine, "--name", name, "--metrics-port",
+                         str(WORKER_METRICS_PORT)],
+                "env": [{"name": "SPECSERVE_TORCH_THREADS", "value": WORKER_CPU}],
+                "ports": [{"name": "spec-metrics", "containerPort": WORKER_METRICS_PORT}],
+                "volumeMounts": [{"name": "models", "mountPath": cfg.mount, "readOnly": True}]}}}
+
+
+def torch_graph_deployment(name: str, cfg: DeployConfig, src: EngineSource
+                           ) -> list[dict[str, Any]]:
+    """The DynamoGraphDeployment of a torch engine: Dynamo's Frontend (migration on) and
+    ``--replicas`` specserve worker pods serving the engine as model ``name``."""
+    frontend = {"componentType": "frontend", "replicas": 1,
+                "envs": [{"name": "DYN_MIGRATION_LIMIT", "value": str(MIGRATION_LIMIT)}],
+                "extraPodSpec": {"mainContainer": {"image": cfg.image}}}
+    dgd = {"apiVersion": DGD_API, "kind": "DynamoGraphDeployment",
+           "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels(name)},
+           "spec": {"services": {"Frontend": frontend,
+                                 "SpecserveWorker": _torch_worker(name, cfg, src)}}}
+    return [dgd]

@@ -24,7 +24,7 @@ from specserve.deploy.config import (
     resolve_targets,
     target_image,
 )
-from specserve.deploy.dynamo import graph_deployment
+from specserve.deploy.dynamo import graph_deployment, torch_graph_deployment
 from specserve.deploy.kubernetes import deployment, leader_worker_set
 from specserve.deploy.slurm import sbatch_script
 from specserve.errors import SpecserveError
@@ -64,6 +64,8 @@ def _objects(target: str, name: str, cfg: DeployConfig,
         return deployment(name, cfg, src)
     if target == "lws":
         return leader_worker_set(name, cfg, src)
+    if src.torch:
+        return torch_graph_deployment(name, cfg, src)
     return graph_deployment(name, cfg, src, _model(cfg, src), disagg=target == "dynamo-disagg")
 
 
@@ -78,7 +80,8 @@ def plan_deploy(cfg: DeployConfig) -> DeployPlan:
     objects: dict[str, list[dict[str, Any]]] = {}
     for target in targets:
         image = target_image(cfg, src, target)
-        check_image_release(cfg, src, image)
+        if not (src.torch and target == "dynamo"):  # our worker needs no TensorRT-LLM
+            check_image_release(cfg, src, image)
         tcfg = replace(cfg, image=image)
         fname = FILES[target]
         if target == "slurm":

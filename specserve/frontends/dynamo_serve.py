@@ -99,6 +99,8 @@ def dynamo_env(discovery: Path, base: dict[str, str] | None = None) -> dict[str,
     loopback, one torch thread per worker unless set."""
     env = dict(os.environ if base is None else base)
     env["DYN_FILE_KV"] = str(discovery)
+    env.update(DYN_DISCOVERY_BACKEND="file", DYN_REQUEST_PLANE="tcp")
+    env.pop("DYN_NAMESPACE", None)  # the workers' --namespace default
     env.update({k: HOST for k in LOOPBACK_VARS})
     env.setdefault("SPECSERVE_TORCH_THREADS", "1")
     env.pop("DYN_SYSTEM_PORT", None)  # several workers: never one fixed port

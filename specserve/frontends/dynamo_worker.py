@@ -218,7 +218,10 @@ async def serve(cfg: WorkerConfig) -> None:
     from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
 
     worker = Worker(cfg)
-    runtime, _loop = create_runtime("file", "tcp")
+    # locally file discovery (specserve serve sets it); in a DynamoGraphDeployment the operator
+    # injects DYN_DISCOVERY_BACKEND (kubernetes) and DYN_NAMESPACE into every pod
+    runtime, _loop = create_runtime(os.environ.get("DYN_DISCOVERY_BACKEND", "file"),
+                                    os.environ.get("DYN_REQUEST_PLANE", "tcp"))
     endpoint = runtime.endpoint(cfg.endpoint)
     await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint,
                          str(cfg.engine_dir / "target"), cfg.name,
@@ -231,7 +234,7 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
     ap = argparse.ArgumentParser(prog="python -m specserve.frontends.dynamo_worker")
     ap.add_argument("--engine", required=True, type=Path, help="torch engine directory")
     ap.add_argument("--name", required=True, help="served model name")
-    ap.add_argument("--namespace", default="specserve")
+    ap.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "specserve"))
     ap.add_argument("--component", default="worker")
     ap.add_argument("--no-speculation", action="store_true", help="the target alone")
     ap.add_argument("--max-batch", type=int, default=8)

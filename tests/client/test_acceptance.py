@@ -127,6 +127,8 @@ def test_pool_and_flags() -> None:
     none = EngineAcceptance("s", 0, 0, 0)
     assert "no drafted tokens" in acceptance_flags(none, "spec")[0]
     assert acceptance_flags(none, "baseline") == []
+    # a worker without speculation counts its steps (tau 1) and no drafts: nothing to flag
+    assert acceptance_flags(EngineAcceptance("s", 10, 0, 0), "baseline") == []
 
 
 def test_trtllm_serve_per_request_average_is_read_with_the_usage() -> None:

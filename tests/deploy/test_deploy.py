@@ -61,6 +61,16 @@ def pytorch_dir(root: Path, name: str, tp: int, pp: int, version: str = "1.3") -
     return d
 
 
+def torch_dir(root: Path, name: str, tp: int, pp: int) -> Path:
+    """A ``specserve build --backend torch`` record (the reference engine), under the mount."""
+    d = root / name
+    for sub in ("target", "tokenizer", "draft"):
+        (d / sub).mkdir(parents=True)
+    rec = trtllm_build_config("draft") | {"backend": "torch", "dtype": "float32"}
+    (d / "build_config.json").write_text(json.dumps(rec))
+    return d
+
+
 # case -> (directory maker, tp, pp, options)
 CASES: dict[str, tuple[Any, int, int, dict[str, Any]]] = {
     "tp8-one-node": (engine_dir, 8, 1, {"targets": ("k8s",), "replicas": 2}),
@@ -68,11 +78,16 @@ CASES: dict[str, tuple[Any, int, int, dict[str, Any]]] = {
     "dynamo-agg": (pytorch_dir, 4, 1, {"targets": ("dynamo", "slurm")}),
     "dynamo-disagg": (pytorch_dir, 8, 2, {"targets": ("dynamo-disagg", "slurm"),
                                           "replicas": 2}),
+    # the volume holds the build host's <tmp> (--host-root): the engine is /models/dynamo-torch
+    "dynamo-torch": (torch_dir, 1, 1, {"targets": ("dynamo",), "replicas": 2,
+                                       "image": "registry.example.com/specserve:0.1.0",
+                                       "host_root": "<tmp>"}),
 }
 
 
 def plan(tmp_path: Path, case: str):  # type: ignore[no-untyped-def]
     make, tp, pp, opts = CASES[case]
+    opts = {k: str(tmp_path.resolve()) if v == "<tmp>" else v for k, v in opts.items()}
     d = make(tmp_path, case, tp, pp)
     return plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "out"), **opts)), d
 
@@ -137,6 +152,14 @@ PLANTS: list[tuple[str, str, Any]] = [
      lambda o: o["spec"]["services"]["TRTLLMWorker"]["extraPodSpec"]["mainContainer"]
      .__setitem__("args", "--model-path")),
     ("dynamo-agg", "ConfigMap", lambda o: o["data"].__setitem__("agg.yaml", 3)),
+    ("dynamo-torch", "DynamoGraphDeployment",  # CPU counts are strings too
+     lambda o: o["spec"]["services"]["SpecserveWorker"]["resources"]["limits"]
+     .__setitem__("cpu", 2)),
+    ("dynamo-torch", "DynamoGraphDeployment",  # our worker is none of the CRD's frameworks
+     lambda o: o["spec"].__setitem__("backendFramework", "specserve")),
+    ("dynamo-torch", "DynamoGraphDeployment",  # a container port must be a number
+     lambda o: o["spec"]["services"]["SpecserveWorker"]["extraPodSpec"]["mainContainer"]
+     ["ports"][0].__setitem__("containerPort", "metrics")),
 ]
 
 
@@ -408,3 +431,33 @@ def test_leader_waits_for_every_worker_then_uses_kubessh(tmp_path: Path) -> None
     assert "kubectl\" exec -i \"$pod\"" in kubessh["data"]["kubessh"]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
     assert "sshd" not in " ".join(worker["command"]) and "ssh -p" not in script
+
+
+def test_torch_engine_behind_dynamo_runs_our_worker(tmp_path: Path) -> None:
+    """CPU worker pods run specserve's Dynamo worker on the engine as the pods see it, with its
+    counters port; the Frontend re-sends requests of a dead worker; no GPU anywhere."""
+    p, _ = plan(tmp_path, "dynamo-torch")
+    assert p.summary["targets"] == ["dynamo"] and list(p.objects) == ["dynamo.yaml"]
+    (dgd,) = p.objects["dynamo.yaml"]
+    worker = dgd["spec"]["services"]["SpecserveWorker"]
+    main = worker["extraPodSpec"]["mainContainer"]
+    assert main["command"] == ["python3", "-m", "specserve.frontends.dynamo_worker"]
+    assert main["args"][:2] == ["--engine", "/models/dynamo-torch"]
+    assert "gpu" not in json.dumps(dgd) and worker["replicas"] == 2
+    assert dgd["spec"]["services"]["Frontend"]["envs"] == [
+        {"name": "DYN_MIGRATION_LIMIT", "value": "3"}]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((), "give --image, an image with specserve and ai-dynamo"),
+    (("--image", "r.example.com/s:1", "--target", "dynamo-disagg"),
+     "--target dynamo-disagg: not for the engine flow"),
+])
+def test_torch_engine_behind_dynamo_bad_input(tmp_path: Path, args: tuple[str, ...],
+                                             message: str) -> None:
+    d = torch_dir(tmp_path, "e", 1, 1)
+    r = CliRunner().invoke(cli, ["deploy", "--engine", str(d), "--out", str(tmp_path / "o"),
+                                 "--target", "dynamo", "--host-root", str(tmp_path), *args])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], r.output
+    assert not (tmp_path / "o").exists()
