@@ -19,6 +19,18 @@ _TRITONSERVER = os.environ.get("SPECSERVE_TRITONSERVER")
 UNMARKED_SERVER = "/nonexistent/tritonserver-needs-pytest.mark.server"
 
 
+#: ai-dynamo's pytest plugins: their pytest_ignore_collect drops files named like ours
+#: (tests/triton/test_triton_*.py) without a word; pyproject's addopts blocks them (-p no:...).
+FOREIGN_COLLECTORS = ("sglang_tests", "triton_tests", "trtllm_tests", "vllm_tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    live = [n for n in FOREIGN_COLLECTORS if config.pluginmanager.get_plugin(n) is not None]
+    if live:
+        raise pytest.UsageError(f"pytest plugins {live} (ai-dynamo) would skip our test files: "
+                                "block them with -p no:NAME (pyproject.toml addopts)")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Only tests marked ``server`` (``-m server`` selects them) may start tritonserver: for the
