@@ -5,6 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# the tests make test runs (pyproject's addopts selects the same); `serial` ones run after the
+# parallel part, in one process
+DEFAULT_MARKS := not slow and not gpu and not soak and not peers and not dynamo
 # make test runs the suite in this many pytest-xdist workers (one per core, at most 4), a test
 # file per worker at a time (--dist loadfile: module-scoped servers start once)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
@@ -28,7 +31,10 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 \
+	  -m "$(DEFAULT_MARKS) and not serial" $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -m "$(DEFAULT_MARKS) and serial" $(PYTEST_ARGS); rc2=$$?; \
+	if [ $$rc2 -eq 5 ]; then rc2=0; fi; if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rc2
 
 # make test-dynamo: the tests marked `dynamo` (NVIDIA Dynamo's frontend in front of specserve
 # workers on 127.0.0.1: every method's greedy text, refusals, cancellation, serve, counters)

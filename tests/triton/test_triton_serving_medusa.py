@@ -126,6 +126,9 @@ def test_medusa_tree_equals_plain_greedy_token_for_token(medusa_server: Any) -> 
         assert spec == plain, p
 
 
+# serial: on a machine loaded by the parallel part (another worker's servers), 'ensemble' was
+# left live after SIGTERM in 2 of 3 runs (docs/reliability.md); alone it stops in ~2 s
+@pytest.mark.serial
 def test_sigterm_unloads_every_model_after_streams(medusa_server: Any) -> None:
     """Last in this module (it stops the module's server). Streamed requests without extras end
     with nothing left to send; the final must then be the flag alone: a final response carrying
