@@ -134,18 +134,23 @@ def test_greedy_guided_rows_equal_plain_guided_decoding(tiny_models: TinyModels,
     assert drafted > 0  # guided rows really were speculative
 
 
-class _OracleTree:
+class _NotInFlight:
+    """The Proposer protocol's in-flight part for the test proposers here: none."""
+
+    aux_layers: tuple[int, ...] = ()  # no target layers read
+
+    def slots(self) -> None:
+        """Not served in flight (test proposers of whole generate calls)."""
+        return None
+
+
+class _OracleTree(_NotInFlight):
     """A test tree proposer: along the branch [1], [1, 0], [1, 0, 0] of ``TREE`` it proposes
     the reference continuation (so tree steps accept several nodes and the bonus comes from a
     deep node's logits); every other node gets a token next to the reference's (mostly
     outside the grammar)."""
 
     name, max_draft_len, lookahead = "oracle_tree", TREE.depth, TREE.num_nodes
-    aux_layers: tuple[int, ...] = ()  # no target layers read
-
-    def slots(self) -> None:
-        """Not served in flight (a test proposer of whole generate calls)."""
-        return None
 
     def __init__(self, references: list[list[int]], vocab: int) -> None:
         from specserve.spec.tree import build_tree_buffers
@@ -283,16 +288,11 @@ def _chi2_both(target_dir: Path, kind: str) -> float:
 FIXED_Q = torch.tensor([0.45, 0.05, 0.05, 0.05, 0.05, 0.05, 0.25, 0.05])
 
 
-class _FixedQ:
+class _FixedQ(_NotInFlight):
     """A test chain proposer: 2 drafts per step, each drawn from FIXED_Q with the row's own
     generator (q reported as probs), whatever the context."""
 
     name, max_draft_len, lookahead = "fixed_q", 2, 2
-    aux_layers: tuple[int, ...] = ()  # no target layers read
-
-    def slots(self) -> None:
-        """Not served in flight (a test proposer of whole generate calls)."""
-        return None
 
     def bind(self, target: Any) -> None:
         pass
