@@ -135,13 +135,22 @@ def test_greedy_guided_rows_equal_plain_guided_decoding(tiny_models: TinyModels,
 
 
 class _NotInFlight:
-    """The Proposer protocol's in-flight part for the test proposers here: none."""
+    """What the test proposers here share: no target binding, no per-call state, not in flight."""
 
     aux_layers: tuple[int, ...] = ()  # no target layers read
 
     def slots(self) -> None:
         """Not served in flight (test proposers of whole generate calls)."""
         return None
+
+    def bind(self, target: Any) -> None:
+        pass
+
+    def start(self, prompts: list[list[int]], max_len: int) -> None:
+        pass
+
+    def update(self, outcome: Any) -> None:
+        pass
 
 
 class _OracleTree(_NotInFlight):
@@ -156,15 +165,6 @@ class _OracleTree(_NotInFlight):
         from specserve.spec.tree import build_tree_buffers
 
         self.refs, self.vocab, self.buffers = references, vocab, build_tree_buffers(TREE)
-
-    def bind(self, target: Any) -> None:
-        pass
-
-    def start(self, prompts: list[list[int]], max_len: int) -> None:
-        pass
-
-    def update(self, outcome: Any) -> None:
-        pass
 
     def get_proposal(self, request: Any) -> Any:
         from specserve.runtime.proposers import TreeProposal
@@ -293,15 +293,6 @@ class _FixedQ(_NotInFlight):
     generator (q reported as probs), whatever the context."""
 
     name, max_draft_len, lookahead = "fixed_q", 2, 2
-
-    def bind(self, target: Any) -> None:
-        pass
-
-    def start(self, prompts: list[list[int]], max_len: int) -> None:
-        pass
-
-    def update(self, outcome: Any) -> None:
-        pass
 
     def get_proposal(self, request: Any) -> Any:
         from specserve.runtime.proposers import ChainProposal
