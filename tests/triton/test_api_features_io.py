@@ -16,7 +16,6 @@ Scheduler with an n-gram proposer over the tiny target, requests checked by ``ll
 from __future__ import annotations
 
 import json
-import queue
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from specserve.runtime.proposers import NgramProposer
 from specserve.triton import params as tparams
 from specserve.triton.llm_io import EngineLimits, ModelParams, admit
 from specserve.triton.render import load_template
-from specserve.triton.serving_loop import Pending, ServingLoop, external_verify, make_scheduler
+from tests.helpers.serving import serve_requests
 from tests.helpers.tiny import TinyCheckpoint
 from tests.triton.test_serving_loop import Recorder
 
@@ -63,22 +62,7 @@ def _ids(text: str) -> list[int]:
 
 
 def _run(d: SpecDecoder, reqs: list[dict[str, np.ndarray]]) -> list[Recorder]:
-    q: queue.Queue[Pending | None] = queue.Queue()
-    loop = ServingLoop(make_scheduler(d, 4, 0, 256), q, 8, external_verify(d, 3),
-                       lambda ids: "x" * len(ids))
-    senders = []
-    for a in reqs:
-        s = Recorder()
-        senders.append(s)
-        try:
-            req, params = admit(a, ModelParams(engine_dir="unused"), True, _limits(d), _ids)
-        except Exception as e:  # as llm.py execute(): this request only
-            s.send(None, f"tensorrt_llm: {e}", final=True)
-            continue
-        q.put(Pending(req=req, params=params, sender=s, arrival=1))
-    q.put(None)
-    loop.run()
-    return senders
+    return serve_requests(d, reqs, _limits(d), lambda ids: "x" * len(ids), encode=_ids)
 
 
 def test_log_probs_outputs_carry_the_engines_numbers(decoder: SpecDecoder) -> None:

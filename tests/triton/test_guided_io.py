@@ -9,7 +9,6 @@ unaffected; a bad guide is one error line for that request only."""
 from __future__ import annotations
 
 import json
-import queue
 from typing import Any
 
 import numpy as np
@@ -20,8 +19,8 @@ from specserve.runtime.grammar import GuideCompiler
 from specserve.runtime.loader import load_tokenizer
 from specserve.runtime.model import load_model
 from specserve.runtime.proposers import NgramProposer
-from specserve.triton.llm_io import EngineLimits, ModelParams, admit
-from specserve.triton.serving_loop import Pending, ServingLoop, external_verify, make_scheduler
+from specserve.triton.llm_io import EngineLimits
+from tests.helpers.serving import serve_requests
 from tests.helpers.tiny import TinyCheckpoint
 from tests.triton.test_serving_loop import Recorder
 
@@ -52,23 +51,8 @@ def _run(engine: tuple[SpecDecoder, Any, GuideCompiler],
     dec, tok, guides = engine
     limits = EngineLimits(vocab_size=dec.target.cfg.vocab_size, max_draft_len=3,
                           max_seq_len=96, eos=tok.eos_token_id)
-    q: queue.Queue[Pending | None] = queue.Queue()
-    loop = ServingLoop(make_scheduler(dec, 4, 0, 256), q, 8, external_verify(dec, 3),
-                       lambda ids: str(tok.decode(ids)))
-    senders = []
-    for a in reqs:
-        s = Recorder()
-        senders.append(s)
-        try:
-            req, params = admit(a, ModelParams(engine_dir="unused"), True, limits,
-                                guides=guides.compile_text)
-        except Exception as e:  # as llm.py execute(): this request only
-            s.send(None, f"tensorrt_llm: {e}", final=True)
-            continue
-        q.put(Pending(req=req, params=params, sender=s, arrival=1))
-    q.put(None)
-    loop.run()
-    return senders
+    return serve_requests(dec, reqs, limits, lambda ids: str(tok.decode(ids)),
+                          guides=guides.compile_text)
 
 
 def test_a_json_schema_request_answers_valid_json(engine: tuple[SpecDecoder, Any,
