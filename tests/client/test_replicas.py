@@ -194,7 +194,9 @@ def test_killing_a_replica_mid_run_the_run_goes_on(replicas: list[Any], tmp_path
     # once B failed, requests went to the live replica: B only saw its back-off probes (the
     # moment is B's first error, not the wall clock: victim.stop() takes a variable while)
     dead = min(x["send_time_unix_s"] for x in recs if x["url"] == b and x["status"] == "error")
-    assert dead >= killed_at
+    # B's errors start at the kill: a request in flight when B went down (sent up to one
+    # request's duration before, well under 1 s here) fails too (seen: 11 ms before)
+    assert dead >= killed_at - 1.0
     late_b = [x for x in recs if x["url"] == b and x["send_time_unix_s"] > dead + 0.5]
     late_a = [x for x in recs if x["url"] == a and x["send_time_unix_s"] > dead + 0.5]
     assert len(late_a) >= 10 and len(late_b) <= 5, (len(late_a), len(late_b))
