@@ -94,6 +94,10 @@ def run_watch(cfg: WatchConfig, log: Path | None = None) -> tuple[int, list[dict
     return code, events
 
 
+# serial: under the parallel part's load one 2 s interval read acceptance below 1.0 with the
+# draft equal to the target (1 of 4 runs; counters scraped between a step's updates?), open:
+# docs/reliability.md
+@pytest.mark.serial
 def test_healthy_server_under_load_raises_nothing(tiny_server: TinyDeployment,
                                                   tmp_path: Path) -> None:
     summary = bench_baseline(tiny_server, tmp_path / "bench")
