@@ -98,7 +98,7 @@ def emitted_options(release: str) -> dict[str, dict[str, Any]]:
     it can emit (schedule, FP8 KV cache, CUDA graphs, each ``--spec-option`` key) set."""
     from dataclasses import replace
 
-    from specserve.build import llmapi
+    from specserve.build import llmapi, llmapi_keys
     from specserve.build.config import BuildConfig
     from specserve.build.pins import RELEASES
 
@@ -112,7 +112,7 @@ def emitted_options(release: str) -> dict[str, dict[str, Any]]:
                       draft_len_schedule=None if mode == "mtp" else "1:4,4:2")
         opts = llmapi.llm_api_options(cfg)
         rel = RELEASES[release]
-        for key in llmapi.spec_options_for(mode, rel):  # keys --spec-option passes through
+        for key in llmapi_keys.spec_options_for(mode, rel):  # keys --spec-option passes through
             opts["speculative_config"].setdefault(key, None)
         out[mode] = opts
     return out

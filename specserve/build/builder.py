@@ -17,8 +17,9 @@ from typing import Any
 
 from rich.console import Console
 
-from specserve.build import llmapi, trtllm
+from specserve.build import llmapi, llmapi_plan, trtllm
 from specserve.build.config import BuildConfig, resolve
+from specserve.build.llmapi_validate import validate_pytorch_config
 from specserve.build.plan import BuildPlan, staging_dir
 from specserve.build.record import cli_argv, make_record
 from specserve.build.runner import preflight, run_plan
@@ -154,10 +155,10 @@ def _check_llama_converter(cfg: BuildConfig, model_cfg: dict[str, Any], model_di
 
 def validate_for_route(cfg: BuildConfig) -> None:
     """Every check of ``cfg`` that needs no files: the common ones (:meth:`BuildConfig.validate`)
-    and the chosen route's (the LLM-API route's live in :mod:`specserve.build.llmapi`)."""
+    and the chosen route's (the LLM-API route's live in :mod:`specserve.build.llmapi_validate`)."""
     cfg.validate()
     if cfg.flow == "pytorch":
-        llmapi.validate_pytorch_config(cfg)
+        validate_pytorch_config(cfg)
 
 
 def absolute_paths(cfg: BuildConfig) -> BuildConfig:
@@ -182,7 +183,7 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
         resolved = absolute_paths(resolved)
     validate_for_route(resolved)
     if resolved.flow == "pytorch":
-        plan = llmapi.make_pytorch_plan(resolved)
+        plan = llmapi_plan.make_pytorch_plan(resolved)
     elif resolved.backend == "trtllm":
         inputs = trtllm.PlanInputs(
             model_type=str(target_cfg.get("model_type", "llama")),
@@ -245,9 +246,9 @@ def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False
 
 def _llm_api_summary(cfg: BuildConfig) -> dict[str, Any]:
     """What ``--dry-run`` prints for the PyTorch route: the YAML and the commands."""
-    return {"options_file": llmapi.options_path(cfg), "yaml": llmapi.render_options(cfg),
-            "options": llmapi.llm_api_options(cfg), "model": llmapi.served_model(cfg),
-            "serve": llmapi.serve_argv(cfg), "bench": llmapi.bench_commands(cfg)}
+    return {"options_file": llmapi_plan.options_path(cfg), "yaml": llmapi.render_options(cfg),
+            "options": llmapi.llm_api_options(cfg), "model": llmapi_plan.served_model(cfg),
+            "serve": llmapi_plan.serve_argv(cfg), "bench": llmapi_plan.bench_commands(cfg)}
 
 
 def _build_pytorch(prep: Prepared, stage: Path, console: Console | None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from specserve.build import llmapi
+from specserve.build import llmapi, llmapi_keys, llmapi_plan
 from specserve.build.builder import validate_for_route
 from specserve.build.config import BuildConfig
 from specserve.cli.main import cli
@@ -88,9 +88,9 @@ def test_unknown_key_is_caught() -> None:
 
 
 def test_decoding_type_spellings_are_the_pinned_literals() -> None:
-    for mode, name in llmapi.DECODING_TYPES.items():
+    for mode, name in llmapi_keys.DECODING_TYPES.items():
         assert name in FIELDS["decoding_configs"], (mode, name)
-    assert llmapi.DECODING_TYPES["draft"] == "Draft_Target"  # not the docs' "DraftTarget"
+    assert llmapi_keys.DECODING_TYPES["draft"] == "Draft_Target"  # not the docs' "DraftTarget"
     assert "DraftTarget" not in FIELDS["decoding_configs"]
 
 
@@ -105,17 +105,18 @@ def test_fp8_serves_the_modelopt_export_and_fp8_kv() -> None:
     cfg = CASES["eagle3_fp8"]
     opts = options(cfg)
     assert opts["kv_cache_config"]["dtype"] == "fp8"
-    step = llmapi.quantize_step(cfg)
+    step = llmapi_plan.quantize_step(cfg)
     assert step is not None and "--qformat=fp8" in step.argv and "--export_fmt=hf" in step.argv
     assert "--kv_cache_qformat=fp8" in step.argv
-    assert llmapi.served_model(cfg) == os.path.join(cfg.out, llmapi.FP8_EXPORT_DIR)
-    assert llmapi.serve_argv(cfg)[1] == llmapi.served_model(cfg)
+    assert llmapi_plan.served_model(cfg) == os.path.join(cfg.out, llmapi_plan.FP8_EXPORT_DIR)
+    assert llmapi_plan.serve_argv(cfg)[1] == llmapi_plan.served_model(cfg)
 
 
 def test_modelopt_checkpoint_needs_no_step(tmp_path: Path) -> None:
     (tmp_path / "hf_quant_config.json").write_text("{}")
     cfg = replace(CASES["eagle3_fp8"], model=str(tmp_path))
-    assert llmapi.quantize_step(cfg) is None and llmapi.served_model(cfg) == str(tmp_path)
+    assert llmapi_plan.quantize_step(cfg) is None
+    assert llmapi_plan.served_model(cfg) == str(tmp_path)
 
 
 def test_schedule_keeps_lower_bound_keys_and_key_one() -> None:
@@ -160,10 +161,10 @@ def test_mtp_refuses_schedule() -> None:
 
 
 def test_pass_through_options_are_pinned_fields() -> None:
-    for mode, keys in llmapi.SPEC_OPTIONS.items():
-        fields = FIELDS["decoding_configs"][llmapi.DECODING_TYPES[mode]]["fields"]
+    for mode, keys in llmapi_keys.SPEC_OPTIONS.items():
+        fields = FIELDS["decoding_configs"][llmapi_keys.DECODING_TYPES[mode]]["fields"]
         assert set(keys) <= set(fields), mode
-    later = set(llmapi.LATER_KEYS)
+    later = set(llmapi_keys.LATER_KEYS)
     assert later == set(FIELDS["not_in_1.2.1"])
     for dec in FIELDS["decoding_configs"].values():
         assert not later & set(dec["fields"])
@@ -417,11 +418,11 @@ def test_bench_dataset_from_trtllm_bench_prepare_dataset() -> None:
     (data/trtllm_bench_prepare_dataset.json), not from a script path in the image."""
     import shlex
 
-    prepare, bench = (shlex.split(line) for line in llmapi.bench_commands(CASES["eagle3"]))
+    prepare, bench = (shlex.split(line) for line in llmapi_plan.bench_commands(CASES["eagle3"]))
     assert prepare[0] == "trtllm-bench" and "prepare-dataset" in prepare
     group = prepare.index("prepare-dataset")
     sub = prepare.index(BENCH["synthetic_command"])
-    assert prepare[1:group] == ["--model", llmapi.served_model(CASES["eagle3"])]
+    assert prepare[1:group] == ["--model", llmapi_plan.served_model(CASES["eagle3"])]
     group_opts = {a for a in prepare[group + 1:sub] if a.startswith("--")}
     sub_opts = {a for a in prepare[sub + 1:] if a.startswith("--")}
     assert group_opts <= set(BENCH["group_options"]) and sub_opts == set(BENCH[
