@@ -91,7 +91,8 @@ def command(model_dir: Path, out: Path, draft_vocab: int | None,
     import torch
 
     from specserve.cli.demo_model import _quiet_transformers
-    from specserve.train.eagle3 import Eagle3TrainConfig, run_train_eagle3
+    from specserve.train.eagle3 import run_train_eagle3
+    from specserve.train.eagle3_config import Eagle3TrainConfig
     from specserve.train.progress import RichReporter
 
     _quiet_transformers()

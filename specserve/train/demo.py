@@ -198,7 +198,8 @@ def _build(cfg: DemoConfig, work: Path, rep: Reporter, timer: _Timer,
            dtype: DtypeChoice) -> dict[str, Any]:
     from specserve.spec.tree import MC_SIM_7B_63
     from specserve.train.distill import greedy_continue, sample_prompts
-    from specserve.train.eagle3 import Eagle3TrainConfig, run_train_eagle3
+    from specserve.train.eagle3 import run_train_eagle3
+    from specserve.train.eagle3_config import Eagle3TrainConfig
     from specserve.train.evaluate import evaluate_models
     from specserve.train.medusa import load_medusa
     from specserve.train.medusa_train import MedusaTrainConfig, run_train_medusa

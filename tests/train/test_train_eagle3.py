@@ -16,14 +16,10 @@ from click.testing import CliRunner
 from specserve.cli.main import cli
 from specserve.runtime.eagle3_dir import load_eagle3
 from specserve.runtime.model import load_model
-from specserve.train.eagle3 import (
-    Eagle3Result,
-    Eagle3TrainConfig,
-    draft_vocabulary,
-    run_train_eagle3,
-    ttt_loss,
-    vocab_maps,
-)
+from specserve.train.eagle3 import Eagle3Result, run_train_eagle3
+from specserve.train.eagle3_config import Eagle3TrainConfig
+from specserve.train.eagle3_data import draft_vocabulary, vocab_maps
+from specserve.train.eagle3_loss import ttt_loss
 from tests.helpers.tiny import TinyCheckpoint
 
 SHARPEN = 10.0  # a random-init target is near uniform; scaled logits give it a clear argmax
