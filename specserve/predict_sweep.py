@@ -21,6 +21,9 @@ new tokens. Its model, for a verify step of ``n`` tokens per row (``n = 1``: the
   linear between) or, without ``--measure``, its roofline. 0 for n-gram (the lookup was measured
   at under 0.2 ms per step, docs/benchmarks.md) and for the baseline (``n = 1``); Medusa's one
   heads pass is not modelled per cell (0).
+- With a draft model a newcomer's prompt is also fed through the draft (``admit``: one forward
+  of ``L - 1`` tokens, not chunked), inside the running step too: the speculative step's
+  prefill share is ``(c - 1) * (P(L) + P_d(L)) / S`` (``P_d`` timed here, or its roofline).
 - ``o(c)``: the serving path's fixed cost per step outside the forward (Triton responses, the
   batcher's Python loop), the same for both variants: the cell's baseline step minus its own
   forward and its prefill share (:func:`baseline_overhead`).
@@ -137,6 +140,7 @@ class CellTimes:
     prefill_s: float   # P(L): one prompt's prefill at batch 1
     propose_s: float = 0.0  # K * T_d(c, ctx): the draft's forwards of one step (0: n-gram)
     draft_step_s: float = 0.0  # T_d(c, ctx): one draft forward
+    draft_prefill_s: float = 0.0  # P_d(L): the draft's own prefill of a newcomer's prompt
 
 
 def cell_prediction(cell: dict[str, Any], n_verify: int, times: CellTimes, max_tokens: int,
@@ -154,13 +158,14 @@ def cell_prediction(cell: dict[str, Any], n_verify: int, times: CellTimes, max_t
     pre, src = served_prefill(cell, max_tokens, times.prefill_s)
     o = overhead_s if overhead_s is not None else baseline_overhead(
         base / 1e3, times.t1_s, pre, c, s_base)
-    share = prefill_share(pre, c, s_spec)
+    share = prefill_share(pre + times.draft_prefill_s, c, s_spec)
     pred = (times.t_verify_s + times.propose_s + o + share) * 1e3
     return {"input_length": cell["input_length"], "concurrency": c, "n_verify": n_verify,
             "t1_ms": times.t1_s * 1e3, "t_verify_ms": times.t_verify_s * 1e3,
             "draft_step_ms": times.draft_step_s * 1e3, "propose_ms": times.propose_s * 1e3,
             "prefill_timed_ms": times.prefill_s * 1e3, "prefill_ms": pre * 1e3,
-            "prefill_source": src, "steps_spec": s_spec, "steps_baseline": s_base,
+            "prefill_source": src, "draft_prefill_ms": times.draft_prefill_s * 1e3,
+            "steps_spec": s_spec, "steps_baseline": s_base,
             "overhead_ms": o * 1e3, "prefill_share_ms": share * 1e3,
             "predicted_step_ms": pred, "measured_step_ms": spec,
             "measured_baseline_step_ms": base, "relative_error": (pred - spec) / spec}
@@ -196,12 +201,13 @@ def cell_times(cfg: PredictConfig, concurrencies: list[int], lengths: list[int],
         hw, _ = hardware(cfg.gpu, cfg.dtype, cfg.tp, cfg.bandwidth, cfg.flops)
         for n in lengths:
             pre = P.step_cost(_roofline_work(cfg, 1, n // 2), hw, n).time_s
+            dpre = P.step_cost(_draft_work(cfg, 1, n // 2), hw, n).time_s if drafting else 0.0
             for c in concurrencies:
                 t = P.roofline_step_times(_roofline_work(cfg, c, n + offset), hw, ns)
                 td = P.step_cost(_draft_work(cfg, c, n + offset), hw, 1).time_s \
                     if drafting else 0.0
                 out[(c, n)] = CellTimes(t[1], t[n_verify], pre,
-                                        propose_s(cfg.proposer, k, td), td)
+                                        propose_s(cfg.proposer, k, td), td, dpre)
         return out
     if cfg.config is None:
         raise SpecserveError("--measure needs --config DIR (a checkpoint with weights)")
@@ -209,8 +215,14 @@ def cell_times(cfg: PredictConfig, concurrencies: list[int], lengths: list[int],
     ddir = config_path(cfg.draft_config).parent if drafting and cfg.draft_config else None
     ends = sorted({lengths[0] + offset, lengths[-1] + offset})
     prefill: dict[int, float] = {}
+    dprefill: dict[int, float] = {n: 0.0 for n in lengths}
+    if ddir is not None:  # the draft feeds a newcomer's prompt in one forward (admit)
+        dprefill.update(measure_step_times(ddir, [1], batch=1, kv_len=1, reps=cfg.reps,
+                                           stat=cfg.stat, threads=cfg.threads,
+                                           prefill_chunk=max(lengths),
+                                           prefill_lens=lengths)["prefill_s"])
     for i, c in enumerate(concurrencies):
-        fits: dict[str, list[float]] = {str(n): [] for n in ns} | {"draft": []}
+        fits: dict[str, list[float]] = {key: [] for key in [*map(str, ns), "draft"]}
         for j, ctx in enumerate(ends):
             m = measure_step_times(mdir, ns, batch=c, kv_len=ctx, reps=cfg.reps, stat=cfg.stat,
                                    draft_dir=ddir, threads=cfg.threads,
@@ -224,7 +236,8 @@ def cell_times(cfg: PredictConfig, concurrencies: list[int], lengths: list[int],
         for n in lengths:
             td = fit["draft"].at(n + offset)
             out[(c, n)] = CellTimes(fit["1"].at(n + offset), fit[str(n_verify)].at(n + offset),
-                                    prefill[n], propose_s(cfg.proposer, k, td), td)
+                                    prefill[n], propose_s(cfg.proposer, k, td), td,
+                                    dprefill[n])
     return out
 
 

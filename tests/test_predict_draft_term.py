@@ -71,7 +71,8 @@ def test_the_draft_term_follows_its_roofline_per_cell(tmp_path: Path) -> None:
     cells = []
     for (c, n), t in times.items():   # o = 1 ms; steps follow the model with the draft term
         base = (t.t1_s + (c - 1) * t.prefill_s / 63) * 1e3 + 1.0
-        spec = (t.t_verify_s + t.propose_s + (c - 1) * t.prefill_s / 31.5) * 1e3 + 1.0
+        spec = (t.t_verify_s + t.propose_s
+                + (c - 1) * (t.prefill_s + t.draft_prefill_s) / 31.5) * 1e3 + 1.0
         cells.append(_cell(n, c, spec, base))
     p = tmp_path / "sweep.json"
     p.write_text(json.dumps({"config": {"max_tokens": 64}, "levels": cells}))
