@@ -5,13 +5,25 @@ The measured step is what a request sees, ``(E2E - TTFT) / steps``
 (:func:`specserve.client.context.step_ms`), at concurrency ``c``, input length ``L`` and ``M``
 new tokens. Its model, for a verify step of ``n`` tokens per row (``n = 1``: the baseline)::
 
-    step(n) = T(n; c, ctx) + o(c) + (c - 1) * P(L) / S
+    step(n) = T(n; c, ctx) + K * T_d(c, ctx) + o(c) + (c - 1) * P(L) / S
 
 - ``T(n; c, ctx)``: one forward of ``n`` new tokens per row at batch ``c`` over
   ``ctx = L + M // 2`` cached tokens (the mean context over the answer). The context term: the
   forward is timed at the sweep's shortest and longest context and interpolated linearly in
   between (:class:`ContextFit`; attention reads every cached key, so its cost grows with ``ctx``;
   field-2026-late.md §1 row 6). Without ``--measure``: the roofline at each context.
+- ``K * T_d(c, ctx)``, the propose term of a draft model (``--proposer draft``): the draft runs
+  K forwards per step, one after another (a catch-up of the pending token, then one per draft;
+  ``runtime/proposers/draft.py``; Leviathan et al. 2023 §3.4 count the draft's cost as ``c``
+  times a target forward, per draft),
+  each a one-token forward at batch ``c`` over the same context with its LM head, timed here
+  like the target's (the draft in its served decode layout, at the shortest and longest context,
+  linear between) or, without ``--measure``, its roofline. 0 for n-gram (the lookup was measured
+  at under 0.2 ms per step, docs/benchmarks.md) and for the baseline (``n = 1``); Medusa's one
+  heads pass is not modelled per cell (0).
+- With a draft model a newcomer's prompt is also fed through the draft (``admit``: one forward
+  of ``L - 1`` tokens, not chunked), inside the running step too: the speculative step's
+  prefill share is ``(c - 1) * (P(L) + P_d(L)) / S`` (``P_d`` timed here, or its roofline).
 - ``o(c)``: the serving path's fixed cost per step outside the forward (Triton responses, the
   batcher's Python loop), the same for both variants: the cell's baseline step minus its own
   forward and its prefill share (:func:`baseline_overhead`).
@@ -34,9 +46,10 @@ verify forward's extra cost ``T(n) - T(1)``, plus the baseline's stall per step 
 
 Each cell is predicted twice: ``per_cell`` (``o`` from that cell's baseline) and
 ``from_shortest`` (``o`` from the shortest length's baseline at the same concurrency: how the step
-grows with context, out of sample). Pure parts: :class:`ContextFit`, :func:`prefill_share`,
-:func:`baseline_overhead`, :func:`cell_steps`, :func:`cell_prediction`; the I/O is
-:func:`cell_times` (timing here or the roofline) and :func:`verify_check` (reads the summary).
+grows with context, out of sample). Pure parts: :class:`ContextFit`, :func:`propose_s`,
+:func:`prefill_share`, :func:`baseline_overhead`, :func:`cell_steps`, :func:`cell_prediction`;
+the I/O is :func:`cell_times` (timing here or the roofline) and :func:`verify_check` (reads
+the summary).
 """
 
 from __future__ import annotations
@@ -72,6 +85,13 @@ class ContextFit:
 
     def at(self, ctx: int) -> float:
         return self.t_lo_s + self.per_token_s * (ctx - self.ctx_lo)
+
+
+def propose_s(proposer: str, k: int, draft_step_s: float) -> float:
+    """Seconds the proposer adds to one verify step of ``k`` drafts: ``k`` sequential draft
+    forwards of ``draft_step_s`` each for a draft model
+    (:meth:`specserve.spec.predictor.Proposer.propose_s`); 0 for any other proposer."""
+    return P.Proposer("draft", draft_step_s).propose_s(k) if proposer == "draft" else 0.0
 
 
 def prefill_share(prefill_s: float, concurrency: int, steps: float) -> float:
@@ -118,12 +138,15 @@ class CellTimes:
     t1_s: float        # T(1; c, ctx)
     t_verify_s: float  # T(n_verify; c, ctx)
     prefill_s: float   # P(L): one prompt's prefill at batch 1
+    propose_s: float = 0.0  # K * T_d(c, ctx): the draft's forwards of one step (0: n-gram)
+    draft_step_s: float = 0.0  # T_d(c, ctx): one draft forward
+    draft_prefill_s: float = 0.0  # P_d(L): the draft's own prefill of a newcomer's prompt
 
 
 def cell_prediction(cell: dict[str, Any], n_verify: int, times: CellTimes, max_tokens: int,
                     overhead_s: float | None = None) -> dict[str, Any]:
-    """One sweep cell: the predicted speculative step ``T(n_verify) + o + prefill share``
-    against the measured one (``spec.step_ms``); ``o`` is ``overhead_s`` when given, else
+    """One sweep cell: the predicted speculative step ``T(n_verify) + K * T_d + o + prefill
+    share`` against the measured one (``spec.step_ms``); ``o`` is ``overhead_s`` when given, else
     :func:`baseline_overhead` of this cell. Pure."""
     base, spec = cell["baseline"].get("step_ms"), cell["spec"].get("step_ms")
     if base is None or spec is None:
@@ -135,12 +158,14 @@ def cell_prediction(cell: dict[str, Any], n_verify: int, times: CellTimes, max_t
     pre, src = served_prefill(cell, max_tokens, times.prefill_s)
     o = overhead_s if overhead_s is not None else baseline_overhead(
         base / 1e3, times.t1_s, pre, c, s_base)
-    share = prefill_share(pre, c, s_spec)
-    pred = (times.t_verify_s + o + share) * 1e3
+    share = prefill_share(pre + times.draft_prefill_s, c, s_spec)
+    pred = (times.t_verify_s + times.propose_s + o + share) * 1e3
     return {"input_length": cell["input_length"], "concurrency": c, "n_verify": n_verify,
             "t1_ms": times.t1_s * 1e3, "t_verify_ms": times.t_verify_s * 1e3,
+            "draft_step_ms": times.draft_step_s * 1e3, "propose_ms": times.propose_s * 1e3,
             "prefill_timed_ms": times.prefill_s * 1e3, "prefill_ms": pre * 1e3,
-            "prefill_source": src, "steps_spec": s_spec, "steps_baseline": s_base,
+            "prefill_source": src, "draft_prefill_ms": times.draft_prefill_s * 1e3,
+            "steps_spec": s_spec, "steps_baseline": s_base,
             "overhead_ms": o * 1e3, "prefill_share_ms": share * 1e3,
             "predicted_step_ms": pred, "measured_step_ms": spec,
             "measured_baseline_step_ms": base, "relative_error": (pred - spec) / spec}
@@ -152,40 +177,67 @@ def _roofline_work(cfg: PredictConfig, batch: int, kv_len: int) -> P.Workload:
     return P.Workload(shape, P.DTYPE_BYTES[cfg.dtype], kv_elem, batch, kv_len)
 
 
+def _draft_work(cfg: PredictConfig, batch: int, kv_len: int) -> P.Workload:
+    shape, _ = model_shape(cfg.draft_params, cfg.draft_config)
+    kv_elem = P.DTYPE_BYTES[cfg.kv_dtype or ("fp16" if cfg.dtype == "fp8" else cfg.dtype)]
+    return P.Workload(shape, P.DTYPE_BYTES[cfg.dtype], kv_elem, batch, kv_len)
+
+
 def cell_times(cfg: PredictConfig, concurrencies: list[int], lengths: list[int], offset: int,
                n_verify: int) -> dict[tuple[int, int], CellTimes]:
     """:class:`CellTimes` of every (concurrency, length) cell at context ``length + offset``.
-    ``cfg.measure``: the forwards timed here at the shortest and longest context per
-    concurrency (:class:`ContextFit` in between) and each length's prefill timed once; else the
-    roofline of ``cfg``'s model at every cell."""
+    ``cfg.measure``: the forwards (the target's, and with ``--proposer draft`` the draft's
+    one-token forward) timed here at the shortest and longest context per concurrency
+    (:class:`ContextFit` in between) and each length's prefill timed once; else the roofline
+    of ``cfg``'s models at every cell."""
     ns = sorted({1, n_verify})
+    k = n_verify - 1
+    drafting = cfg.proposer == "draft"
+    if drafting and cfg.draft_config is None and (cfg.measure or cfg.draft_params is None):
+        raise SpecserveError("--sweep --proposer draft needs --draft-config DIR (with "
+                             "--measure: the draft checkpoint, timed like the target)")
     out: dict[tuple[int, int], CellTimes] = {}
     if not cfg.measure:
         hw, _ = hardware(cfg.gpu, cfg.dtype, cfg.tp, cfg.bandwidth, cfg.flops)
         for n in lengths:
             pre = P.step_cost(_roofline_work(cfg, 1, n // 2), hw, n).time_s
+            dpre = P.step_cost(_draft_work(cfg, 1, n // 2), hw, n).time_s if drafting else 0.0
             for c in concurrencies:
                 t = P.roofline_step_times(_roofline_work(cfg, c, n + offset), hw, ns)
-                out[(c, n)] = CellTimes(t[1], t[n_verify], pre)
+                td = P.step_cost(_draft_work(cfg, c, n + offset), hw, 1).time_s \
+                    if drafting else 0.0
+                out[(c, n)] = CellTimes(t[1], t[n_verify], pre,
+                                        propose_s(cfg.proposer, k, td), td, dpre)
         return out
     if cfg.config is None:
         raise SpecserveError("--measure needs --config DIR (a checkpoint with weights)")
     mdir = config_path(cfg.config).parent
+    ddir = config_path(cfg.draft_config).parent if drafting and cfg.draft_config else None
     ends = sorted({lengths[0] + offset, lengths[-1] + offset})
     prefill: dict[int, float] = {}
+    dprefill: dict[int, float] = {n: 0.0 for n in lengths}
+    if ddir is not None:  # the draft feeds a newcomer's prompt in one forward (admit)
+        dprefill.update(measure_step_times(ddir, [1], batch=1, kv_len=1, reps=cfg.reps,
+                                           stat=cfg.stat, threads=cfg.threads,
+                                           prefill_chunk=max(lengths),
+                                           prefill_lens=lengths)["prefill_s"])
     for i, c in enumerate(concurrencies):
-        fits: dict[int, list[float]] = {n: [] for n in ns}
+        fits: dict[str, list[float]] = {key: [] for key in [*map(str, ns), "draft"]}
         for j, ctx in enumerate(ends):
             m = measure_step_times(mdir, ns, batch=c, kv_len=ctx, reps=cfg.reps, stat=cfg.stat,
-                                   threads=cfg.threads, prefill_chunk=PREFILL_CHUNK,
+                                   draft_dir=ddir, threads=cfg.threads,
+                                   prefill_chunk=PREFILL_CHUNK,
                                    prefill_lens=lengths if i == j == 0 else ())
             prefill.update(m["prefill_s"])
             for n in ns:
-                fits[n].append(float(m["step_s"][n]))
-        fit = {n: ContextFit(ends[0], v[0], ends[-1], v[-1]) for n, v in fits.items()}
+                fits[str(n)].append(float(m["step_s"][n]))
+            fits["draft"].append(float(m["draft_step_s"] or 0.0))
+        fit = {key: ContextFit(ends[0], v[0], ends[-1], v[-1]) for key, v in fits.items()}
         for n in lengths:
-            out[(c, n)] = CellTimes(fit[1].at(n + offset), fit[n_verify].at(n + offset),
-                                    prefill[n])
+            td = fit["draft"].at(n + offset)
+            out[(c, n)] = CellTimes(fit["1"].at(n + offset), fit[str(n_verify)].at(n + offset),
+                                    prefill[n], propose_s(cfg.proposer, k, td), td,
+                                    dprefill[n])
     return out
 
 

@@ -100,7 +100,8 @@ def measure_step_times(model_dir: Path, ns: list[int], *, batch: int, kv_len: in
     target = load_model(model_dir)
     jobs = {f"t{n}": _forward_job(target, n, batch, kv_len) for n in sorted({1, *ns})}
     if draft_dir is not None:
-        jobs["draft"] = _forward_job(load_model(draft_dir), 1, batch, kv_len)
+        # as DraftModelProposer serves it: one-token forwards in the decode layout
+        jobs["draft"] = _forward_job(load_model(draft_dir).decode_layout(), 1, batch, kv_len)
     if medusa_dir is not None:
         heads = load_medusa_heads(medusa_dir, target.cfg.hidden_size, target.cfg.vocab_size)
         jobs["heads"] = _heads_job(heads, target.cfg.hidden_size, batch, medusa_topk)

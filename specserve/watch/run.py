@@ -3,7 +3,8 @@ judge the summed interval, hand each event to ``emit``.
 
 Events (plain dicts, ``event`` first): ``start`` (engine, workers, baseline, thresholds, rule),
 ``interval`` (figures, ``status`` idle/ok/low, ``streak``), ``alarm``, ``recovered``,
-``counter-reset`` (a worker's counters went back: restart or model reload), ``scrape-error``
+``counter-reset`` (a worker's counters went back: restart or model reload), ``unsettled-read``
+(a worker whose counter updates kept landing between reads, see :func:`scrape`), ``scrape-error``
 (a worker that did not answer this time: left out of the interval, judged again next time),
 ``end``. Bad input is found before the loop: the baseline file, then one scrape of every URL
 (unreachable, no speculative series, several engines) gives one line, non-zero exit.
@@ -111,11 +112,33 @@ class Worker:
     last: Totals
 
 
-def scrape(w: Worker, engine: str, fetch: Fetch, timeout_s: float) -> Totals:
-    totals = series.read_totals(parse_prometheus(fetch(w.url, timeout_s)), engine)
+SETTLE_READS = 8      # reads per scrape at most while updates keep landing in between
+SETTLE_PAUSE_S = 0.01
+
+
+def read_once(url: str, engine: str, fetch: Fetch, timeout_s: float) -> Totals:
+    totals = series.read_totals(parse_prometheus(fetch(url, timeout_s)), engine)
     if totals is None:
-        raise ScrapeError(f"{w.url}: the {engine} speculative series are gone")
+        raise ScrapeError(f"{url}: the {engine} speculative series are gone")
     return totals
+
+
+def scrape(w: Worker, engine: str, fetch: Fetch, timeout_s: float,
+           pause_s: float = SETTLE_PAUSE_S) -> tuple[Totals, bool]:
+    """One read of ``w`` and whether it is settled. With a seqlock (:func:`series.settled`):
+    the middle of three reads in a row whose first ``done`` equals the last's ``begun`` (more
+    reads, up to ``SETTLE_READS``, while updates land in between; then the last middle one,
+    unsettled); without, one read, taken as settled. A read between two series' updates of
+    one request would put its drafted tokens in this interval and its accepted ones in the
+    next."""
+    reads = [read_once(w.url, engine, fetch, timeout_s)]
+    if reads[0].begun is None:
+        return reads[0], True
+    reads += [read_once(w.url, engine, fetch, timeout_s) for _ in range(2)]
+    while not series.settled(reads[-3], reads[-1]) and len(reads) < SETTLE_READS:
+        time.sleep(pause_s)
+        reads.append(read_once(w.url, engine, fetch, timeout_s))
+    return reads[-2], series.settled(reads[-3], reads[-1])
 
 
 @dataclass
@@ -138,10 +161,15 @@ class Loop:
         deltas: list[Delta] = []
         for w in self.workers:
             try:
-                cur = scrape(w, self.engine, self.fetch, self.cfg.timeout_s)
+                cur, ok = scrape(w, self.engine, self.fetch, self.cfg.timeout_s)
             except ScrapeError as e:
                 self.emit({"event": "scrape-error", "url": w.url, "error": str(e)})
                 continue
+            if not ok:
+                self.emit({"event": "unsettled-read", "url": w.url,
+                           "note": f"a counter update was in progress in each of "
+                                   f"{SETTLE_READS} reads: this interval may hold part of "
+                                   "one request's update (the next holds the rest)"})
             d = delta(w.last, cur)
             if d.reset:
                 self.emit({"event": "counter-reset", "url": w.url,
@@ -189,7 +217,10 @@ def start(cfg: WatchConfig, emit: Emit, fetch: Fetch = http_get) -> Loop:
     workers, engines = [], set()
     for url in cfg.urls:
         u, engine, totals = resolve(url, cfg.engine, fetch, cfg.timeout_s)
-        workers.append(Worker(u, totals))
+        w = Worker(u, totals)
+        if totals.begun is not None:  # a seqlock: the first interval starts from a settled read
+            w.last = scrape(w, engine, fetch, cfg.timeout_s)[0]
+        workers.append(w)
         engines.add(engine)
     if len(engines) > 1:
         raise SpecserveError(f"--metrics-url: workers of different engines ({sorted(engines)}); "

@@ -5,7 +5,8 @@ Series per engine, from the upstream source that defines them:
 
 - ``specserve``: ``specserve:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
   ``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total{position}``
-  (:mod:`specserve.triton.spec_counters`, the reference Triton model).
+  (:mod:`specserve.triton.spec_counters`, the reference Triton model), and the seqlock pair
+  ``..._stats_updates_total{phase="begun"|"done"}`` that tells a torn read (:func:`settled`).
 - ``vllm``: the same names under ``vllm:`` (vllm 0.32.0 ``vllm/v1/spec_decode/metrics.py``
   ``SpecDecodingProm``: prometheus_client Counters ``vllm:spec_decode_num_drafts`` etc., exposed
   with ``_total`` and a ``_created`` gauge each; labels ``model_name``, ``engine``).
@@ -49,6 +50,7 @@ class Schema:
     gauge_tau: str | None = None
     gauge_rate: str | None = None
     created: str | None = None     # a counter's creation time: a change is a restart
+    updates: str | None = None     # seqlock counter, label phase="begun"|"done" (specserve)
 
     @property
     def marker(self) -> str:
@@ -70,7 +72,7 @@ def _vllm_like(engine: str, prefix: str, created: str | None) -> Schema:
 SCHEMAS: dict[str, Schema] = {
     "specserve": Schema("specserve", spec_counters.DRAFTS,
                         spec_counters.DRAFT_TOKENS, spec_counters.ACCEPTED,
-                        spec_counters.PER_POS),
+                        spec_counters.PER_POS, updates=spec_counters.UPDATES),
     "vllm": _vllm_like("vllm", "vllm:spec_decode_", "vllm:spec_decode_num_drafts_created"),
     "trtllm": Schema("trtllm", None, "trtllm_spec_decode_num_draft_tokens_total",
                      "trtllm_spec_decode_num_accepted_tokens_total", None,
@@ -95,6 +97,23 @@ class Totals:
     gauge_tau: float | None = None
     gauge_rate: float | None = None
     created: float | None = None
+    begun: float | None = None  # seqlock: updates begun / done (None: the engine has none)
+    done: float | None = None
+
+
+def settled(before: Totals, after: Totals) -> bool:
+    """Whether a read taken between the reads ``before`` and ``after`` holds whole updates:
+    every update done by ``before`` and none begun by ``after`` (``before.done ==
+    after.begun``; the seqlock of :mod:`specserve.triton.spec_counters`). Always true for an
+    engine without the pair (its reads are taken as they come)."""
+    if before.done is None or after.begun is None:
+        return True
+    return before.done == after.begun
+
+
+def _phase(s: Samples, name: str | None, phase: str) -> float | None:
+    vals = [v for (n, labels), v in s.items() if n == name and dict(labels).get("phase") == phase]
+    return sum(vals) if vals else None
 
 
 def _sum(s: Samples, name: str | None) -> float | None:
@@ -138,7 +157,8 @@ def read_totals(s: Samples, engine: str) -> Totals | None:
         return None
     return Totals(engine, _sum(s, sc.drafts), _sum(s, sc.draft_tokens), _sum(s, sc.accepted),
                   _per_pos(s, sc.per_pos), _sum(s, sc.tokens), _mean(s, sc.gauge_tau),
-                  _mean(s, sc.gauge_rate), _min(s, sc.created))
+                  _mean(s, sc.gauge_rate), _min(s, sc.created), _phase(s, sc.updates, "begun"),
+                  _phase(s, sc.updates, "done"))
 
 
 def searched() -> str:

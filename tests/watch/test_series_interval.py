@@ -133,12 +133,12 @@ def test_spec_counters_make_each_series_once_with_the_model_labels() -> None:
         return made[-1]
 
     c = SpecCounters(factory, {"model": "tensorrt_llm", "version": "1"})
-    assert len(made) == 3 and all(m.value == 0 for m in made)  # present from the start
+    assert len(made) == 5 and all(m.value == 0 for m in made)  # present from the start
     for _ in range(2):
         c.observe({"steps": 2, "draft_tokens": 8, "accepted_tokens": 3,
                    "per_position_accepted": [2, 1, 0, 0]})
     by = {(m.name, m.labels.get("position")): m for m in made}
-    assert len(made) == 7
+    assert len(made) == 9
     assert by[("specserve:spec_decode_num_drafts_total", None)].value == 4
     assert by[("specserve:spec_decode_num_accepted_tokens_total", None)].value == 6
     assert by[("specserve:spec_decode_num_accepted_tokens_per_pos_total", "0")].value == 4
