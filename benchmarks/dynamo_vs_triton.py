@@ -3,7 +3,10 @@ side in one run (issue 30 targets; figures in docs/benchmarks.md "Behind NVIDIA 
 
 Starts, all at once on 127.0.0.1: tritonserver on a repository of ``--engine`` (``specserve
 repo``; the ``ensemble`` model over gRPC), Dynamo with one specserve worker and Dynamo with two
-(round-robin), every server with speculation. Then ``--rounds`` rounds, each running in turn:
+(round-robin), every server with speculation, and Dynamo with one worker and the frontend as
+shipped (``dynamo1-nagle``: ``python -m dynamo.frontend``, Nagle's algorithm on its HTTP
+connections; the others run it through ``specserve.frontends.dynamo_frontend``, TCP_NODELAY).
+Then ``--rounds`` rounds, each running in turn:
 Triton and Dynamo-1 at c = 1 and at c = 8, Dynamo-1 and Dynamo-2 at c = 16 (the same prompts,
 greedy, ``--max-tokens`` each, ``ignore_eos`` on the OpenAI side so both produce the same
 count). Alternating rounds means the machine's other load falls on both sides alike; the
@@ -70,21 +73,24 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "specserve.cli.main", "repo", "--engine", args.engine,
                     "--out", str(repo)], check=True, stdout=subprocess.DEVNULL)
     triton = TritonServer(repo.resolve(), http_port=0, grpc_port=0, metrics_port=0)
-    deps = {n: DynamoDeployment(DynamoServeConfig(engine=Path(args.engine), workers=n,
-                                                  models=(ServedModel("demo"),)))
-            for n in (1, 2)}
+    deps = {name: DynamoDeployment(DynamoServeConfig(engine=Path(args.engine), workers=n,
+                                                     models=(ServedModel("demo"),),
+                                                     nodelay=nodelay))
+            for name, n, nodelay in (("dynamo1", 1, True), ("dynamo2", 2, True),
+                                     ("dynamo1-nagle", 1, False))}
     runs: dict[str, list[dict[str, float]]] = {}
     try:
         triton.start(300)
         for d in deps.values():
             d.start(300)
-        targets = {"triton": {"url": triton.grpc_url, "model": "ensemble"}}
-        for n, d in deps.items():
-            targets[f"dynamo{n}"] = {"url": d.url.removeprefix("http://"), "model": "demo",
+        targets: dict[str, dict[str, Any]] = {"triton": {"url": triton.grpc_url,
+                                                      "model": "ensemble"}}
+        for name, d in deps.items():
+            targets[name] = {"url": d.url.removeprefix("http://"), "model": "demo",
                                      "protocol": "openai", "ignore_eos": True,
                                      "scrape_metrics": False}
-        plan = [("triton", 1), ("dynamo1", 1), ("triton", 8), ("dynamo1", 8),
-                ("dynamo1", 16), ("dynamo2", 16)]
+        plan = [("triton", 1), ("dynamo1", 1), ("dynamo1-nagle", 1), ("triton", 8),
+                ("dynamo1", 8), ("dynamo1-nagle", 8), ("dynamo1", 16), ("dynamo2", 16)]
         for r in range(args.rounds):
             for name, c in plan:
                 key = f"{name}@c{c}"
@@ -103,6 +109,12 @@ def main() -> int:
             med["dynamo1@c8"]["output_tok_s"] / med["triton@c8"]["output_tok_s"],
         "ttft_p50 c8 dynamo/triton":
             med["dynamo1@c8"]["ttft_p50_ms"] / med["triton@c8"]["ttft_p50_ms"],
+        "ttft_p50 c1 dynamo/triton":
+            med["dynamo1@c1"]["ttft_p50_ms"] / med["triton@c1"]["ttft_p50_ms"],
+        "ttft_p50 c1 dynamo-nagle/triton":
+            med["dynamo1-nagle@c1"]["ttft_p50_ms"] / med["triton@c1"]["ttft_p50_ms"],
+        "ttft_p50 c8 dynamo-nagle/triton":
+            med["dynamo1-nagle@c8"]["ttft_p50_ms"] / med["triton@c8"]["ttft_p50_ms"],
         "output_tok_s c16 2 workers/1 worker":
             med["dynamo2@c16"]["output_tok_s"] / med["dynamo1@c16"]["output_tok_s"],
     }

@@ -43,6 +43,8 @@ HOST = "127.0.0.1"
 LOOPBACK_VARS = ("DYN_TCP_RPC_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_EVENT_PLANE_HOST",
                  "DYN_SYSTEM_HOST")
 WORKER_MODULE = "specserve.frontends.dynamo_worker"
+# Dynamo's frontend, run with TCP_NODELAY on its HTTP listener (specserve/frontends/nodelay.py)
+FRONTEND_MODULE = "specserve.frontends.dynamo_frontend"
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class DynamoServeConfig:
     http_port: int = 0  # 0: a free port
     max_batch: int = 8
     log_dir: Path | None = None  # None: a temp directory
+    nodelay: bool = True  # False: Dynamo's frontend as shipped (Nagle on: ~40 ms to TTFT)
 
     def validate(self) -> None:
         from specserve.engine_record import read_engine_record
@@ -110,7 +113,8 @@ def dynamo_env(discovery: Path, base: dict[str, str] | None = None) -> dict[str,
 def frontend_command(cfg: DynamoServeConfig, port: int) -> list[str]:
     """The argv of Dynamo's frontend (the KV router without KV events: our workers publish
     none, so it predicts cache overlap from its own routing decisions)."""
-    cmd = [sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port",
+    module = FRONTEND_MODULE if cfg.nodelay else "dynamo.frontend"
+    cmd = [sys.executable, "-m", module, "--http-host", HOST, "--http-port",
            str(port), "--discovery-backend", "file", "--request-plane", "tcp",
            "--router-mode", cfg.router]
     if cfg.router == "kv":
@@ -240,7 +244,18 @@ class DynamoDeployment:
 
     def _ready(self) -> bool:
         want = {m.name for m in self.cfg.models}
-        return want <= self.listed_models() and self._instances() >= len(self.workers)
+        return want <= self.listed_models() and self._instances() >= len(self.workers) and \
+            (not self.cfg.nodelay or self._nodelay_set())
+
+    def _nodelay_set(self) -> bool:
+        """The frontend printed that its HTTP listener has TCP_NODELAY (dynamo_frontend.py)."""
+        from specserve.frontends.dynamo_frontend import READY_LINE
+
+        try:
+            return f"{READY_LINE} {self.http_port}" in self.children[0].log.read_text(
+                errors="replace")
+        except OSError:
+            return False
 
     def listed_models(self) -> set[str]:
         """The model ids ``GET /v1/models`` lists now (empty while the frontend is down)."""

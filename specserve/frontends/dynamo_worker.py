@@ -105,6 +105,7 @@ class DynamoSender:
         self.out: asyncio.Queue[tuple[dict[str, Any], bool]] = asyncio.Queue()
         self.gone = threading.Event()  # the handler ended: the client went away
         self.generated = 0
+        self.first_send = 0.0  # wall time of the loop's first response (the trace)
 
     def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
         if final and self.counters:
@@ -113,6 +114,7 @@ class DynamoSender:
             self.counters.finished.labels(finished_reason=reason).inc()
         if self.gone.is_set():
             return False
+        self.first_send = self.first_send or time.time()
         item: dict[str, Any]
         if error is not None:
             item = {"error": error}
@@ -169,6 +171,11 @@ class Worker:
         self.thread = threading.Thread(target=self.loop.run, name="specserve-dynamo",
                                        daemon=True)
         self.thread.start()
+        # SPECSERVE_DYNAMO_TRACE=FILE: one JSON line per request, wall times of its arrival at
+        # the handler, the loop's first response and the handler's first yield
+        # (benchmarks/dynamo_ttft_trace.py lines them up with the client's)
+        trace = os.environ.get("SPECSERVE_DYNAMO_TRACE")
+        self.trace = open(trace, "a", encoding="utf-8") if trace else None  # noqa: SIM115
 
     def _text(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
@@ -176,6 +183,7 @@ class Worker:
     async def generate(self, request: dict[str, Any], context: Any
                        ) -> AsyncIterator[dict[str, Any]]:
         """Dynamo's handler: admit, queue for the loop, yield its responses."""
+        received = time.time()
         try:
             req, params = admit(request, self.limits, self.guides.compile_text)
         except (ValueError, SpecserveError) as e:
@@ -186,11 +194,19 @@ class Worker:
                                           arrival=time.monotonic_ns()))
         except queue.Full:
             raise client_error(503, f"specserve: {BUSY.format(self.cfg.max_pending)}") from None
+        first_yield = 0.0
         try:
             async for item in _responses(sender, context):
+                first_yield = first_yield or time.time()
                 yield item
         finally:
             sender.gone.set()  # ended early: the loop cancels it at the next step
+            if self.trace is not None:
+                self.trace.write(json.dumps({
+                    "id": _context_id(context), "received": received,
+                    "first_send": sender.first_send, "first_yield": first_yield,
+                    "prompt_tokens": len(request.get("token_ids") or ())}) + "\n")
+                self.trace.flush()
 
 
 async def _responses(sender: DynamoSender, context: Any) -> AsyncIterator[dict[str, Any]]:
@@ -208,6 +224,13 @@ async def _responses(sender: DynamoSender, context: Any) -> AsyncIterator[dict[s
             return
 
 
+def _context_id(context: Any) -> str:
+    try:
+        return str(context.id())
+    except Exception:  # no context (tests), or a runtime without ids
+        return ""
+
+
 def _stopped(context: Any) -> bool:
     return context is not None and bool(context.is_stopped() or context.is_killed())
 
@@ -217,7 +240,13 @@ async def serve(cfg: WorkerConfig) -> None:
     from dynamo.common.utils.runtime import create_runtime
     from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
 
+    from specserve.frontends.nodelay import watch
+
     worker = Worker(cfg)
+    # Nagle off on the request plane's listener too (each request is answered with a small ack
+    # on the connection it came in on: specserve/frontends/nodelay.py)
+    watch(lambda port: print(f"specserve: TCP_NODELAY set on listener port {port}", flush=True),
+          until=lambda seen: bool(seen - {cfg.metrics_port}))
     # locally file discovery (specserve serve sets it); in a DynamoGraphDeployment the operator
     # injects DYN_DISCOVERY_BACKEND (kubernetes) and DYN_NAMESPACE into every pod
     runtime, _loop = create_runtime(os.environ.get("DYN_DISCOVERY_BACKEND", "file"),
