@@ -191,10 +191,11 @@ class SpecDecoder:
         """Cache rows a verify forward of this decoder's proposer may add past a sequence."""
         return self._lookahead(self.proposer)
 
-    def prefill(self, st: Batch, cache: KVCache, fed: int = 0) -> Forward:
+    def prefill(self, st: Batch, cache: KVCache, fed: int | Sequence[int] = 0) -> Forward:
         """In-flight batching (:mod:`specserve.runtime.runner`): prefill ``st``'s prompts
-        (after their first ``fed`` tokens, in ``cache`` already) and sample their first
-        tokens into ``st``; the prompts' hidden states and captured layers."""
+        (after their first ``fed`` tokens, in ``cache`` already: one count for all rows, or
+        one per row) and sample their first tokens into ``st``; the hidden states and
+        captured layers of the tokens run (row b's from index 0, right-padded)."""
         return self._prefill(st, cache, None, fed=fed)
 
     def step(self, st: Batch, cache: KVCache) -> None:
@@ -224,27 +225,30 @@ class SpecDecoder:
         return c
 
     def _prefill(self, st: Batch, cache: KVCache, on_step: OnStep | None,
-                 sample: bool = True, fed: int = 0) -> Forward:
+                 sample: bool = True, fed: int | Sequence[int] = 0) -> Forward:
         """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
         hidden states [B, P, H]. ``sample`` False (:meth:`verify`): run all but each prompt's
         last token (which stays pending) and sample nothing; no forward when that is nothing
         (hidden states [B, 1, H] of zeros then). ``fed``: the first tokens of every prompt are
-        in the cache already (a chunked prefill's earlier chunks): only the rest is run, and
-        hidden states are those of the rest. The captured layers (EAGLE-3) come with them."""
+        in the cache already (a chunked prefill's earlier chunks, or a prefix restored from the
+        prefix cache; per row when a list): only the rest is run, and hidden states are those
+        of the rest. The captured layers (EAGLE-3) come with them."""
         dev, n = self.device, len(st.seqs)
-        rows = [s[fed:] for s in st.seqs] if sample else [s[fed:-1] for s in st.seqs]
+        feds = [fed] * n if isinstance(fed, int) else list(fed)
+        end = 0 if sample else 1
+        rows = [s[f:len(s) - end] for s, f in zip(st.seqs, feds, strict=True)]
         lens = [len(s) for s in rows]
         capture = self._capture(st)
         if max(lens) == 0:
-            cache.lengths = [fed + x for x in lens]
+            cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
             h = self.target.cfg.hidden_size
             zeros = torch.zeros(n, 1, h, dtype=self.target.dtype, device=dev)
             return Forward(zeros, zeros.repeat(1, 1, len(capture)) if capture else None)
-        cache.lengths = [fed] * n
+        cache.lengths = feds
         tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in rows], device=dev)
         fwd = self.target.run(tokens, cache, capture=capture)
         hidden = fwd.hidden  # [B, P, H]
-        cache.lengths = [fed + x for x in lens]
+        cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
         if not sample:
             return fwd
         last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
