@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -62,6 +63,16 @@ from specserve.spec.verify import greedy_verify, rejection_sample, typical_accep
 __all__ = ["GenerationResult", "SamplingParams", "SpecDecoder"]
 
 OnStep = Callable[[int, list[int]], None]
+
+
+class PrefixSource(Protocol):
+    """A prefix cache for one call's rows (:mod:`specserve.runtime.verify_cache`)."""
+
+    def restore(self, seqs: list[list[int]], cache: KVCache) -> list[int]:
+        """Write each row's cached prefix into ``cache``; the positions written per row."""
+
+    def keep(self, seqs: list[list[int]], cache: KVCache) -> None:
+        """After the call: store what the rows' K/V holds."""
 
 
 class SpecDecoder:
@@ -105,21 +116,24 @@ class SpecDecoder:
     def verify(self, contexts: list[list[int]],
                params: SamplingParams | Sequence[SamplingParams],
                proposer: Proposer | None = None, on_step: OnStep | None = None, *,
-               return_logits: bool | Sequence[bool] = False) -> list[GenerationResult]:
+               return_logits: bool | Sequence[bool] = False,
+               prefix: PrefixSource | None = None) -> list[GenerationResult]:
         """ONE verify step after each full context, with ``proposer`` (default: the decoder's
         own; bound here) proposing after the context's last token, e.g.
         :class:`~specserve.runtime.proposers.ExternalDraftProposer` (TensorRT-LLM's
         ``draft_input_ids``). Two target forwards: ``context[:-1]`` (prefill, nothing sampled;
         skipped when every context has one token) and ``[context[-1], drafts]`` (the chain or
         tree step: greedy at T=0, rejection sampling otherwise). Each row emits its accepted
-        drafts + 1 (at most ``max_tokens``; fewer at a stop token) and ends ("verified")."""
+        drafts + 1 (at most ``max_tokens``; fewer at a stop token) and ends ("verified").
+        ``prefix``: a prefix cache (:mod:`specserve.runtime.verify_cache`) that restores the
+        contexts' cached full blocks before the prefill and keeps their blocks after."""
         plist = self._check(contexts, params)
         prop = self.proposer if proposer is None else proposer
         with self._lock:
             if prop is not None and prop is not self.proposer:
                 prop.bind(self.target)
             return self._generate(contexts, plist, on_step, prop, True,
-                                  self._want(return_logits, len(contexts)))
+                                  self._want(return_logits, len(contexts)), prefix)
 
     @staticmethod
     def _want(flag: bool | Sequence[bool], n: int) -> list[bool]:
@@ -130,7 +144,8 @@ class SpecDecoder:
 
     def _generate(self, prompts: list[list[int]], plist: list[SamplingParams],
                   on_step: OnStep | None, prop: Proposer | None, verify: bool,
-                  want_logits: list[bool]) -> list[GenerationResult]:
+                  want_logits: list[bool],
+                  prefix: PrefixSource | None = None) -> list[GenerationResult]:
         st = Batch(prompts, plist, self.device)
         st.prop = prop
         st.keep_logits(want_logits)
@@ -139,17 +154,20 @@ class SpecDecoder:
         max_len = max(len(q) + p.max_tokens for q, p in zip(prompts, plist, strict=True)) + look
         cache = self._get_cache(len(prompts), max_len, look)
         with torch.inference_mode():
-            fwd = self._prefill(st, cache, on_step, sample=not verify)
+            fed = [0] * len(prompts) if prefix is None else prefix.restore(st.seqs, cache)
+            fwd = self._prefill(st, cache, on_step, sample=not verify, fed=fed)
             if prop is not None:
                 prop.start([list(p) for p in prompts], max_len)
                 n = len(prompts)
-                prop.update(StepOutcome(fwd.hidden, [max(x - 1, 0) for x in cache.lengths],
-                                        [0] * n, st.seqs, aux=fwd.aux))
+                last = [max(x - f - 1, 0) for x, f in zip(cache.lengths, fed, strict=True)]
+                prop.update(StepOutcome(fwd.hidden, last, [0] * n, st.seqs, aux=fwd.aux))
             while not all(st.done):
                 self._step(st, cache, on_step)
                 if verify:  # one step only
                     for b in st.active():
                         st.done[b], st.finish[b] = True, "verified"
+            if prefix is not None:
+                prefix.keep(st.seqs, cache)
         vocab = self.target.cfg.vocab_size
         return [st.result(b, st.finish[b], vocab) for b in range(len(prompts))]
 

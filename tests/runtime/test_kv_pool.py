@@ -25,7 +25,9 @@ from specserve.runtime.kv_pool import (
     block_hash,
     chain_hashes,
 )
+from specserve.runtime.proposers import ExternalDraftProposer
 from specserve.runtime.scheduler import Scheduler
+from specserve.runtime.verify_cache import VerifyPrefixCache
 from tests.runtime.conftest import TinyModels
 from tests.runtime.test_scheduler import _proposer
 
@@ -163,3 +165,32 @@ def test_an_evicted_block_is_never_restored(tiny_models: TinyModels) -> None:
     assert got == [dec.generate([p], SamplingParams(max_tokens=6))[0].token_ids
                    for p in prompts]
     assert sch.kv is not None and sch.kv.num_blocks == 2 and sch.kv.stats.evicted >= 4
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_bls_loop_verify_calls_reuse_the_context_and_verify_alike(
+        tiny_models: TinyModels, temperature: float) -> None:
+    """The BLS draft-target loop's shape: each iteration one verify call with the whole
+    context so far and 4 drafts (the target's own, one of them made wrong in two iterations
+    of three, so that 1-5 tokens are kept); with the verify prefix cache each call restores
+    the context's full blocks, and its tokens and logits equal the call without it."""
+    m = tiny_models
+    plane = m.target.new_cache(1, 1).plane("target")
+    cache = VerifyPrefixCache(plane, 1 << 22, block_size=BLOCK)
+    dec, drafter = SpecDecoder(m.target), SpecDecoder(m.target_copy)
+    ctx = [7, 8, 9, 10, 11, 12, 13]
+    lens = []
+    for it in range(12):
+        drafts = drafter.generate([ctx], SamplingParams(max_tokens=4, min_tokens=4))[0].token_ids
+        if it % 3:
+            drafts[it % 3] = (drafts[it % 3] + 1) % m.target.cfg.vocab_size
+        p = SamplingParams(max_tokens=5, temperature=temperature, seed=it)
+        runs = [dec.verify([ctx], p, ExternalDraftProposer([drafts]), return_logits=True,
+                           prefix=pre)[0] for pre in (None, cache)]
+        assert runs[0].token_ids == runs[1].token_ids, f"iteration {it}"
+        assert runs[1].logits is not None and runs[0].logits is not None
+        assert torch.allclose(runs[0].logits, runs[1].logits, atol=1e-5), f"iteration {it}"
+        lens.append(len(ctx))
+        ctx = ctx + runs[0].token_ids
+    assert cache.pool.stats.hit >= 12
+    assert any(n % BLOCK == 0 for n in lens)  # a context ending on a block boundary
