@@ -46,7 +46,8 @@ def _worker(cfg: dict[str, Any]) -> dict[str, float]:
                         max_draft_len=4)
     c, prompts = cfg["c"], cfg["prompts"]
     params = SamplingParams(max_tokens=cfg["max_tokens"])  # T = 0, no end_id
-    sch = Scheduler(dec, c, max_len=max(map(len, prompts)) + cfg["max_tokens"])
+    cache = {"prefix_cache_bytes": cfg["prefix_mb"] << 20} if cfg.get("prefix_mb") else {}
+    sch = Scheduler(dec, c, max_len=max(map(len, prompts)) + cfg["max_tokens"], **cache)
     sent, tokens, ttft = [0], [0], []
 
     def submit(i: int) -> None:
@@ -115,6 +116,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prefix-cache-mb", type=int, default=0,
+                    help="the after tree's prefix cache (MiB; 0: none, as before)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -132,13 +135,15 @@ def main() -> None:
                    "per_client": args.requests_per_client, "threads": args.threads}
             for _ in range(args.repeats):
                 for name, tree in trees.items():  # alternating: before, after, before, ...
-                    r = _run(tree, cfg)
+                    r = _run(tree, cfg if name == "before" else
+                             dict(cfg, prefix_mb=args.prefix_cache_mb))
                     key = (name, c)
                     if key not in best or r["tok_s"] > best[key]["tok_s"]:
                         best[key] = r
                     cpu_best[key] = max(cpu_best.get(key, 0.0), r["tok_cpu_s"])
     print(f"mode {args.mode}, before = {args.before}, {args.max_tokens} tokens, "
-          f"{args.requests_per_client} requests per client, best of {args.repeats}")
+          f"{args.requests_per_client} requests per client, best of {args.repeats}, "
+          f"after's prefix cache {args.prefix_cache_mb} MiB")
     print("| c | tok/s before | tok/s after | after / before | tok/CPU-s before | after | "
           "after / before | TTFT p50 ms before | after |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -42,7 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.errors import SpecserveError
 from specserve.frontends.dynamo_request import admit, finish_reason
-from specserve.triton.llm_io import DEFAULT_MAX_PENDING, DEFAULT_PREFILL_CHUNK, EngineLimits
+from specserve.triton.llm_io import (
+    DEFAULT_MAX_PENDING,
+    DEFAULT_PREFILL_CHUNK,
+    DEFAULT_PREFIX_CACHE_MB,
+    EngineLimits,
+    prefix_cache_split,
+)
 from specserve.triton.serving_loop import Arrays, Pending, ServingLoop, external_verify
 
 if TYPE_CHECKING:
@@ -63,6 +69,7 @@ class WorkerConfig:
     max_batch: int = 8
     max_pending: int = DEFAULT_MAX_PENDING
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB  # 0: no prefix cache
     metrics_port: int = 0  # 0: no Prometheus endpoint
 
     @property
@@ -163,10 +170,12 @@ class Worker:
                                     [] if self.limits.eos is None else [self.limits.eos])
         self.counters = SpecCounters(cfg.metrics_port) if cfg.metrics_port else None
         self.queue: queue.Queue[Pending | None] = queue.Queue(maxsize=cfg.max_pending)
+        inflight_cache, verify_cache = prefix_cache_split(cfg.prefix_cache_mb)
         scheduler = make_scheduler(self.decoder, cfg.max_batch, self.limits.max_seq_len,
-                                   cfg.prefill_chunk)
+                                   cfg.prefill_chunk, inflight_cache)
         self.loop = ServingLoop(scheduler, self.queue, cfg.max_pending,
-                                external_verify(self.decoder, self.limits.max_draft_len),
+                                external_verify(self.decoder, self.limits.max_draft_len,
+                                                verify_cache),
                                 self._text)
         self.thread = threading.Thread(target=self.loop.run, name="specserve-dynamo",
                                        daemon=True)
@@ -268,10 +277,15 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
     ap.add_argument("--no-speculation", action="store_true", help="the target alone")
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--metrics-port", type=int, default=0)
+    ap.add_argument("--prefix-cache-mb", type=int, default=DEFAULT_PREFIX_CACHE_MB,
+                    help="prefix cache budget in MiB (0: off)")
     a = ap.parse_args(argv)
+    if a.prefix_cache_mb < 0:
+        ap.error(f"--prefix-cache-mb must be >= 0, got {a.prefix_cache_mb}")
     return WorkerConfig(engine_dir=a.engine, name=a.name, namespace=a.namespace,
                         component=a.component, speculation=not a.no_speculation,
-                        max_batch=max(1, a.max_batch), metrics_port=a.metrics_port)
+                        max_batch=max(1, a.max_batch), metrics_port=a.metrics_port,
+                        prefix_cache_mb=a.prefix_cache_mb)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -62,6 +63,16 @@ from specserve.spec.verify import greedy_verify, rejection_sample, typical_accep
 __all__ = ["GenerationResult", "SamplingParams", "SpecDecoder"]
 
 OnStep = Callable[[int, list[int]], None]
+
+
+class PrefixSource(Protocol):
+    """A prefix cache for one call's rows (:mod:`specserve.runtime.verify_cache`)."""
+
+    def restore(self, seqs: list[list[int]], cache: KVCache) -> list[int]:
+        """Write each row's cached prefix into ``cache``; the positions written per row."""
+
+    def keep(self, seqs: list[list[int]], cache: KVCache) -> None:
+        """After the call: store what the rows' K/V holds."""
 
 
 class SpecDecoder:
@@ -105,21 +116,24 @@ class SpecDecoder:
     def verify(self, contexts: list[list[int]],
                params: SamplingParams | Sequence[SamplingParams],
                proposer: Proposer | None = None, on_step: OnStep | None = None, *,
-               return_logits: bool | Sequence[bool] = False) -> list[GenerationResult]:
+               return_logits: bool | Sequence[bool] = False,
+               prefix: PrefixSource | None = None) -> list[GenerationResult]:
         """ONE verify step after each full context, with ``proposer`` (default: the decoder's
         own; bound here) proposing after the context's last token, e.g.
         :class:`~specserve.runtime.proposers.ExternalDraftProposer` (TensorRT-LLM's
         ``draft_input_ids``). Two target forwards: ``context[:-1]`` (prefill, nothing sampled;
         skipped when every context has one token) and ``[context[-1], drafts]`` (the chain or
         tree step: greedy at T=0, rejection sampling otherwise). Each row emits its accepted
-        drafts + 1 (at most ``max_tokens``; fewer at a stop token) and ends ("verified")."""
+        drafts + 1 (at most ``max_tokens``; fewer at a stop token) and ends ("verified").
+        ``prefix``: a prefix cache (:mod:`specserve.runtime.verify_cache`) that restores the
+        contexts' cached full blocks before the prefill and keeps their blocks after."""
         plist = self._check(contexts, params)
         prop = self.proposer if proposer is None else proposer
         with self._lock:
             if prop is not None and prop is not self.proposer:
                 prop.bind(self.target)
             return self._generate(contexts, plist, on_step, prop, True,
-                                  self._want(return_logits, len(contexts)))
+                                  self._want(return_logits, len(contexts)), prefix)
 
     @staticmethod
     def _want(flag: bool | Sequence[bool], n: int) -> list[bool]:
@@ -130,7 +144,8 @@ class SpecDecoder:
 
     def _generate(self, prompts: list[list[int]], plist: list[SamplingParams],
                   on_step: OnStep | None, prop: Proposer | None, verify: bool,
-                  want_logits: list[bool]) -> list[GenerationResult]:
+                  want_logits: list[bool],
+                  prefix: PrefixSource | None = None) -> list[GenerationResult]:
         st = Batch(prompts, plist, self.device)
         st.prop = prop
         st.keep_logits(want_logits)
@@ -139,17 +154,20 @@ class SpecDecoder:
         max_len = max(len(q) + p.max_tokens for q, p in zip(prompts, plist, strict=True)) + look
         cache = self._get_cache(len(prompts), max_len, look)
         with torch.inference_mode():
-            fwd = self._prefill(st, cache, on_step, sample=not verify)
+            fed = [0] * len(prompts) if prefix is None else prefix.restore(st.seqs, cache)
+            fwd = self._prefill(st, cache, on_step, sample=not verify, fed=fed)
             if prop is not None:
                 prop.start([list(p) for p in prompts], max_len)
                 n = len(prompts)
-                prop.update(StepOutcome(fwd.hidden, [max(x - 1, 0) for x in cache.lengths],
-                                        [0] * n, st.seqs, aux=fwd.aux))
+                last = [max(x - f - 1, 0) for x, f in zip(cache.lengths, fed, strict=True)]
+                prop.update(StepOutcome(fwd.hidden, last, [0] * n, st.seqs, aux=fwd.aux))
             while not all(st.done):
                 self._step(st, cache, on_step)
                 if verify:  # one step only
                     for b in st.active():
                         st.done[b], st.finish[b] = True, "verified"
+            if prefix is not None:
+                prefix.keep(st.seqs, cache)
         vocab = self.target.cfg.vocab_size
         return [st.result(b, st.finish[b], vocab) for b in range(len(prompts))]
 
@@ -191,10 +209,11 @@ class SpecDecoder:
         """Cache rows a verify forward of this decoder's proposer may add past a sequence."""
         return self._lookahead(self.proposer)
 
-    def prefill(self, st: Batch, cache: KVCache, fed: int = 0) -> Forward:
+    def prefill(self, st: Batch, cache: KVCache, fed: int | Sequence[int] = 0) -> Forward:
         """In-flight batching (:mod:`specserve.runtime.runner`): prefill ``st``'s prompts
-        (after their first ``fed`` tokens, in ``cache`` already) and sample their first
-        tokens into ``st``; the prompts' hidden states and captured layers."""
+        (after their first ``fed`` tokens, in ``cache`` already: one count for all rows, or
+        one per row) and sample their first tokens into ``st``; the hidden states and
+        captured layers of the tokens run (row b's from index 0, right-padded)."""
         return self._prefill(st, cache, None, fed=fed)
 
     def step(self, st: Batch, cache: KVCache) -> None:
@@ -224,27 +243,30 @@ class SpecDecoder:
         return c
 
     def _prefill(self, st: Batch, cache: KVCache, on_step: OnStep | None,
-                 sample: bool = True, fed: int = 0) -> Forward:
+                 sample: bool = True, fed: int | Sequence[int] = 0) -> Forward:
         """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
         hidden states [B, P, H]. ``sample`` False (:meth:`verify`): run all but each prompt's
         last token (which stays pending) and sample nothing; no forward when that is nothing
         (hidden states [B, 1, H] of zeros then). ``fed``: the first tokens of every prompt are
-        in the cache already (a chunked prefill's earlier chunks): only the rest is run, and
-        hidden states are those of the rest. The captured layers (EAGLE-3) come with them."""
+        in the cache already (a chunked prefill's earlier chunks, or a prefix restored from the
+        prefix cache; per row when a list): only the rest is run, and hidden states are those
+        of the rest. The captured layers (EAGLE-3) come with them."""
         dev, n = self.device, len(st.seqs)
-        rows = [s[fed:] for s in st.seqs] if sample else [s[fed:-1] for s in st.seqs]
+        feds = [fed] * n if isinstance(fed, int) else list(fed)
+        end = 0 if sample else 1
+        rows = [s[f:len(s) - end] for s, f in zip(st.seqs, feds, strict=True)]
         lens = [len(s) for s in rows]
         capture = self._capture(st)
         if max(lens) == 0:
-            cache.lengths = [fed + x for x in lens]
+            cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
             h = self.target.cfg.hidden_size
             zeros = torch.zeros(n, 1, h, dtype=self.target.dtype, device=dev)
             return Forward(zeros, zeros.repeat(1, 1, len(capture)) if capture else None)
-        cache.lengths = [fed] * n
+        cache.lengths = feds
         tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in rows], device=dev)
         fwd = self.target.run(tokens, cache, capture=capture)
         hidden = fwd.hidden  # [B, P, H]
-        cache.lengths = [fed + x for x in lens]
+        cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
         if not sample:
             return fwd
         last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]

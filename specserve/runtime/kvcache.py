@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from specserve.errors import SpecserveError
+from specserve.runtime.kv_pool import Plane
 from specserve.runtime.model_config import ModelConfig
 
 
@@ -42,6 +43,25 @@ class KVCache:
         """Copy the first ``length`` positions of row ``src`` into row ``dst`` (slot reuse)."""
         for buf in (*self.k, *self.v):
             buf[dst, :, :length] = buf[src, :, :length]
+
+    def plane(self, name: str) -> Plane:
+        """What one position of a row is in a prefix cache (:mod:`specserve.runtime.kv_pool`):
+        K and V of every layer, [2 * layers, n_kv, D]."""
+        k = self.k[0]
+        return Plane(name, (2 * len(self.k), k.shape[1], k.shape[3]), k.dtype)
+
+    def export(self, row: int, positions: torch.Tensor) -> torch.Tensor:
+        """Row ``row``'s K/V at ``positions`` [N] as [N, 2 * layers, n_kv, D] (a copy)."""
+        x = torch.stack([buf[row][:, positions] for buf in (*self.k, *self.v)])  # [2L, kv, N, D]
+        return x.permute(2, 0, 1, 3).contiguous()
+
+    def restore(self, row: int, data: torch.Tensor) -> None:
+        """Positions 0..N-1 of row ``row`` take ``data`` [N, 2 * layers, n_kv, D] (an
+        :meth:`export`, from a prefix cache)."""
+        x = data.permute(1, 2, 0, 3)  # [2L, kv, N, D]
+        n = data.shape[0]
+        for i, buf in enumerate((*self.k, *self.v)):
+            buf[row, :, :n] = x[i]
 
     def keep_nodes(self, row: int, nodes: list[int]) -> None:
         """Move the K/V of tree nodes ``nodes`` (written at length+node) to length+0..n-1."""

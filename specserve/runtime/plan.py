@@ -42,6 +42,11 @@ class Handle:
     admitted_ns: int = 0   # time.monotonic_ns() when it got a slot
     result: GenerationResult | None = None
     row: Batch | None = field(default=None, repr=False)
+    # prefix cache (runtime/kv_pool.py): the pool blocks it holds (reused or stored), the
+    # hash chain of its full blocks so far, and how many leading blocks of it are in the pool
+    blocks: list[int] = field(default_factory=list, repr=False)
+    hashes: list[int] = field(default_factory=list, repr=False)
+    stored: int = 0
 
     def state(self) -> Batch:
         """Its request state (scheduled requests only)."""
@@ -59,6 +64,26 @@ class Join:
     handle: Handle
     row: int
     fed: int = 0
+    blocks: tuple[int, ...] = ()  # its prompt's first blocks, restored from the prefix cache
+
+    def cached(self, block_size: int) -> int:
+        """Prompt tokens restored from the prefix cache (``blocks``)."""
+        return len(self.blocks) * block_size
+
+    def skip(self, block_size: int) -> int:
+        """Prompt tokens in its row before its prefill forward (from the scratch row or the
+        prefix cache)."""
+        return self.fed or self.cached(block_size)
+
+
+@dataclass(frozen=True)
+class Store:
+    """Copy full blocks of pool row ``row`` (the rows as the previous plan left them: row i =
+    the previous plan's ``decode[i]``) into the prefix cache before this plan's evictions:
+    ``blocks`` pairs (block index in the row's sequence, pool block id)."""
+
+    row: int
+    blocks: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -81,7 +106,8 @@ class StepPlan:
     ``join``: the newcomers, prefilled first into the rows after the running ones, in row
     order; ``chunk``: a long prompt's chunk into the scratch row;
     ``token_budget``: prompt tokens the step may prefill (``prefill_chunk``), of which
-    ``prefill_tokens`` are planned (the chunk's included)."""
+    ``prefill_tokens`` are planned (the chunk's included; prefixes restored from the prefix
+    cache are not); ``store``: blocks copied into the prefix cache first (:class:`Store`)."""
 
     evict: tuple[int, ...]
     decode: tuple[Handle, ...]
@@ -89,10 +115,11 @@ class StepPlan:
     chunk: Chunk | None
     token_budget: int
     prefill_tokens: int
+    store: tuple[Store, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.evict or self.decode or self.join or self.chunk)
+        return not (self.evict or self.decode or self.join or self.chunk or self.store)
 
 
 @dataclass(frozen=True)

@@ -25,20 +25,28 @@ and generator, so a request's tokens equal its tokens run alone at any arrival p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, RowOutput
 from specserve.runtime.decoder import SpecDecoder
+from specserve.runtime.kv_pool import BLOCK_SIZE, KVEvent, KVPool
 from specserve.runtime.kvcache import KVCache
-from specserve.runtime.plan import Chunk, Join, StepOutput, StepPlan
-from specserve.runtime.proposers import SlotProposer, StepOutcome
+from specserve.runtime.plan import Chunk, Join, StepOutput, StepPlan, Store
+from specserve.runtime.proposers import Restored, SlotProposer, StepOutcome
+from specserve.runtime.proposers.base import NOTHING_RESTORED
 
 
 class ModelRunner:
-    """Executes step plans over ``capacity`` pool rows of up to ``max_len`` tokens each."""
+    """Executes step plans over ``capacity`` pool rows of up to ``max_len`` tokens each.
+    ``prefix_cache_bytes`` > 0: a prefix cache (:class:`KVPool`) of that many bytes, blocks of
+    ``block_size`` tokens, holding the target's K/V and the proposer's planes per position."""
 
-    def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int) -> None:
+    def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int,
+                 prefix_cache_bytes: int = 0, block_size: int = BLOCK_SIZE,
+                 on_event: Callable[[KVEvent], None] | None = None) -> None:
         prop = decoder.proposer
         self.slots: SlotProposer | None = None if prop is None else prop.slots()
         if prop is not None and self.slots is None:
@@ -48,14 +56,23 @@ class ModelRunner:
         self.pool: KVCache = decoder.target.new_cache(capacity, max_len + decoder.lookahead())
         self.capture = () if prop is None else prop.aux_layers
         self._scratch: KVCache | None = None
+        self.kv: KVPool | None = None
         self.reset()
+        if prefix_cache_bytes > 0:
+            planes = [self.pool.plane("target"),
+                      *(() if self.slots is None else self.slots.planes())]
+            self.kv = KVPool.from_budget(planes, prefix_cache_bytes, block_size,
+                                         decoder.device, on_event)
 
     def reset(self) -> None:
-        """An empty pool (start, or after a failed step): no row, no pending proposer state."""
+        """An empty pool (start, or after a failed step): no row, no pending proposer state,
+        an empty prefix cache (what a failed step was writing is not trusted)."""
         self.lengths: list[int] = []  # KV length of each pool row in use
         self._long_aux: list[torch.Tensor] = []  # a chunked prompt's captured layers (EAGLE-3)
         if self.slots is not None:
             self.slots.reserve(self.capacity, self.max_len)
+        if self.kv is not None:
+            self.kv.clear()
 
     @property
     def rows(self) -> int:
@@ -64,8 +81,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, plan: StepPlan) -> StepOutput:
-        """Phase 1: evictions, the chunk, the newcomers' prefill (rows in ``plan.join``
-        order) and their proposer state."""
+        """Phase 1: stores into the prefix cache, evictions, the chunk, the newcomers'
+        prefill (rows in ``plan.join`` order; their cached prefixes restored first) and their
+        proposer state."""
+        for s in plan.store:
+            self._store(s)
         for row in plan.evict:
             self._evict(row)
         if len(plan.decode) - len(plan.join) != self.rows:
@@ -91,6 +111,28 @@ class ModelRunner:
             self.lengths[:n] = cache.lengths
             rows = tuple(st.outputs())
         return StepOutput("decode", rows)
+
+    def _store(self, s: Store) -> None:
+        """Full blocks of row ``s.row`` into the prefix cache's blocks."""
+        assert self.kv is not None
+        bs = self.kv.block_size
+        pos = torch.cat([torch.arange(i * bs, (i + 1) * bs) for i, _ in s.blocks])  # [N]
+        if int(pos.max()) >= self.lengths[s.row]:
+            raise RuntimeError(f"prefix cache: row {s.row} holds {self.lengths[s.row]} "
+                               f"positions, asked to store up to {int(pos.max()) + 1}")
+        pos = pos.to(self.pool.k[0].device)
+        data = [self.pool.export(s.row, pos),
+                *(() if self.slots is None else self.slots.export(s.row, pos))]
+        self.kv.write([b for _, b in s.blocks], data)
+
+    def _restore(self, row: int, j: Join) -> Restored:
+        """Join ``j``'s cached prefix blocks into pool row ``row``; the proposer's planes."""
+        if not j.blocks:
+            return NOTHING_RESTORED
+        assert self.kv is not None
+        data = self.kv.read(j.blocks)
+        self.pool.restore(row, data[0])
+        return Restored(data[0].shape[0], tuple(data[1:]))
 
     def _evict(self, row: int) -> None:
         last = self.rows - 1
@@ -120,17 +162,19 @@ class ModelRunner:
             for dst, src in zip((*self.pool.k, *self.pool.v),
                                 (*self._scratch.k, *self._scratch.v), strict=True):
                 dst[start, :, :fed] = src[0, :, :fed]
+        restored = [self._restore(start + i, j) for i, j in enumerate(group)]
+        skip = [fed or r.length for r in restored]
         st = Batch.detach([j.handle.state() for j in group], self.decoder.proposer)
         view = self.pool.view(start, start + m)
-        fwd = self.decoder.prefill(st, view, fed=fed)
+        fwd = self.decoder.prefill(st, view, fed=skip)
         self.lengths += view.lengths
         aux = fwd.aux
         if aux is not None and fed:  # its earlier chunks' captured layers first
             aux = torch.cat([*self._long_aux, aux], dim=1)
         if self.slots is not None:
-            last = [max(x - fed - 1, 0) for x in view.lengths]
+            last = [max(x - k - 1, 0) for x, k in zip(view.lengths, skip, strict=True)]
             self.slots.admit([j.handle.prompt for j in group],
-                             StepOutcome(fwd.hidden, last, [0] * m, st.seqs, aux=aux))
+                             StepOutcome(fwd.hidden, last, [0] * m, st.seqs, aux=aux), restored)
         return st.outputs()
 
 

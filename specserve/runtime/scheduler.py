@@ -39,6 +39,7 @@ from collections.abc import Callable
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch
 from specserve.runtime.decoder import SpecDecoder
+from specserve.runtime.kv_pool import BLOCK_SIZE, ROOT_HASH, KVEvent, chain_hashes
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.plan import (
     Chunk,
@@ -48,6 +49,7 @@ from specserve.runtime.plan import (
     OnTokens,
     StepOutput,
     StepPlan,
+    Store,
 )
 from specserve.runtime.runner import ModelRunner
 
@@ -60,13 +62,23 @@ class Scheduler:
     ``max_len``: the longest prompt + max_tokens a request may have. Thread-safe :meth:`submit`
     and :meth:`cancel`; :meth:`step` (or :meth:`run_until_idle`) from one thread.
     ``intake``: called on that thread at the start of every :meth:`schedule` (and so may
-    :meth:`submit` what arrived meanwhile; the Triton adapter moves its queue in there)."""
+    :meth:`submit` what arrived meanwhile; the Triton adapter moves its queue in there).
+    ``prefix_cache_bytes`` > 0: a prefix cache of that budget (:mod:`specserve.runtime.
+    kv_pool`, blocks of ``block_size`` tokens; ``on_event`` hears of blocks stored and
+    removed): a newcomer whose prompt starts with cached full blocks gets them copied into its
+    row and prefills only the rest; every row's full blocks are stored as they fill."""
 
     def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int,
-                 prefill_chunk: int = 256, intake: Callable[[], None] | None = None) -> None:
+                 prefill_chunk: int = 256, intake: Callable[[], None] | None = None,
+                 prefix_cache_bytes: int = 0, block_size: int = BLOCK_SIZE,
+                 on_event: Callable[[KVEvent], None] | None = None) -> None:
         if capacity < 1:
             raise SpecserveError(f"in-flight batching: capacity must be >= 1, got {capacity}")
-        self.runner = ModelRunner(decoder, capacity, max_len)
+        self.runner = ModelRunner(decoder, capacity, max_len, prefix_cache_bytes, block_size,
+                                  on_event)
+        self.kv = self.runner.kv
+        self._prev: tuple[Handle, ...] = ()  # the runner's rows after the last plan
+        self._gone: list[Handle] = []  # left since the last plan: their blocks to release
         self.decoder, self.capacity, self.max_len = decoder, capacity, max_len
         self.running: list[Handle] = []   # pool row i = running[i] (after the next evictions)
         self._waiting: deque[Handle] = deque()
@@ -130,10 +142,14 @@ class Scheduler:
             if h.cancelled:
                 self._remove(h)
                 self._finish(h, h.state(), "cancelled")
+        store = self._stores()
+        for h in self._gone:  # after their last blocks are planned
+            self._release(h)
+        self._gone = []
         evict, self._leaving = tuple(self._leaving), []
         n = len(self.running)
         new, budget = self._take()
-        joins = [Join(h, n + i) for i, h in enumerate(new)]
+        joins = [Join(h, n + i, 0, tuple(h.blocks)) for i, h in enumerate(new)]
         chunk, last = self._next_chunk()
         if last is not None:
             joins.append(Join(last, n + len(joins), self._fed))
@@ -145,7 +161,9 @@ class Scheduler:
         if last is not None:
             tokens += len(last.prompt) - self._fed
         decode = (*self.running, *(j.handle for j in joins))
-        return StepPlan(evict, decode, tuple(joins), chunk, self.prefill_chunk, tokens)
+        self._prev = decode
+        return StepPlan(evict, decode, tuple(joins), chunk, self.prefill_chunk, tokens,
+                        tuple(store))
 
     def update(self, plan: StepPlan, out: StepOutput) -> None:
         """Apply one phase's outcome: each row's tokens (streamed), stats, stop and finish.
@@ -177,7 +195,10 @@ class Scheduler:
         if self._plan is not None:
             found += [j.handle for j in self._plan.join]
         self.running, self._leaving, self._plan = [], [], None
-        self.runner.reset()  # whatever a failed step left in the pool and the proposer
+        self._prev, self._gone = (), []
+        for h in found:
+            h.blocks, h.stored = [], 0
+        self.runner.reset()  # whatever a failed step left in the pool, the proposer, the cache
         return list({id(h): h for h in found if h.result is None}.values())
 
     def run_until_idle(self) -> None:
@@ -198,11 +219,13 @@ class Scheduler:
             while self._waiting:
                 h = self._waiting.popleft()
                 free = self.capacity - len(self.running) - len(out) - (self._long is not None)
+                cut = self._cached(h) if free > 0 and not h.cancelled else []
+                size = len(h.prompt) - len(cut) * (0 if self.kv is None else self.kv.block_size)
                 if h.cancelled:
                     cancelled.append(h)
-                elif free <= 0 or (out and len(h.prompt) > budget):
+                elif free <= 0 or (out and size > budget):
                     keep.append(h)
-                elif len(h.prompt) > self.prefill_chunk:
+                elif size > self.prefill_chunk:  # chunked from its start (no cached prefix)
                     if self._long is None:
                         self._long, self._fed = h, 0
                         h.admitted_ns = time.monotonic_ns()  # its slot is held from now
@@ -210,11 +233,60 @@ class Scheduler:
                         keep.append(h)
                 else:
                     out.append(h)
-                    budget -= len(h.prompt)
+                    budget -= size
+                    if cut:
+                        assert self.kv is not None
+                        self.kv.acquire(cut)
+                        h.blocks, h.stored = list(cut), len(cut)
             self._waiting = keep
         for h in cancelled:  # callbacks run without the lock held
             self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
         return out, budget
+
+    def _cached(self, h: Handle) -> list[int]:
+        """The pool blocks of ``h``'s prompt's longest cached full-block prefix (its last
+        token is always prefilled: its logits give the first token)."""
+        if self.kv is None:
+            return []
+        bs = self.kv.block_size
+        if not h.hashes:
+            h.hashes = chain_hashes(h.prompt, bs, limit=(len(h.prompt) - 1) // bs)
+        return self.kv.match(h.hashes[:(len(h.prompt) - 1) // bs])
+
+    def _stores(self) -> list[Store]:
+        """The full blocks of the runner's rows (as the last plan left them) that are not in
+        the prefix cache yet: every position before a row's last two tokens is in its K/V
+        and in the proposer's state (the draft model feeds a token one step late)."""
+        if self.kv is None:
+            return []
+        out = []
+        bs = self.kv.block_size
+        for i, h in enumerate(self._prev):
+            if h.row is None:
+                continue
+            seq = h.row.seqs[0]
+            upto = max(len(seq) - 2, 0) // bs
+            if upto <= h.stored:
+                continue
+            have = len(h.hashes)
+            if have < upto:
+                h.hashes += chain_hashes(seq[have * bs:upto * bs], bs,
+                                         parent=h.hashes[-1] if have else ROOT_HASH)
+            lo = h.stored
+            got = self.kv.store(h.hashes[lo:upto], h.hashes[lo - 1] if lo else None,
+                                seq[lo * bs:upto * bs])
+            h.blocks += [b for b, _ in got]
+            h.stored += len(got)
+            new = tuple((lo + k, b) for k, (b, fresh) in enumerate(got) if fresh)
+            if new:
+                out.append(Store(i, new))
+        return out
+
+    def _release(self, h: Handle) -> None:
+        """``h`` left: its blocks stay cached, free to evict."""
+        if self.kv is not None and h.blocks:
+            self.kv.release(h.blocks)
+        h.blocks = []
 
     def _next_chunk(self) -> tuple[Chunk | None, Handle | None]:
         """The long prompt's next chunk, or (its rest fits one chunk) the prompt itself, to
@@ -248,6 +320,7 @@ class Scheduler:
         self.running[i] = self.running[last]
         self.running.pop()
         self._leaving.append(i)
+        self._gone.append(h)
 
     def _finish(self, h: Handle, row: Batch, reason: str) -> None:
         vocab = self.decoder.target.cfg.vocab_size

@@ -74,6 +74,9 @@ MAYBE_EMPTY = {"draft_input_ids", "draft_logits"}  # empty = no drafts (a plain 
 PLAIN_ENGINE_MAX_DRAFT_LEN = 16
 DEFAULT_MAX_PENDING = 4096  # queued requests (parameter specserve_max_pending)
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens prefilled per step (parameter specserve_prefill_chunk)
+# prefix cache budget in MiB (parameter specserve_prefix_cache_mb; 0: off): 3/4 for the
+# in-flight scheduler's pool, 1/4 for the draft_input_ids (BLS) verify calls' target-only pool
+DEFAULT_PREFIX_CACHE_MB = 256
 _OFF = ("off", "false", "0")
 
 
@@ -88,6 +91,12 @@ class ModelParams:
     checkpoint: str = "target"  # "target" | "draft" (the draft checkpoint alone)
     max_pending: int = DEFAULT_MAX_PENDING
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
+
+    @property
+    def prefix_cache_bytes(self) -> tuple[int, int]:
+        """The in-flight pool's and the verify calls' pool's budgets in bytes."""
+        return prefix_cache_split(self.prefix_cache_mb)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelParams:
@@ -113,7 +122,22 @@ class ModelParams:
             speculation=params.get("specserve_speculation", "on").lower() not in _OFF,
             checkpoint=checkpoint,
             max_pending=max(1, _int_param(params, "specserve_max_pending", DEFAULT_MAX_PENDING)),
-            prefill_chunk=_int_param(params, "specserve_prefill_chunk", DEFAULT_PREFILL_CHUNK))
+            prefill_chunk=_int_param(params, "specserve_prefill_chunk", DEFAULT_PREFILL_CHUNK),
+            prefix_cache_mb=_nonneg(_int_param(params, "specserve_prefix_cache_mb",
+                                               DEFAULT_PREFIX_CACHE_MB),
+                                    "specserve_prefix_cache_mb"))
+
+
+def prefix_cache_split(mb: int) -> tuple[int, int]:
+    """A prefix-cache budget of ``mb`` MiB as (in-flight pool, verify pool) bytes."""
+    total = mb << 20
+    return total - total // 4, total // 4
+
+
+def _nonneg(value: int, key: str) -> int:
+    if value < 0:
+        raise SpecserveError(f"parameter {key} must be >= 0, got {value}")
+    return value
 
 
 def _int_param(params: dict[str, str], key: str, default: int) -> int:

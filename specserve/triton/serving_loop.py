@@ -102,17 +102,28 @@ StatsFn = Callable[[dict[str, Any]], None]  # a finished request's AcceptanceSta
 
 
 def make_scheduler(decoder: SpecDecoder, capacity: int, max_seq_len: int,
-                   prefill_chunk: int) -> Scheduler:
-    """The model's in-flight batcher; SpecserveError for a proposer that cannot join a running
-    batch (the model then fails to load with that message)."""
+                   prefill_chunk: int, prefix_cache_bytes: int = 0) -> Scheduler:
+    """The model's in-flight batcher (with a prefix cache of ``prefix_cache_bytes``, 0: none);
+    SpecserveError for a proposer that cannot join a running batch (the model then fails to
+    load with that message)."""
     from specserve.runtime.scheduler import Scheduler
 
     return Scheduler(decoder, capacity, max_seq_len or
-                     decoder.target.cfg.max_position_embeddings, prefill_chunk=prefill_chunk)
+                     decoder.target.cfg.max_position_embeddings, prefill_chunk=prefill_chunk,
+                     prefix_cache_bytes=prefix_cache_bytes)
 
 
-def external_verify(decoder: SpecDecoder, max_draft_len: int) -> VerifyFn:
-    """``draft_input_ids``: one ``SpecDecoder.verify`` with an ExternalDraftProposer."""
+def external_verify(decoder: SpecDecoder, max_draft_len: int,
+                    prefix_cache_bytes: int = 0) -> VerifyFn:
+    """``draft_input_ids``: one ``SpecDecoder.verify`` with an ExternalDraftProposer; with a
+    target-only prefix cache of ``prefix_cache_bytes`` (runtime/verify_cache.py; 0: none), so
+    that the BLS loop's per-iteration calls prefill only the context's tail."""
+    prefix = None
+    if prefix_cache_bytes > 0:
+        from specserve.runtime.verify_cache import VerifyPrefixCache
+
+        plane = decoder.target.new_cache(1, 1).plane("target")
+        prefix = VerifyPrefixCache(plane, prefix_cache_bytes, device=decoder.device)
 
     def verify(p: Pending, on_step: OnStep) -> GenerationResult:
         import torch
@@ -123,7 +134,8 @@ def external_verify(decoder: SpecDecoder, max_draft_len: int) -> VerifyFn:
         proposer = ExternalDraftProposer([p.req.draft_ids or ()], [logits],
                                          max_draft_len=max_draft_len)
         return decoder.verify([p.req.prompt], [p.params], proposer, on_step,
-                              return_logits=[p.req.return_generation_logits])[0]
+                              return_logits=[p.req.return_generation_logits],
+                              prefix=prefix)[0]
     return verify
 
 

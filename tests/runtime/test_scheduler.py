@@ -6,6 +6,8 @@ cancelled request frees its slot at the next step; a newcomer starts at the next
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
 
@@ -18,6 +20,8 @@ from specserve.runtime.proposers import (
     NgramProposer,
     OracleProposer,
     Proposer,
+    Restored,
+    StepOutcome,
 )
 from specserve.runtime.proposers.eagle3 import Eagle3Proposer
 from specserve.runtime.scheduler import Scheduler
@@ -158,8 +162,8 @@ def test_medusa_rows_follow_their_sequences(tiny_models: TinyModels) -> None:
     from specserve.runtime.proposers import StepOutcome
 
     h = torch.randn(3, 5, 64)  # [B, T, H]
-    prop.admit([[1], [2]], StepOutcome(h[:2], [4, 2], [0, 0], [[1], [2]]))
-    prop.admit([[3]], StepOutcome(h[2:], [1], [0], [[3]]))
+    prop.admit([[1], [2]], StepOutcome(h[:2], [4, 2], [0, 0], [[1], [2]]), [Restored()] * 2)
+    prop.admit([[3]], StepOutcome(h[2:], [1], [0], [[3]]), [Restored()])
     assert prop._hidden is not None
     assert torch.equal(prop._hidden, torch.stack([h[0, 4], h[1, 2], h[2, 1]]))
     prop.evict(0)
@@ -253,13 +257,14 @@ class _FailingDraft(DraftModelProposer):
 
     fail = True
 
-    def admit(self, prompts: list[list[int]], outcome: object) -> None:  # type: ignore[override]
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome,
+              restored: Sequence[Restored]) -> None:
         if self.fail:
             self.fail = False
             assert self.cache is not None
             self.cache = self.pool.view(self.cache.batch, self.cache.batch + len(prompts))
             raise RuntimeError("planted admission failure")
-        super().admit(prompts, outcome)  # type: ignore[arg-type]
+        super().admit(prompts, outcome, restored)
 
 
 def test_a_failed_admission_gives_every_request_back_and_the_pool_recovers(

@@ -40,6 +40,9 @@ torch.set_num_threads(1)
 KINDS = ["none", "draft_same", "ngram", "medusa", "eagle3"]
 SEEDS = [33, 36]  # T = 0.9 and T = 0: between them, every plan that _coverage names
 SLOW_SEEDS = list(range(100, 112))
+BLOCK = 4  # prefix-cache block size: the scenarios' prompts are 1-15 tokens
+PREFIX_CACHE = 1 << 24  # bytes: never full here
+SMALL_CACHE = 1 << 15  # bytes: a few blocks, evicted and reused under the scenario
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,11 @@ class _Recording(Scheduler):
         return plan
 
 
-def _in_flight(m: TinyModels, kind: str, s: Scenario, params: list[SamplingParams]
-               ) -> tuple[list[Handle], list[list[int]], list[StepPlan]]:
+def _in_flight(m: TinyModels, kind: str, s: Scenario, params: list[SamplingParams],
+               prefix_cache: int = 0) -> tuple[list[Handle], list[list[int]], list[StepPlan]]:
     sch = _Recording(SpecDecoder(m.target, _proposer(kind, m)), s.capacity, max_len=64,
-                     prefill_chunk=s.chunk)
+                     prefill_chunk=s.chunk, prefix_cache_bytes=prefix_cache,
+                     block_size=BLOCK)
     sch.plans = []
     streamed: list[list[int]] = [[] for _ in s.prompts]
     handles: dict[int, Handle] = {}
@@ -126,11 +130,12 @@ def _in_flight(m: TinyModels, kind: str, s: Scenario, params: list[SamplingParam
     return [handles[i] for i in range(len(s.prompts))], streamed, sch.plans
 
 
-def _check(m: TinyModels, kind: str, seed: int) -> list[StepPlan]:
-    """Every request of scenario ``seed`` against its run alone; the plans the run made."""
+def _check(m: TinyModels, kind: str, seed: int, prefix_cache: int = 0) -> list[StepPlan]:
+    """Every request of scenario ``seed`` against its run alone; the plans the run made
+    (``prefix_cache`` bytes: with a prefix cache of 4-token blocks)."""
     s = scenario(seed)
     params, want = _alone(m, kind, s)
-    handles, streamed, plans = _in_flight(m, kind, s, params)
+    handles, streamed, plans = _in_flight(m, kind, s, params, prefix_cache)
     for i, (h, w) in enumerate(zip(handles, want, strict=True)):
         got = h.result
         assert got is not None, f"seed {seed}: request {i} never finished"
@@ -159,12 +164,23 @@ def test_every_request_equals_its_run_alone(tiny_models: TinyModels, kind: str) 
     assert all(_coverage(plans).values()), _coverage(plans)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_with_a_prefix_cache_every_request_equals_its_run_alone(tiny_models: TinyModels,
+                                                                kind: str) -> None:
+    """The same scenarios with the prefix cache on: newcomers restore cached full blocks of
+    their prompts (stored by earlier rows as they filled) and prefill only the rest."""
+    plans = [p for seed in SEEDS for p in _check(tiny_models, kind, seed, PREFIX_CACHE)]
+    assert any(j.blocks for p in plans for j in p.join), "no newcomer reused a block"
+    assert any(p.store for p in plans)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", [*KINDS, "draft_random", "eagle3_tree"])
 @pytest.mark.parametrize("seed", SLOW_SEEDS)
+@pytest.mark.parametrize("prefix_cache", [0, PREFIX_CACHE, SMALL_CACHE])
 def test_every_request_equals_its_run_alone_many_seeds(tiny_models: TinyModels, kind: str,
-                                                       seed: int) -> None:
-    _check(tiny_models, kind, seed)
+                                                       seed: int, prefix_cache: int) -> None:
+    _check(tiny_models, kind, seed, prefix_cache)
 
 
 def test_the_scenarios_draw_shared_prompts_stops_and_cancels() -> None:

@@ -248,6 +248,10 @@ def test_model_params_from_the_config() -> None:
     assert got == ModelParams(engine_dir="/engines/e", max_batch=8, exclude_default=True,
                               speculation=False, checkpoint="draft", max_pending=3)
     assert ModelParams.from_config(_cfg()).max_pending == DEFAULT_MAX_PENDING
+    cache = ModelParams.from_config(_cfg(specserve_prefix_cache_mb="8")).prefix_cache_bytes
+    assert cache == (6 << 20, 2 << 20)  # in-flight pool, verify (BLS) pool
+    assert ModelParams.from_config(_cfg(specserve_prefix_cache_mb="0")).prefix_cache_bytes \
+        == (0, 0)
 
 
 @pytest.mark.parametrize(("params", "message"), [
@@ -255,6 +259,7 @@ def test_model_params_from_the_config() -> None:
                                        "reference tensorrt_llm model batches in flight only"),
     ({"specserve_checkpoint": "medusa"}, "specserve_checkpoint must be 'target' or 'draft'"),
     ({"specserve_max_pending": "many"}, "specserve_max_pending must be an integer"),
+    ({"specserve_prefix_cache_mb": "-1"}, "specserve_prefix_cache_mb must be >= 0"),
     ({"gpt_model_path": ""}, "gpt_model_path"),
 ])
 def test_model_params_refuse_what_is_not_served(params: dict[str, str], message: str) -> None:

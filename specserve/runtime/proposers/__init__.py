@@ -21,6 +21,7 @@ from specserve.runtime.proposers.base import (
     Proposal,
     ProposalRequest,
     Proposer,
+    Restored,
     SlotProposer,
     StepOutcome,
     TreeProposal,
@@ -34,5 +35,5 @@ from specserve.runtime.proposers.oracle import OracleProposer
 
 __all__ = ["ChainProposal", "ChainProposer", "DraftModelProposer", "ExternalDraftProposer",
            "MedusaProposer", "NgramProposer", "OracleProposer", "Proposal", "ProposalRequest",
-           "Proposer", "SlotProposer", "StepOutcome", "TreeProposal", "ngram_lookup",
+           "Proposer", "Restored", "SlotProposer", "StepOutcome", "TreeProposal", "ngram_lookup",
            "pad_drafts"]

@@ -21,19 +21,21 @@ hidden states) and rolls it back in ``update``; the decoder holds no proposer-sp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
 
 from specserve.runtime.grammar import DraftGuide
+from specserve.runtime.kv_pool import Plane
 from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.spec.sampling import logits_to_probs, sample
 from specserve.spec.tree import TreeBuffers
 
 __all__ = ["ChainProposal", "ChainProposer", "Proposal", "ProposalRequest", "Proposer",
-           "SlotProposer", "StepOutcome", "TreeProposal", "pad_drafts", "sample_rows"]
+           "Restored", "SlotProposer", "StepOutcome", "TreeProposal", "pad_drafts", "sample_rows"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,19 @@ class StepOutcome:
     aux: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Restored:
+    """A newcomer's first ``length`` positions restored from the prefix cache
+    (:mod:`specserve.runtime.kv_pool`): per plane of :meth:`SlotProposer.planes`, its state
+    there, [length, *shape] (none when ``length`` is 0)."""
+
+    length: int = 0
+    planes: tuple[torch.Tensor, ...] = ()
+
+
+NOTHING_RESTORED = Restored()
+
+
 class Proposer(Protocol):
     """Every proposer: draft model, n-gram, oracle, Medusa, and whatever comes next (EAGLE-3)."""
 
@@ -145,11 +160,22 @@ class SlotProposer(Protocol):
     def reserve(self, capacity: int, max_len: int) -> None:
         """A pool for ``capacity`` sequences of up to ``max_len`` tokens; no sequence yet."""
 
-    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
-        """Sequences join as the last rows; ``outcome`` is the target prefill of just them."""
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome,
+              restored: Sequence[Restored]) -> None:
+        """Sequences join as the last rows; ``outcome`` is the target prefill of just them,
+        which covered newcomer i's prompt after its ``restored[i].length`` first positions
+        (those came from the prefix cache, with this proposer's state there)."""
 
     def evict(self, row: int) -> None:
         """The sequence at ``row`` leaves; the last row moves into its place."""
+
+    def planes(self) -> tuple[Plane, ...]:
+        """The per-position state it keeps per row that a prefix cache stores and restores
+        with the target's K/V (the draft model's K/V, EAGLE-3's fused features); ()."""
+
+    def export(self, row: int, positions: torch.Tensor) -> list[torch.Tensor]:
+        """Row ``row``'s state at ``positions`` [N], per plane [N, *shape] (a copy; only
+        positions before the row's last two tokens are asked for)."""
 
 
 def sample_rows(logits: torch.Tensor, tok: torch.Tensor, rows: list[int], limits: list[int],
@@ -206,11 +232,19 @@ class ChainProposer:
     def reserve(self, capacity: int, max_len: int) -> None:
         """In-flight batching: nothing per row to keep (see :class:`SlotProposer`)."""
 
-    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome,
+              restored: Sequence[Restored]) -> None:
         """In-flight batching: nothing per row to keep."""
 
     def evict(self, row: int) -> None:
         """In-flight batching: nothing per row to keep."""
+
+    def planes(self) -> tuple[Plane, ...]:
+        """Nothing per position to keep."""
+        return ()
+
+    def export(self, row: int, positions: torch.Tensor) -> list[torch.Tensor]:
+        return []
 
     def get_proposal(self, request: ProposalRequest) -> Proposal | None:
         """The chain of :meth:`propose` (a subclass may return a tree, as EAGLE-3 does)."""

@@ -8,14 +8,18 @@ Optionally it ends a chain early at a draft it is unsure of (``min_confidence``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from specserve.runtime.kv_pool import Plane
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers.base import (
     ChainProposal,
     ChainProposer,
+    Restored,
     StepOutcome,
     pad_drafts,
     sample_rows,
@@ -51,16 +55,29 @@ class DraftModelProposer(ChainProposer):
         self.pool = self.model.new_cache(capacity, max_len + self.max_draft_len + 2)
         self.cache = self.pool.view(0, 0)
 
-    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
-        """Feed the newcomers' prompts (all but the last token) into the rows after the active
-        ones, then widen the active view over them."""
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome,
+              restored: Sequence[Restored]) -> None:
+        """Feed the newcomers' prompts (all but the last token; after the positions restored
+        from the prefix cache) into the rows after the active ones, then widen the active
+        view over them."""
         assert self.cache is not None
         n, m, lens = self.cache.batch, len(prompts), list(self.cache.lengths)
         self.cache = self.pool.view(n, n + m)
-        self._feed([p[:-1] if len(p) > 1 else [] for p in prompts])
+        for i, r in enumerate(restored):
+            if r.length:
+                self.pool.restore(n + i, r.planes[0])
+        self.cache.lengths = [r.length for r in restored]
+        self._feed([p[r.length:-1] for p, r in zip(prompts, restored, strict=True)])
         lens += self.cache.lengths
         self.cache = self.pool.view(0, n + m)
         self.cache.lengths = lens
+
+    def planes(self) -> tuple[Plane, ...]:
+        """The draft model's K/V per position (its own prefix-cache plane)."""
+        return (self.pool.plane("draft"),)
+
+    def export(self, row: int, positions: torch.Tensor) -> list[torch.Tensor]:
+        return [self.pool.export(row, positions)]
 
     def evict(self, row: int) -> None:
         assert self.cache is not None

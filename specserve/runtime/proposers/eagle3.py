@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from specserve.runtime.eagle3 import Eagle3Head
+from specserve.runtime.kv_pool import Plane
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Transformer
 from specserve.runtime.params import SamplingParams
@@ -35,6 +36,7 @@ from specserve.runtime.proposers.base import (
     ChainProposal,
     ChainProposer,
     ProposalRequest,
+    Restored,
     StepOutcome,
     TreeProposal,
     pad_drafts,
@@ -61,6 +63,9 @@ class Eagle3Proposer(ChainProposer):
         self.pool: KVCache  # in-flight batching only (reserve)
         # per row: fused target features [n, H] of positions cache.lengths[b].. not fed yet
         self.feats: list[torch.Tensor | None] = []
+        # in-flight batching: per row, every fused feature so far, in position order (chunks
+        # of [n, H]; what a prefix cache stores for the row)
+        self.hist: list[list[torch.Tensor]] = []
 
     def bind(self, target: Transformer) -> None:
         """Share the target's embedding (the decoder captures :attr:`aux_layers` itself)."""
@@ -79,20 +84,34 @@ class Eagle3Proposer(ChainProposer):
         if self.cache is None or self.cache.batch != b or self.cache.max_len < self._need(max_len):
             self.cache = self.head.new_cache(b, self._need(max_len))
         self.cache.lengths = [0] * b
-        self.feats = [None] * b
+        self.feats, self.hist = [None] * b, []
 
     def reserve(self, capacity: int, max_len: int) -> None:
         self.pool = self.head.new_cache(capacity, self._need(max_len))
         self.cache = self.pool.view(0, 0)
-        self.feats = []
+        self.feats, self.hist = [], []
 
-    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
-        """Newcomers as the last rows; ``outcome.aux`` covers their prompts from position 0."""
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome,
+              restored: Sequence[Restored]) -> None:
+        """Newcomers as the last rows; ``outcome.aux`` covers their prompts after the
+        positions restored from the prefix cache, whose fused features come with them (the
+        head is fed every position from 0 at its first proposal, as without a cache)."""
         assert self.cache is not None and outcome.aux is not None
         n, m, lens = self.cache.batch, len(prompts), list(self.cache.lengths)
         self.cache = self.pool.view(0, n + m)
         self.cache.lengths = lens + [0] * m
-        self.feats += [self.head.fuse(outcome.aux[i, :len(p)]) for i, p in enumerate(prompts)]
+        for i, (p, r) in enumerate(zip(prompts, restored, strict=True)):
+            new = self.head.fuse(outcome.aux[i, :len(p) - r.length])  # [n, H]
+            f = torch.cat([r.planes[0].to(new.dtype), new]) if r.length else new
+            self.feats.append(f)
+            self.hist.append([f])
+
+    def planes(self) -> tuple[Plane, ...]:
+        """The fused target features per position (the head's input)."""
+        return (Plane("eagle3", (self.head.cfg.hidden_size,), self.head.dtype),)
+
+    def export(self, row: int, positions: torch.Tensor) -> list[torch.Tensor]:
+        return [torch.cat(self.hist[row])[positions]]
 
     def evict(self, row: int) -> None:
         assert self.cache is not None
@@ -100,7 +119,11 @@ class Eagle3Proposer(ChainProposer):
         if row != last:
             self.pool.move_row(last, row, lens[last])
             lens[row], self.feats[row] = lens[last], self.feats[last]
+            if self.hist:
+                self.hist[row] = self.hist[last]
         self.feats.pop()
+        if self.hist:
+            self.hist.pop()
         self.cache = self.pool.view(0, last)
         self.cache.lengths = lens[:last]
 
@@ -123,6 +146,8 @@ class Eagle3Proposer(ChainProposer):
                 states = outcome.aux[b, outcome.paths[b][lo:]]
             new = self.head.fuse(states)  # [n - lo, H]
             self.feats[b] = new if buf is None else torch.cat([buf, new])
+            if self.hist:  # in flight: the row's history too
+                self.hist[b].append(new)
 
     def _catch_up(self, seqs: list[list[int]]) -> torch.Tensor:
         """Feed every row's pending (feature, next token) pairs; the head's output at each

@@ -7,15 +7,18 @@ one-hot rejection sampling, or, opt-in and LOSSY, with Medusa's typical acceptan
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 
+from specserve.runtime.kv_pool import Plane
 from specserve.runtime.medusa import MedusaHeads
 from specserve.runtime.model import Transformer
 from specserve.runtime.proposers.base import (
     ChainProposal,
     ProposalRequest,
+    Restored,
     SlotProposer,
     StepOutcome,
     TreeProposal,
@@ -92,7 +95,8 @@ class MedusaProposer:
         """In-flight batching: the per-row state is the last kept hidden state only."""
         self._hidden = None
 
-    def admit(self, prompts: list[list[int]], outcome: StepOutcome) -> None:
+    def admit(self, prompts: list[list[int]], outcome: StepOutcome,
+              restored: Sequence[Restored]) -> None:
         h, dev = outcome.hidden, outcome.hidden.device
         new = h[torch.arange(h.shape[0], device=dev), torch.tensor(outcome.last, device=dev)]
         self._hidden = new if self._hidden is None else torch.cat([self._hidden, new])
@@ -103,6 +107,13 @@ class MedusaProposer:
         if row != last:
             self._hidden[row] = self._hidden[last]
         self._hidden = self._hidden[:last]
+
+    def planes(self) -> tuple[Plane, ...]:
+        """Nothing per position (its state is the last hidden state, from the prefill)."""
+        return ()
+
+    def export(self, row: int, positions: torch.Tensor) -> list[torch.Tensor]:
+        return []
 
     def _buffers(self, budget: int | None) -> TreeBuffers:
         """The tree's first ``budget`` nodes (a prefix of the (depth, path) order is a tree:

@@ -15,7 +15,8 @@ Concurrency follows ``../shared/reference/triton-on-cpu.md`` §2: ``execute()`` 
 request, hands it with its sender to a bounded queue (parameter ``specserve_max_pending``; past
 it "server busy") and returns ``None``; one worker thread runs the in-flight batcher
 (:class:`~specserve.runtime.scheduler.Scheduler`, up to ``max_batch_size`` sequences, parameter
-``specserve_prefill_chunk``). Parameter ``specserve_checkpoint`` ("target", default, or "draft"):
+``specserve_prefill_chunk``; a prefix cache of ``specserve_prefix_cache_mb``, default 256, 0
+off: runtime/kv_pool.py). Parameter ``specserve_checkpoint`` ("target", default, or "draft"):
 the engine checkpoint served ("draft": the draft model alone, e.g. ``tensorrt_llm_draft``;
 speculation is then off).
 """
@@ -91,11 +92,13 @@ class TritonPythonModel:
         self.guides = GuideCompiler(self.tokenizer, self.decoder.target.cfg.vocab_size,
                                     [] if self.limits.eos is None else [self.limits.eos])
         self.queue: queue.Queue[Pending | None] = queue.Queue(maxsize=self.params.max_pending)
+        inflight_cache, verify_cache = self.params.prefix_cache_bytes
         scheduler = make_scheduler(self.decoder, self.params.max_batch, self.limits.max_seq_len,
-                                   self.params.prefill_chunk)
+                                   self.params.prefill_chunk, inflight_cache)
         self.counters = spec_counters(args)
         self.loop = ServingLoop(scheduler, self.queue, self.params.max_pending,
-                                external_verify(self.decoder, self.limits.max_draft_len),
+                                external_verify(self.decoder, self.limits.max_draft_len,
+                                                verify_cache),
                                 self._text, on_stats=self.counters.observe)
         self.worker = threading.Thread(target=self.loop.run, name="specserve-llm", daemon=True)
         self.worker.start()
