@@ -39,6 +39,11 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   for ``json``), compiled with xgrammar for the model's tokenizer
   (:mod:`specserve.runtime.grammar`); a guide without a type, an unknown type, a malformed
   guide or one the tokenizer cannot express is one error line for that request.
+- ``num_return_sequences`` n (issue 31; TensorRT-LLM's input and semantics, tensorrtllm_backend
+  ``tensorrt_llm/1/model.py`` ``convert_response`` @ c2e65b8): n in [1, 16] independent
+  sequences (``runtime.params.expand_n``), on a decoupled model only, not with
+  ``draft_input_ids``; each response holds one sequence and ``sequence_index`` [1, 1]
+  (:func:`sequence_index_array`; the fan-out is ``serving_loop.fan_out``).
 """
 
 from __future__ import annotations
