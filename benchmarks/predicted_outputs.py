@@ -10,7 +10,9 @@ alone), ``prediction`` (the target + the prediction, no engine proposer), and wi
 ``--ngram K`` also the n-gram engine alone and with the prediction. Per-user tok/s of a
 request = generated tokens / (last token time - submit time); the table gives the mean over
 records, the ratio to plain, tau, accepted_prediction_tokens, and checks that every output
-equals plain decoding's (greedy is lossless).
+equals plain decoding's (greedy is lossless) and (plain+prediction, where every draft is a
+prediction draft) that accepted_prediction_tokens equals the verifier's count of accepted
+drafts.
 
 ``--prediction`` picks what the client predicts: ``original`` (default; the unedited function
 body, the dataset's ``prediction``) or ``previous`` (the model's own answer to the unedited
@@ -38,6 +40,15 @@ def _run(dec: Any, ids: list[int], params: Any) -> tuple[Any, float]:
     start = time.time_ns()
     (res,) = dec.generate([ids], params)
     return res, len(res.token_ids) / max((res.last_token_time_ns - start) / 1e9, 1e-9)
+
+
+def _server_check(key: str, xs: list[dict[str, Any]]) -> str:
+    """plain+prediction: the reported accepted_prediction_tokens against the verifier's own
+    count of accepted drafts (every draft is a prediction draft there): records equal / all."""
+    if key != "plain+prediction":
+        return "-"
+    same = sum(x["accepted_prediction_tokens"] == x["accepted_drafts"] for x in xs)
+    return f"{same}/{len(xs)}"
 
 
 def main() -> None:
@@ -92,13 +103,14 @@ def main() -> None:
                 rows.setdefault(key, []).append({
                     "source": r.source, "tok_s": rate, "tokens": len(res.token_ids),
                     "tau": res.stats.tau, "equal_plain": res.token_ids == want,
+                    "accepted_drafts": int(res.stats.accepted_tokens),
                     "accepted_prediction_tokens": res.accepted_prediction_tokens,
                     "rejected_prediction_tokens": res.rejected_prediction_tokens})
     plain = statistics.mean(x["tok_s"] for x in rows["plain"])
     print(f"{len(recs)} code-edit records, c=1, greedy, {a.max_tokens} tokens each, "
           f"{a.threads} thread(s)")
     print(f"{'decoder':<20} {'tok/s/user':>10} {'x plain':>8} {'tau':>6} {'acc.pred':>9} "
-          f"{'equal':>6}")
+          f"{'equal':>6} {'acc=server':>10}")
     for key, xs in rows.items():
         rate = statistics.mean(x["tok_s"] for x in xs)
         acc = [x["accepted_prediction_tokens"] for x in xs
@@ -106,7 +118,7 @@ def main() -> None:
         print(f"{key:<20} {rate:>10.1f} {rate / plain:>8.2f} "
               f"{statistics.mean(x['tau'] for x in xs):>6.2f} "
               f"{(statistics.mean(acc) if acc else 0):>9.1f} "
-              f"{sum(x['equal_plain'] for x in xs):>3}/{len(xs)}")
+              f"{sum(x['equal_plain'] for x in xs):>3}/{len(xs)} {_server_check(key, xs):>10}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
 

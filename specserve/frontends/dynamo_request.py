@@ -13,9 +13,20 @@ Dynamo's frontend tokenizes an OpenAI request and hands a worker a ``Preprocesse
 No second copy of the request checks: the dict is written as the Triton ``tensorrt_llm`` inputs
 (``input_ids``, ``request_output_len``, ``stop_words_list``, ``end_id``, ...) and goes through
 :func:`specserve.triton.llm_io.parse_request` and :func:`~specserve.triton.llm_io.sampling_params`
-like a Triton request. What that model cannot serve (``n > 1``, ``logprobs``, penalties, beam
-search, ...) is refused with a one-line ValueError, which the worker sends to the client as an
-error, never ignored.
+like a Triton request. What that model cannot serve (``logprobs``, penalties, beam search, ...)
+is refused with a one-line ValueError, which the worker sends to the client as an error, never
+ignored.
+
+``n`` > 1: Dynamo's frontend does not fan ``n`` out; it passes ``sampling_options.n`` to the
+worker and takes the choice of each chunk from its ``index`` (ai-dynamo/dynamo
+``lib/llm/src/protocols/common/llm_backend.rs`` ``LLMEngineOutput.index``;
+``lib/llm/src/protocols/openai/completions/delta.rs`` ``choice_from_postprocessor``:
+``delta.index.unwrap_or(0)``; ``completions/aggregator.rs`` groups the choices by index).
+Its ``Backend`` operator (``lib/llm/src/backend.rs``) holds ONE incremental detokenizer and
+stop-string matcher per request, and passes a chunk that carries ``text`` through untouched:
+so with n > 1 the worker sends each choice's own text (``frontends/dynamo_worker.py``) and
+``n`` becomes ``num_return_sequences``; stop strings with n > 1 (which only that matcher
+applies) are refused.
 
 Structured output: OpenAI's ``response_format`` reaches the worker as
 ``sampling_options.guided_decoding`` (Dynamo's ``GuidedDecodingOptions``: one of ``json``,
@@ -47,12 +58,12 @@ if TYPE_CHECKING:
     from specserve.runtime.params import SamplingParams
 
 # served fields of each section; any other field must be absent, None or its neutral value
-SAMPLING_SERVED = frozenset({"temperature", "top_p", "top_k", "seed", "guided_decoding"})
+SAMPLING_SERVED = frozenset({"temperature", "top_p", "top_k", "seed", "guided_decoding", "n"})
 GUIDED = {"json": "json_schema", "regex": "regex", "grammar": "ebnf_grammar"}  # -> guide type
 STOP_SERVED = frozenset({"max_tokens", "stop", "stop_token_ids", "stop_token_ids_hidden",
                          "min_tokens", "ignore_eos"})
 NEUTRAL: Mapping[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+    "best_of": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0), "length_penalty": (1, 1.0), "min_p": (0, 0.0),
     "use_beam_search": (False,), "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,), "formatted_prompt": (),
@@ -130,6 +141,12 @@ def to_arrays(request: Mapping[str, Any], max_seq_len: int) -> dict[str, np.ndar
         arrays["runtime_top_p"] = np.array([sampling["top_p"]], dtype=np.float32)
     if sampling.get("seed") is not None:
         arrays["seed"] = np.array([int(sampling["seed"])], dtype=np.uint64)
+    n = int(sampling.get("n") or 1)
+    if n != 1:
+        if stop.get("stop"):  # the frontend applies stop strings to token-only chunks only
+            raise ValueError("stop_conditions.stop (stop strings) with sampling_options.n > 1 "
+                             "is not supported by the specserve worker")
+        arrays["num_return_sequences"] = np.array([n], dtype=np.int32)
     guide = _guided(sampling.get("guided_decoding"))
     if guide is not None:
         arrays["guided_decoding_guide_type"] = np.array([guide[0].encode()], dtype=np.object_)

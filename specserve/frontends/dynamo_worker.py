@@ -49,7 +49,15 @@ from specserve.triton.llm_io import (
     EngineLimits,
     prefix_cache_split,
 )
-from specserve.triton.serving_loop import Arrays, Pending, ServingLoop, external_verify
+from specserve.triton.models.bls_lib.detok import IncrementalDetokenizer
+from specserve.triton.serving_loop import (
+    Arrays,
+    Pending,
+    Sender,
+    ServingLoop,
+    TextFn,
+    external_verify,
+)
 
 if TYPE_CHECKING:
     from specserve.runtime.params import SamplingParams
@@ -104,15 +112,33 @@ class SpecCounters:
 
 
 class DynamoSender:
-    """A request's responses, from the loop's thread to the handler's asyncio queue."""
+    """A request's responses, from the loop's thread to the handler's asyncio queue. ``n`` > 1:
+    :meth:`split` gives one sender per choice, sharing the queue; each chunk then carries its
+    choice's ``index`` and its own ``text`` (an incremental detokenizer per choice: Dynamo's
+    backend detokenizes one stream per request, so token-only chunks of several choices would
+    be decoded as one text)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, params: SamplingParams,
-                 counters: SpecCounters | None) -> None:
-        self.loop, self.params, self.counters = loop, params, counters
+                 counters: SpecCounters | None, text: TextFn | None = None) -> None:
+        self.loop, self.params, self.counters, self.text = loop, params, counters, text
         self.out: asyncio.Queue[tuple[dict[str, Any], bool]] = asyncio.Queue()
         self.gone = threading.Event()  # the handler ended: the client went away
         self.generated = 0
         self.first_send = 0.0  # wall time of the loop's first response (the trace)
+        self.index: int | None = None
+        self.detok: IncrementalDetokenizer | None = None
+        self.finals = 1  # final responses that end the request (n with split)
+
+    def split(self, n: int) -> list[Sender]:
+        """One sender per choice (:class:`~specserve.triton.serving_loop.SplitSender`)."""
+        self.finals = n
+        out: list[Sender] = []
+        for i in range(n):
+            s = DynamoSender(self.loop, self.params, self.counters, self.text)
+            s.out, s.gone, s.index = self.out, self.gone, i
+            s.detok = IncrementalDetokenizer(self.text) if self.text else None
+            out.append(s)
+        return out
 
     def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
         if final and self.counters:
@@ -129,6 +155,10 @@ class DynamoSender:
             tokens = [] if arrays is None else [int(t) for t in arrays["output_ids"].reshape(-1)]
             self.generated += len(tokens)
             item = {"token_ids": tokens}
+            if self.index is not None:
+                item["index"] = self.index
+            if self.detok is not None:
+                item["text"] = self.detok.push(tokens) + (self.detok.flush() if final else "")
             if final:
                 item["finish_reason"] = finish_reason(self.generated, self.params)
             if final and arrays is not None and self.counters and "spec_stats_json" in arrays:
@@ -197,7 +227,7 @@ class Worker:
             req, params = admit(request, self.limits, self.guides.compile_text)
         except (ValueError, SpecserveError) as e:
             raise client_error(400, f"specserve: {e}") from None
-        sender = DynamoSender(asyncio.get_running_loop(), params, self.counters)
+        sender = DynamoSender(asyncio.get_running_loop(), params, self.counters, self._text)
         try:
             self.queue.put_nowait(Pending(req=req, params=params, sender=sender,
                                           arrival=time.monotonic_ns()))
@@ -220,7 +250,9 @@ class Worker:
 
 async def _responses(sender: DynamoSender, context: Any) -> AsyncIterator[dict[str, Any]]:
     """The loop's responses until the final one, or until the frontend stops the context (the
-    client went away): checked before every item, and every 0.1 s while none comes."""
+    client went away): checked before every item, and every 0.1 s while none comes. ``n`` > 1:
+    until every choice's final response."""
+    finals = 0
     while not _stopped(context):
         try:
             item, final = await asyncio.wait_for(sender.out.get(), timeout=0.1)
@@ -229,7 +261,8 @@ async def _responses(sender: DynamoSender, context: Any) -> AsyncIterator[dict[s
         if "error" in item:
             raise client_error(500, f"specserve: {item['error']}")
         yield item
-        if final:
+        finals += final
+        if finals >= sender.finals:
             return
 
 

@@ -39,6 +39,11 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   for ``json``), compiled with xgrammar for the model's tokenizer
   (:mod:`specserve.runtime.grammar`); a guide without a type, an unknown type, a malformed
   guide or one the tokenizer cannot express is one error line for that request.
+- ``num_return_sequences`` n (issue 31; TensorRT-LLM's input and semantics, tensorrtllm_backend
+  ``tensorrt_llm/1/model.py`` ``convert_response`` @ c2e65b8): n in [1, 16] independent
+  sequences (``runtime.params.expand_n``), on a decoupled model only, not with
+  ``draft_input_ids``; each response holds one sequence and ``sequence_index`` [1, 1]
+  (:func:`sequence_index_array`; the fan-out is ``serving_loop.fan_out``).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specserve.errors import SpecserveError
-from specserve.runtime.params import SamplingParams
+from specserve.runtime.params import SamplingParams, expand_n
 
 if TYPE_CHECKING:
     from specserve.runtime.grammar import CompiledGuide
@@ -58,7 +63,7 @@ if TYPE_CHECKING:
 # Inputs the reference decoder honours; others must be absent or hold their neutral value.
 NEUTRAL: dict[str, float] = {
     "len_penalty": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-    "frequency_penalty": 0.0, "beam_width": 1, "num_return_sequences": 1,
+    "frequency_penalty": 0.0, "beam_width": 1,
     "return_context_logits": 0, "early_stopping": 0, "stop": 0,
 }
 HONOURED = {
@@ -67,7 +72,7 @@ HONOURED = {
     "min_tokens", "exclude_input_in_output", "return_perf_metrics", "return_num_input_tokens",
     "return_num_output_tokens", "draft_input_ids", "draft_logits", "return_generation_logits",
     "return_log_probs", "num_top_log_probs", "num_draft_tokens", "prediction",
-    "guided_decoding_guide_type", "guided_decoding_guide",
+    "guided_decoding_guide_type", "guided_decoding_guide", "num_return_sequences",
 }
 MAYBE_EMPTY = {"draft_input_ids", "draft_logits"}  # empty = no drafts (a plain request)
 # draft_input_ids allowed on an engine whose record has no max_draft_len (a plain engine)
@@ -189,6 +194,7 @@ class LlmRequest:
     prediction: str | None = None  # Predicted Outputs: the expected output's text
     guide_type: str | None = None  # guided_decoding_guide_type (None: no structured output)
     guide: str | None = None  # guided_decoding_guide
+    n: int = 1  # num_return_sequences: independent sequences, one response stream each
 
     @property
     def verify_max_tokens(self) -> int:
@@ -280,7 +286,7 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
         draft_ids=draft_ids, draft_logits=draft_logits, return_generation_logits=gen_logits,
         return_log_probs=log_probs, top_log_probs=int(opt("num_top_log_probs", 0)),
         num_draft_tokens=None if k is None else int(k), prediction=_text(arrays, "prediction"),
-        guide_type=guide_type, guide=guide,
+        guide_type=guide_type, guide=guide, n=int(opt("num_return_sequences", 1)),
     )
 
 
@@ -328,7 +334,17 @@ def sampling_params(req: LlmRequest, limits: EngineLimits, encode: Encode | None
         top_logprobs=req.top_log_probs, prediction=_prediction(req, limits, encode),
         guide=_guide(req, guides))
     params.validate()
+    check_n(req)
     return params
+
+
+def check_n(req: LlmRequest) -> None:
+    """``num_return_sequences`` in [1, MAX_RETURN_SEQUENCES], never with ``draft_input_ids``
+    (one verify step of the client's drafts has one answer); SpecserveError / ValueError."""
+    if req.n != 1 and req.draft_ids is not None:
+        raise ValueError("input 'num_return_sequences' > 1 cannot be combined with "
+                         "'draft_input_ids'")
+    expand_n(SamplingParams(), req.n)  # the range check, one message for every front door
 
 
 def _prediction(req: LlmRequest, limits: EngineLimits, encode: Encode | None
@@ -362,6 +378,10 @@ def admit(arrays: dict[str, np.ndarray[Any, Any]], model: ModelParams, decoupled
     req = parse_request(arrays, model.exclude_default)
     if req.streaming and not decoupled:
         raise ValueError("streaming needs a decoupled model (specserve repo --decoupled)")
+    if req.n > 1 and not decoupled:
+        raise ValueError("num_return_sequences > 1 needs a decoupled model: each sequence is "
+                         "answered by responses of its own (sequence_index), as TensorRT-LLM "
+                         "answers them")
     return req, sampling_params(req, limits, encode, guides)
 
 
@@ -449,6 +469,12 @@ def logprob_arrays(logprobs: list[float], top: list[list[tuple[int, float]]] | N
         out["top_log_prob_ids"] = np.array([[t for t, _ in r] for r in rows],
                                            dtype=np.int32).reshape(1, 1, len(rows), k)
     return out
+
+
+def sequence_index_array(index: int) -> dict[str, np.ndarray[Any, Any]]:
+    """``sequence_index`` [1, 1] INT32: which of ``num_return_sequences`` a response holds
+    (TensorRT-LLM's output, sent only when ``num_return_sequences`` > 1)."""
+    return {"sequence_index": np.array([[index]], dtype=np.int32)}
 
 
 def prediction_arrays(accepted: int, rejected: int) -> dict[str, np.ndarray[Any, Any]]:

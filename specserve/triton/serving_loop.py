@@ -40,7 +40,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from specserve.triton.llm_io import (
     logprob_arrays,
     perf_arrays,
     prediction_arrays,
+    sequence_index_array,
     token_arrays,
 )
 from specserve.triton.models.bls_lib.detok import TokenHoldBack
@@ -76,6 +77,68 @@ class Sender(Protocol):
     def cancelled(self) -> bool:
         """The client went away."""
         ...
+
+
+@runtime_checkable
+class SplitSender(Protocol):
+    """A front door's sender that answers ``num_return_sequences`` > 1 itself (the Dynamo
+    worker: one chunk stream with an ``index`` per choice)."""
+
+    def split(self, n: int) -> list[Sender]:
+        """One sender per sequence, in sequence order."""
+        ...
+
+
+class SequenceGroup:
+    """``num_return_sequences`` = n > 1 over one Triton response sender, as TensorRT-LLM answers
+    it (tensorrtllm_backend ``tensorrt_llm/1/model.py`` ``convert_response`` @ c2e65b8: each
+    response holds one sequence's tokens and ``sequence_index`` [1, 1]; the request's final flag
+    goes with the response that ends the last sequence). A sequence's error fails the whole
+    request (one error, final); the others are then cancelled (their ``cancelled()`` is True)
+    and send nothing more. Loop thread only."""
+
+    def __init__(self, sender: Sender, n: int) -> None:
+        self.sender, self.left = sender, n
+        self.closed = False  # an error was sent or the client went away
+        self.final_sent = False
+        self.members = [_Member(self, i) for i in range(n)]
+
+    def _send(self, index: int, arrays: Arrays | None, error: str | None, final: bool) -> bool:
+        if self.final_sent:
+            return False
+        if error is not None or self.closed:  # an error, or the client gone: end it all now
+            self.closed = self.final_sent = True
+            self.sender.send(None, error, final=True)
+            return False
+        if final:
+            self.left -= 1
+        last = final and self.left == 0
+        if arrays is None and not last:
+            return True  # a sequence ended with nothing left to send; others go on
+        arrays = None if arrays is None else {**arrays, **sequence_index_array(index)}
+        ok = self.sender.send(arrays, None, final=last)
+        self.final_sent = last
+        self.closed = self.closed or not ok
+        return ok
+
+
+class _Member:
+    def __init__(self, group: SequenceGroup, index: int) -> None:
+        self.group, self.index = group, index
+
+    def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
+        return self.group._send(self.index, arrays, error, final)
+
+    def cancelled(self) -> bool:
+        return self.group.closed or self.group.sender.cancelled()
+
+
+def sequence_senders(sender: Sender, n: int) -> list[Sender]:
+    """The senders of ``n`` sequences of one request: the front door's own split
+    (:class:`SplitSender`) or a :class:`SequenceGroup`."""
+    if isinstance(sender, SplitSender):
+        return sender.split(n)
+    return list(SequenceGroup(sender, n).members)
 
 
 @dataclass
@@ -179,6 +242,20 @@ def stream_arrays(p: Pending, new_tokens: list[int], text: TextFn) -> Arrays | N
     return token_arrays(p.req, ready) if ready else None
 
 
+def fan_out(p: Pending) -> list[Pending]:
+    """``num_return_sequences`` n: ``p`` as n independent sequences (:func:`~specserve.runtime.
+    params.expand_n`: each its own scheduler row, proposer state, generator (seed + i) and
+    finish reason; each prefills the prompt itself, no prompt KV is shared yet), each answered
+    through its own sender (:func:`sequence_senders`). n = 1: ``[p]``."""
+    if p.req.n == 1:
+        return [p]
+    from specserve.runtime.params import expand_n
+
+    params = expand_n(p.params, p.req.n)
+    return [Pending(req=p.req, params=q, sender=s, arrival=p.arrival)
+            for q, s in zip(params, sequence_senders(p.sender, p.req.n), strict=True)]
+
+
 class ServingLoop:
     """The worker loop: :meth:`run` until a ``None`` is queued and nothing is left."""
 
@@ -237,12 +314,13 @@ class ServingLoop:
         return out
 
     def _submit(self, p: Pending) -> None:
-        try:
-            h = p.handle = self.sch.submit(p.req.prompt, p.params, self._on_tokens(p),
-                                           self._on_done(p), p.req.return_generation_logits)
-            self.live[id(h)] = p
-        except Exception as e:  # this request only
-            self.fail(p, f"tensorrt_llm: {e}")
+        for q in fan_out(p):
+            try:
+                h = q.handle = self.sch.submit(q.req.prompt, q.params, self._on_tokens(q),
+                                               self._on_done(q), q.req.return_generation_logits)
+                self.live[id(h)] = q
+            except Exception as e:  # this request only
+                self.fail(q, f"tensorrt_llm: {e}")
 
     def _verify(self, p: Pending) -> None:
         p.first_scheduled = self.clock()

@@ -116,11 +116,11 @@ def test_greedy_text_equals_the_triton_model(served: Any, tiny_server: Any) -> N
 
 
 UNSERVED = [
-    ("/v1/completions", {"n": 2}),
+    ("/v1/completions", {"n": 2, "stop": ["\n"]}),
+    ("/v1/completions", {"n": 17}),
     ("/v1/completions", {"logprobs": 2}),
-    ("/v1/chat/completions", {"n": 2}),
+    ("/v1/chat/completions", {"n": 2, "stop": ["\n"]}),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}),
     ("/v1/completions", {"presence_penalty": 0.5}),
 ]
 
@@ -143,7 +143,51 @@ def test_unserved_fields_get_an_openai_error(served: Any, path: str, extra: dict
     else:
         status, err = post(dep.url, path, body)
         assert status == 400, err
-    assert "not supported by the specserve worker" in err["message"], err
+    assert "not supported by the specserve worker" in err["message"] or \
+        "must be in [1, 16]" in err["message"], err
+
+
+def _choices(events_or_body: Any, chat: bool, streamed: bool) -> dict[int, tuple[str, str]]:
+    """{index: (text, finish_reason)} of a response (streamed: its events)."""
+    out: dict[int, list[str]] = {}
+    reasons: dict[int, str] = {}
+    for e in events_or_body if streamed else [events_or_body]:
+        for c in e.get("choices", []):
+            part = (c.get("delta", {}).get("content") if streamed else
+                    c.get("message", {}).get("content")) if chat else c.get("text")
+            out.setdefault(c["index"], []).append(part or "")
+            if c.get("finish_reason"):
+                reasons[c["index"]] = c["finish_reason"]
+    return {i: ("".join(t), reasons.get(i, "")) for i, t in out.items()}
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("streamed", [False, True])
+def test_n_choices_are_the_requests_run_alone(served: Any, method: str, path: str,
+                                              streamed: bool) -> None:
+    """n = 3 at T = 1 (seed 21): Dynamo's frontend passes n to the worker; choice i is the
+    same request with n = 1 and seed 21 + i (text and finish reason), each its own text."""
+    dep, _ = served
+    chat = path.endswith("chat/completions")
+    body: dict[str, Any] = {"model": method, "max_tokens": 12, "temperature": 1.0}
+    if chat:
+        body["messages"] = [{"role": "user", "content": PROMPTS[0]}]
+    else:
+        body["prompt"] = PROMPTS[0]
+
+    def ask(**extra: Any) -> dict[int, tuple[str, str]]:
+        if streamed:
+            status, got = stream(dep.url, path, {**body, **extra})
+        else:
+            status, got = post(dep.url, path, {**body, **extra})
+        assert status == 200, got
+        return _choices(got, chat, streamed)
+
+    many = ask(n=3, seed=21)
+    alone = [ask(seed=21 + i)[0] for i in range(3)]
+    assert [many[i] for i in range(3)] == alone
+    assert len({t for t, _ in alone}) > 1
 
 
 def _counter(url: str, name: str, **labels: str) -> float:

@@ -46,7 +46,6 @@ def test_unset_max_tokens_and_temperature_follow_openai() -> None:
 
 
 @pytest.mark.parametrize("section, field, value", [
-    ("sampling_options", "n", 2),
     ("sampling_options", "guided_decoding", {"choice": ["a", "b"]}),
     ("sampling_options", "presence_penalty", 0.5),
     ("output_options", "logprobs", 2),
@@ -95,3 +94,27 @@ def test_unserved_guided_decoding_options_are_refused(options: dict[str, object]
     sampling = dict(request()["sampling_options"], guided_decoding=options)  # type: ignore[call-overload]
     with pytest.raises(ValueError, match="sampling_options.guided_decoding"):
         admit(request(sampling_options=sampling), LIMITS, lambda k, t: None)  # type: ignore[arg-type,return-value]
+
+
+def _with(n: int, stop: list[str] | None = None) -> dict[str, object]:
+    body = request()
+    body["sampling_options"] = dict(body["sampling_options"], n=n)  # type: ignore[call-overload]
+    body["stop_conditions"] = dict(body["stop_conditions"], stop=stop)  # type: ignore[call-overload]
+    return body
+
+
+def test_n_becomes_num_return_sequences() -> None:
+    req, _ = admit(_with(3), LIMITS)
+    assert req.n == 3
+    assert admit(_with(1, ["\n"]), LIMITS)[0].n == 1
+
+
+@pytest.mark.parametrize(("n", "stop", "message"), [
+    (17, None, r"n \(num_return_sequences\) must be in \[1, 16\], got 17"),
+    (2, ["\n"], r"stop_conditions.stop \(stop strings\) with sampling_options.n > 1"),
+])
+def test_bad_n_is_refused(n: int, stop: list[str] | None, message: str) -> None:
+    from specserve.errors import SpecserveError
+
+    with pytest.raises((ValueError, SpecserveError), match=message):
+        admit(_with(n, stop), LIMITS)

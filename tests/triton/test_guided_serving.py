@@ -58,3 +58,66 @@ def test_a_malformed_schema_is_one_error_line(tiny_server: Any) -> None:
         grpc_stream(tiny_server.server.grpc_url, "tensorrt_llm", _inputs(
             [5, 6, 7], guided_decoding_guide_type="json_schema", guided_decoding_guide="{x"))
     assert "\n" not in str(e.value)
+
+
+# --- the ensemble and the BLS (issue 31): the guide inputs reach the model that serves them ---
+
+def _text_request(eos: int, **extra: Any) -> dict[str, np.ndarray]:
+    from tests.helpers.server import request
+
+    arrays = request("def add(a, b):", 48, end_id=eos, exclude_input_in_output=True, **extra)
+    for name, value in (("guided_decoding_guide_type", "json_schema"),
+                        ("guided_decoding_guide", json.dumps(SCHEMA))):
+        arrays[name] = np.array([[value.encode()]], dtype=object)
+    return arrays
+
+
+def _eos(tiny_server: Any) -> int:
+    from transformers import AutoTokenizer
+
+    return int(AutoTokenizer.from_pretrained(str(tiny_server.engine / "tokenizer")).eos_token_id)
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_the_ensemble_and_the_bls_pass_the_guide_through(tiny_server: Any, model: str) -> None:
+    """Through the ensemble (speculating) and the BLS without its loop: text valid under the
+    schema, the same text as the guided request sent to tensorrt_llm itself."""
+    import jsonschema
+
+    got = grpc_stream(tiny_server.server.grpc_url, model, _text_request(_eos(tiny_server)))
+    text = "".join(t.decode() for r in got if "text_output" in r
+                   for t in r["text_output"].reshape(-1))
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_the_bls_loop_refuses_a_guide(tiny_server: Any) -> None:
+    with pytest.raises(StreamError, match="'guided_decoding_guide_type' is not supported with "
+                                          "speculative decoding") as e:
+        grpc_stream(tiny_server.server.grpc_url, "tensorrt_llm_bls",
+                    _text_request(_eos(tiny_server), num_draft_tokens=3))
+    assert "\n" not in str(e.value)
+
+
+def test_n_sequences_through_the_ensemble(tiny_server: Any) -> None:
+    """``num_return_sequences`` 3 streamed through the speculating ensemble: each response
+    carries ``sequence_index``; the three texts are the engine's, seeded 11, 12, 13."""
+    from tests.helpers.server import request
+
+    def sampled(seed: int, **extra: Any) -> dict[str, np.ndarray]:
+        arrays = request("def add(a, b):", 12, temperature=1.0, stream=True, **extra)
+        arrays["seed"] = np.array([[seed]], dtype=np.uint64)
+        return arrays
+
+    got = grpc_stream(tiny_server.server.grpc_url, "ensemble",
+                      sampled(11, num_return_sequences=3))
+    texts = ["", "", ""]
+    for r in got:
+        if "text_output" in r:
+            texts[int(r["sequence_index"].reshape(-1)[0])] += r["text_output"].reshape(-1)[
+                0].decode()
+    alone = ["".join(t.decode() for r in grpc_stream(tiny_server.server.grpc_url, "ensemble",
+                                                      sampled(s))
+                     if "text_output" in r for t in r["text_output"].reshape(-1))
+             for s in (11, 12, 13)]
+    assert texts == alone and len(set(texts)) > 1
+    assert [r["final"] for r in got].count(True) == 1

@@ -163,6 +163,9 @@ class TritonPythonModel:
 
         try:
             k = int(rq.scalar(inputs, "num_draft_tokens", 0))
+            if collected is not None and int(rq.scalar(inputs, "num_return_sequences", 1)) > 1:
+                raise ValueError("num_return_sequences > 1 needs a decoupled tensorrt_llm_bls "
+                                 "(one response per sequence)")
             if k != 0:
                 self._spec_generate(inputs, emit, k, arrival)
             else:
@@ -199,7 +202,7 @@ class TritonPythonModel:
         wanted = ["output_ids", "sequence_length", *[o for o in rq.FORWARD if o in self.outputs]]
         llm = pb_utils.InferenceRequest(model_name=self.cfg.llm, inputs=llm_in,
                                         requested_output_names=wanted)
-        seen: list[np.ndarray[Any, Any]] = []
+        seen: dict[int, list[np.ndarray[Any, Any]]] = collections.defaultdict(list)
         for resp in self._keep(llm.exec(decoupled=True)):  # also fine for a non-decoupled model
             if resp.has_error():
                 raise RuntimeError(resp.error().message())
@@ -207,12 +210,14 @@ class TritonPythonModel:
                 continue  # the empty final response of a decoupled exec
             emit(self._text_response(resp, seen), False)
 
-    def _text_response(self, resp: Any, seen: list[np.ndarray[Any, Any]]) -> Any:
+    def _text_response(self, resp: Any, seen: dict[int, list[np.ndarray[Any, Any]]]) -> Any:
         ids = pb_utils.get_output_tensor_by_name(resp, "output_ids").as_numpy()  # [1, beams, T]
         lens = pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy()
-        if self.cfg.accumulate:
-            seen.append(ids[:, :, : int(lens.reshape(-1)[0])])
-            ids = np.concatenate(seen, axis=2)
+        if self.cfg.accumulate:  # all tokens so far of this response's sequence
+            index = pb_utils.get_output_tensor_by_name(resp, "sequence_index")
+            mine = seen[0 if index is None else int(index.as_numpy().reshape(-1)[0])]
+            mine.append(ids[:, :, : int(lens.reshape(-1)[0])])
+            ids = np.concatenate(mine, axis=2)
             lens = np.array([[ids.shape[2]]], dtype=np.int32)
         text = self._postprocess(ids, lens)
         tensors = [pb_utils.Tensor("text_output", text)]

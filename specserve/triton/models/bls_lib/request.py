@@ -19,14 +19,21 @@ LLM = {"exclude_input_in_output": "exclude_input_in_output", "top_k": "runtime_t
         "return_num_output_tokens": "return_num_output_tokens", "beam_width": "beam_width",
         "num_return_sequences": "num_return_sequences", "stream": "streaming",
         "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
-        "return_generation_logits": "return_generation_logits"}
+        "return_generation_logits": "return_generation_logits",
+        "guided_decoding_guide_type": "guided_decoding_guide_type",
+        "guided_decoding_guide": "guided_decoding_guide"}
 PRE_OUT = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
             "REQUEST_OUTPUT_LEN": "request_output_len", "BAD_WORDS_IDS": "bad_words_list",
             "STOP_WORDS_IDS": "stop_words_list", "OUT_END_ID": "end_id", "OUT_PAD_ID": "pad_id"}
 FORWARD = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
             "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens",
             "total_draft_tokens", "num_input_tokens", "num_output_tokens", "spec_stats_json",
-            "cum_log_probs", "output_log_probs", "context_logits", "generation_logits")
+            "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
+            "sequence_index")
+# structured output: passed to the target unchanged without speculation (it serves them or
+# refuses them by name); refused by the speculation loop (each target call of the loop would
+# start the grammar afresh and the draft would ignore it)
+GUIDE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
 # asked of the target as the client asked them without speculation; refused with it (the loop's
 # answer is many calls, upstream's BLS returns the last call's values only)
 LOGITS_INPUTS = ("return_log_probs", "return_context_logits", "return_generation_logits")

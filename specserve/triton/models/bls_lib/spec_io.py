@@ -36,6 +36,7 @@ import numpy as np
 from . import ngram, spec_loop
 from .detok import IncrementalDetokenizer
 from .request import (
+    GUIDE_INPUTS,
     LLM,
     LOGITS_INPUTS,
     MISSING,
@@ -117,6 +118,12 @@ def check_spec_request(cfg: BlsParams, inputs: Arrays, k: int) -> None:
     for name in ("beam_width", "num_return_sequences"):
         if int(scalar(inputs, name, 1)) > 1:
             raise ValueError(f"{name} > 1 is not supported with speculative decoding")
+    for name in GUIDE_INPUTS:
+        if name in inputs:
+            raise ValueError(f"input '{name}' is not supported with speculative decoding "
+                             "(num_draft_tokens > 0): the loop's draft calls ignore a grammar "
+                             "and each target call would start it afresh; send "
+                             "num_draft_tokens 0 (the target serves structured output)")
     for name in LOGITS_INPUTS:
         if bool(scalar(inputs, name, False)):
             raise ValueError(f"{name} is not supported with speculative decoding "
