@@ -244,7 +244,9 @@ class Worker:
                 self.trace.write(json.dumps({
                     "id": _context_id(context), "received": received,
                     "first_send": sender.first_send, "first_yield": first_yield,
-                    "prompt_tokens": len(request.get("token_ids") or ())}) + "\n")
+                    "prompt_tokens": len(request.get("token_ids") or ()),
+                    "request": {k: v for k, v in request.items() if k != "token_ids"}},
+                    default=str) + "\n")
                 self.trace.flush()
 
 
