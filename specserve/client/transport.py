@@ -175,6 +175,7 @@ class _Slot:
         self.t0 = 0.0
         self.items: list[tuple[float, Any, Any]] = []
         self.done: asyncio.Future[None] = loop.create_future()
+        self.in_flight = False  # a request sent whose final response has not come
         self.client = grpcclient.InferenceServerClient(url)
         self.client.start_stream(callback=self._callback)
 
@@ -182,11 +183,13 @@ class _Slot:
         """Before each request: nothing received yet, a fresh end-of-request future."""
         self.items = []
         self.done = self.loop.create_future()
+        self.in_flight = True
 
     def _callback(self, result: Any, error: Any) -> None:
         t = time.perf_counter() - self.t0
         self.items.append((t, result, error))
         if error is not None or _is_final(result):
+            self.in_flight = False
             self.loop.call_soon_threadsafe(self._finish, self.done)
 
     @staticmethod
@@ -195,8 +198,13 @@ class _Slot:
             done.set_result(None)
 
     def shut(self) -> None:
+        """Close the stream: cancel only a request still in flight. Cancelling a stream whose
+        requests all ended can leak the server's stream state, and with it a reference to the
+        model, in Triton's gRPC front end (tritonserver 2.51: ``stream_infer_handler.cc``, the
+        race fixed upstream by triton-inference-server/server PR #8078), so a later SIGTERM
+        waits its whole exit timeout on a model still live (docs/reliability.md)."""
         try:
-            self.client.stop_stream(cancel_requests=True)
+            self.client.stop_stream(cancel_requests=self.in_flight)
         finally:
             self.client.close()
 

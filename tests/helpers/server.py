@@ -156,11 +156,11 @@ def grpc_responses(url: str, model: str, requests: list[dict[str, np.ndarray[Any
     client = grpcclient.InferenceServerClient(url)
     q: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)))
+    ended = 0  # requests that had their final response or an error
     try:
         for i, arrays in enumerate(requests):
             client.async_stream_infer(model, infer_inputs(arrays), request_id=str(i),
                                       enable_empty_final_response=True)
-        ended = 0
         while ended < len(requests):
             result, error = q.get(timeout=timeout_s)
             if error is not None:
@@ -173,7 +173,9 @@ def grpc_responses(url: str, model: str, requests: list[dict[str, np.ndarray[Any
             ended += d["final"]
             yield int(resp.id), d
     finally:
-        client.stop_stream(cancel_requests=True)
+        # cancel only what is left: cancelling a stream whose requests all ended can leak a
+        # model reference in tritonserver 2.51's gRPC front end (specserve/client/transport.py)
+        client.stop_stream(cancel_requests=ended < len(requests))
         client.close()
 
 
