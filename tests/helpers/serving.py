@@ -17,17 +17,20 @@ from tests.triton.test_serving_loop import Recorder
 
 
 def serve_requests(dec: SpecDecoder, reqs: list[dict[str, np.ndarray]], limits: EngineLimits,
-                   detokenize: Callable[[list[int]], str], **admit_kw: Any) -> list[Recorder]:
-    """One Recorder per request (capacity 4, 8 queued, K = 3 external verify)."""
+                   detokenize: Callable[[list[int]], str], *, capacity: int = 4,
+                   max_pending: int = 8, decoupled: bool = True,
+                   **admit_kw: Any) -> list[Recorder]:
+    """One Recorder per request (``capacity`` rows, ``max_pending`` queued, K = 3 external
+    verify; ``decoupled``: the model's transaction policy)."""
     q: queue.Queue[Pending | None] = queue.Queue()
-    loop = ServingLoop(make_scheduler(dec, 4, 0, 256), q, 8, external_verify(dec, 3),
-                       detokenize)
+    loop = ServingLoop(make_scheduler(dec, capacity, 0, 256), q, max_pending,
+                       external_verify(dec, 3), detokenize)
     senders = []
     for a in reqs:
         s = Recorder()
         senders.append(s)
         try:
-            req, params = admit(a, ModelParams(engine_dir="unused"), True, limits, **admit_kw)
+            req, params = admit(a, ModelParams(engine_dir="unused"), decoupled, limits, **admit_kw)
         except Exception as e:  # as llm.py execute(): this request only
             s.send(None, f"tensorrt_llm: {e}", final=True)
             continue

@@ -21,7 +21,6 @@ own scheduler row, proposer state, generator (seed + i) and finish reason.
 
 from __future__ import annotations
 
-import queue
 from functools import cache
 from typing import Any
 
@@ -33,14 +32,13 @@ from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.model import load_model
 from specserve.runtime.params import expand_n
 from specserve.runtime.proposers import DraftModelProposer, NgramProposer
-from specserve.triton.llm_io import EngineLimits, ModelParams, admit
-from specserve.triton.serving_loop import Pending, ServingLoop, external_verify, make_scheduler
+from specserve.triton.llm_io import EngineLimits
+from tests.helpers.serving import serve_requests
 from tests.helpers.tiny import TinyCheckpoint
 from tests.triton.test_serving_loop import Recorder
 
 torch.set_num_threads(1)
 
-MODEL = ModelParams(engine_dir="unused")
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 OTHER = [30, 31, 32]
 CHI2_ALPHA = 1e-3
@@ -74,22 +72,8 @@ def inputs(prompt: list[int], max_tokens: int, **extra: Any) -> dict[str, np.nda
 def serve(d: SpecDecoder, reqs: list[dict[str, np.ndarray[Any, Any]]], decoupled: bool = True,
           capacity: int = 4) -> list[Recorder]:
     """Each request admitted as llm.py's execute() does, then the loop run to its end."""
-    q: queue.Queue[Pending | None] = queue.Queue()
-    loop = ServingLoop(make_scheduler(d, capacity, 0, 256), q, 4096, external_verify(d, 3),
-                       lambda ids: "x" * len(ids))
-    out = []
-    for a in reqs:
-        s = Recorder()
-        out.append(s)
-        try:
-            req, params = admit(a, MODEL, decoupled, limits(d))
-        except Exception as e:  # as execute(): this request only
-            s.send(None, f"tensorrt_llm: {e}", final=True)
-            continue
-        q.put(Pending(req=req, params=params, sender=s, arrival=1))
-    q.put(None)
-    loop.run()
-    return out
+    return serve_requests(d, reqs, limits(d), lambda ids: "x" * len(ids), capacity=capacity,
+                          max_pending=4096, decoupled=decoupled)
 
 
 def by_sequence(rec: Recorder, n: int) -> list[list[int]]:
