@@ -397,6 +397,8 @@ def test_the_repository_lib_copy_is_what_runs(ngram_server: Any) -> None:
     assert probe_text == text
 
 
+# slow: ~19 s of bursts; a load check rather than a contract (make test-slow)
+@pytest.mark.slow
 @pytest.mark.server
 def test_bls_survives_bursts_of_concurrent_loops(ngram_server: Any) -> None:
     """Waves of 200 concurrent loop requests at T=1 (about four target calls each). On

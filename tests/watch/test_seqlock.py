@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from specserve.triton import spec_counters as sc
 from specserve.triton.spec_counters import SpecCounters
 from specserve.watch import run
@@ -95,33 +97,61 @@ def test_a_torn_read_is_skipped() -> None:
     assert ok and got.draft_tokens == got.accepted == 24.0, got
 
 
-def test_no_settled_read_is_torn_while_updates_race_the_scrapes() -> None:
-    """A writer thread with a 1 ms window between increments against back-to-back scrapes:
-    every read the watch keeps has accepted == drafted (the draft is the target)."""
-    st = Store(pause_s=0.001)
-    c = SpecCounters(st.factory, LABELS)
-    stop = threading.Event()
+class PausedStore(Store):
+    """A Store whose writer stops right after the drafted increment (accepted not yet counted)
+    until ``release`` is set: the window a scrape can land in, held open on purpose."""
 
-    def write() -> None:
-        while not stop.is_set():
-            c.observe(REQUEST)
-            time.sleep(0.003)  # until the next request ends
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def factory(self, name: str, labels: dict[str, str]) -> Any:
+        inner = super().factory(name, labels)
+        store = self
+
+        class Counter:
+            def increment(self, v: int) -> None:
+                inner.increment(v)
+                if name == sc.DRAFT_TOKENS:
+                    store.entered.set()
+                    store.release.wait(timeout=10)
+        return Counter()
+
+
+@pytest.mark.parametrize("release_after", range(run.SETTLE_READS + 1))
+def test_no_settled_read_is_torn_whichever_read_the_update_ends_after(release_after: int) -> None:
+    """The update stops inside its window; the scrape's reads see it torn until read number
+    ``release_after``, then whole. The raw read is torn (the race is there to catch); the scrape
+    keeps only a whole read (accepted == drafted: the draft is the target), or says unsettled
+    when the update never ended within its reads."""
+    st = PausedStore()
+    c = SpecCounters(st.factory, LABELS)
+    st.release.set()
+    c.observe(REQUEST)  # one whole request before the race
+    st.release.clear()
+    st.entered.clear()
     w, fetch = _scraper(st)
-    th = threading.Thread(target=write, daemon=True)
+    th = threading.Thread(target=c.observe, args=(REQUEST,), daemon=True)
     th.start()
-    torn = kept = 0
-    t0 = time.monotonic()
-    try:
-        # until the race was seen and some reads were kept (under load a slow scrape may need
-        # longer than a quiet machine's 0.5 s), at most 10 s
-        while (torn == 0 or kept < 5) and time.monotonic() - t0 < 10.0:
-            raw = run.read_once("x", "specserve", fetch, 1.0)
-            torn += raw.draft_tokens != raw.accepted
-            got, ok = run.scrape(w, "specserve", fetch, 1.0, pause_s=0.0005)
-            if ok:
-                kept += 1
-                assert got.draft_tokens == got.accepted, got
-    finally:
-        stop.set()
-        th.join(timeout=5)
-    assert torn > 0 and kept >= 5  # the race was there to be caught
+    assert st.entered.wait(timeout=10)
+    raw = run.read_once("x", "specserve", fetch, 1.0)
+    assert raw.draft_tokens != raw.accepted  # torn: drafted counted, accepted not yet
+    n = 0
+
+    def racing_fetch(url: str, timeout_s: float) -> str:
+        nonlocal n
+        if n == release_after:
+            st.release.set()
+            th.join(timeout=10)  # the update ends between this read and the one before
+        n += 1
+        return fetch(url, timeout_s)
+    got, ok = run.scrape(w, "specserve", racing_fetch, 1.0, pause_s=0.0)
+    st.release.set()
+    th.join(timeout=10)
+    if release_after + 2 < run.SETTLE_READS:  # three whole reads fit in the scrape
+        assert ok
+    if release_after >= run.SETTLE_READS:  # torn to the last read: said, not kept
+        assert not ok
+    if ok:
+        assert got.draft_tokens == got.accepted == 24.0, got
