@@ -24,8 +24,10 @@ def test_specserve_sample_from_the_real_triton_server() -> None:
     s = sample("watch/specserve_metrics.txt")
     assert series.detect(s) == ["specserve"]
     t = read_totals(s, "specserve")
-    # three 12-token requests, draft = target: 9 verify steps, 24 drafted, all accepted
-    assert t == Totals("specserve", 9.0, 24.0, 24.0, (6.0, 6.0, 6.0, 6.0))
+    # three 12-token requests, draft = target: 9 verify steps, 24 drafted, all accepted, three
+    # updates begun and done
+    assert t == Totals("specserve", 9.0, 24.0, 24.0, (6.0, 6.0, 6.0, 6.0), begun=3.0, done=3.0)
+    assert series.settled(t, t)  # three whole updates: the seqlock pair equal
 
 
 def test_vllm_real_capture_interval() -> None:
