@@ -3,7 +3,8 @@ path (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative D
 Chen et al. 2023; Medusa tree attention, Cai et al. 2024).
 
 The loop composes; it does not compute: proposers live in :mod:`specserve.runtime.proposers`,
-the model in :mod:`specserve.runtime.model`, and all acceptance math in :mod:`specserve.spec`
+the model in :mod:`specserve.runtime.model`, one step's execution (steps 2-4 below) in
+:mod:`specserve.runtime.step`, and all acceptance math in :mod:`specserve.spec`
 (``greedy_verify``, ``rejection_sample``, ``typical_acceptance``, ``tree_greedy_verify``). The
 decoder knows proposers only through the :class:`~specserve.runtime.proposers.Proposer` protocol;
 the verification is picked by the kind of proposal (chain or tree), never by the proposer's class.
@@ -30,7 +31,7 @@ is the one that follows the context.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -54,15 +55,21 @@ from specserve.runtime.proposers.prediction import (
     overlay,
     prediction_drafts,
 )
+from specserve.runtime.step import (
+    OnStep,
+    ban_stops,
+    capture,
+    chain_step,
+    deliver,
+    kmax,
+    pick,
+    tree_step,
+)
 from specserve.spec.grammar import mask_logits
-from specserve.spec.sampling import logits_to_probs, sample
 from specserve.spec.schedule import DraftSchedule
-from specserve.spec.tree import tree_greedy_verify
-from specserve.spec.verify import greedy_verify, rejection_sample, typical_acceptance
 
 __all__ = ["GenerationResult", "SamplingParams", "SpecDecoder"]
 
-OnStep = Callable[[int, list[int]], None]
 
 
 class PrefixSource(Protocol):
@@ -221,11 +228,6 @@ class SpecDecoder:
         self._step(st, cache, None)
 
     @staticmethod
-    def _capture(st: Batch) -> tuple[int, ...]:
-        """The target layers the call's proposer reads (EAGLE-3), () for none."""
-        return () if st.prop is None else st.prop.aux_layers
-
-    @staticmethod
     def _lookahead(prop: Proposer | None) -> int:
         """Cache rows a verify forward may add past a sequence: the proposer's most, or a
         prediction's (:data:`MAX_PREDICTION_DRAFT`), + 2."""
@@ -256,64 +258,34 @@ class SpecDecoder:
         end = 0 if sample else 1
         rows = [s[f:len(s) - end] for s, f in zip(st.seqs, feds, strict=True)]
         lens = [len(s) for s in rows]
-        capture = self._capture(st)
+        layers = capture(st)
         if max(lens) == 0:
             cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
             h = self.target.cfg.hidden_size
             zeros = torch.zeros(n, 1, h, dtype=self.target.dtype, device=dev)
-            return Forward(zeros, zeros.repeat(1, 1, len(capture)) if capture else None)
+            return Forward(zeros, zeros.repeat(1, 1, len(layers)) if layers else None)
         cache.lengths = feds
         tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in rows], device=dev)
-        fwd = self.target.run(tokens, cache, capture=capture)
+        fwd = self.target.run(tokens, cache, capture=layers)
         hidden = fwd.hidden  # [B, P, H]
         cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
         if not sample:
             return fwd
         last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
         logits = self.target.logits(last)[:, None]  # [B, 1, V]
-        self._ban_stops(st, logits, [0])
+        ban_stops(st, logits, [0])
         allowed = GuidedStep.first(st.guides, st.active(), logits.shape[-1], dev)
         if allowed is not None:  # structured output: the grammar's tokens only
             logits = mask_logits(logits, allowed)  # [B, 1, V]
-        first = self._pick(st, logits[:, 0])
+        first = pick(st, logits[:, 0])
         for b in range(n):
             new = st.emit(b, [first[b]])
             st.record(b, logits[b], new)
             guide = st.guides[b]
             if guide is not None and new:
                 guide.accept(new[0])
-            self._deliver(st, b, new, on_step)
+            deliver(st, b, new, on_step)
         return fwd
-
-    def _pick(self, st: Batch, logits: torch.Tensor) -> list[int]:
-        """One token per row from logits [B, V]: argmax, or sampled with the row's params."""
-        tok = [int(t) for t in logits.argmax(dim=-1).tolist()]  # [B]
-        for b in st.active():
-            if st.params[b].temperature > 0:
-                tok[b] = self._pick_row(st, b, logits[b:b + 1])[0]
-        return tok
-
-    @staticmethod
-    def _pick_row(st: Batch, b: int, logits: torch.Tensor) -> list[int]:
-        """Sample row b's token from logits [1, V] with its params and generator."""
-        p = st.params[b]
-        probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # [1, V]
-        return [int(sample(probs, st.gens[b])[0])]
-
-    def _ban_stops(self, st: Batch, logits: torch.Tensor, depth: list[int]) -> None:
-        """Forbid stop tokens at positions that would come before ``min_tokens`` (in place)."""
-        for b in st.active():
-            p, done = st.params[b], len(st.out[b])
-            if p.min_tokens > done and st.stop[b]:
-                ids = list(st.stop[b])
-                for j, d in enumerate(depth):
-                    if done + d < p.min_tokens:
-                        logits[b, j, ids] = float("-inf")
-
-    @staticmethod
-    def _deliver(st: Batch, b: int, new: list[int], on_step: OnStep | None) -> None:
-        if new and on_step is not None:
-            on_step(b, new)
 
     def _step(self, st: Batch, cache: KVCache, on_step: OnStep | None) -> None:
         """1. propose, then verify as the proposal's kind asks (no proposal: plain decoding)."""
@@ -322,14 +294,14 @@ class SpecDecoder:
             st.k = [0 if p is None else p.max_draft_len] * n
         budget = None if self.schedule is None else self.schedule.at(len(st.active()))
         cap = budget if budget is not None else max(st.k, default=0)
-        kmax = self._kmax(st)
-        limits = [0 if st.done[b] else min(st.k[b], cap, st.params[b].draft_cap(kmax),
+        k_max = kmax(st)
+        limits = [0 if st.done[b] else min(st.k[b], cap, st.params[b].draft_cap(k_max),
                                            st.params[b].max_tokens - len(st.out[b]) - 1)
                   for b in range(n)]  # no drafts beyond max_tokens (nor the schedule's budget,
         # nor the request's num_draft_tokens); a row capped below the longest chain asks a
         # tree proposer for its chain (a tree cannot be cut per row)
         predicting = [b for b in st.active() if st.params[b].prediction]
-        chain_only = bool(predicting) or any(st.params[b].draft_cap(kmax) < kmax
+        chain_only = bool(predicting) or any(st.params[b].draft_cap(k_max) < k_max
                                              for b in st.active())
         guide = DraftGuide(st.guides, st.active()) if any(st.guides) else None
         prop = None if p is None else p.get_proposal(
@@ -338,9 +310,10 @@ class SpecDecoder:
         if predicting:
             prop, limits = self._predict(st, prop, limits, predicting)
         if isinstance(prop, TreeProposal):
-            self._tree_step(st, cache, prop, on_step)
+            tree_step(self.target, st, cache, prop, on_step)
         else:
-            self._chain_step(st, cache, prop, limits, on_step)
+            chain_step(self.target, st, cache, prop, limits, on_step,
+                       self.adaptive_draft_len)
 
     def _predict(self, st: Batch, prop: Proposal | None, limits: list[int],
                  rows: list[int]) -> tuple[ChainProposal | None, list[int]]:
@@ -361,131 +334,3 @@ class SpecDecoder:
         k_base = max(limits) if prop is not None else 0
         return overlay(prop, found, len(st.seqs), k_base, self.device), new
 
-    def _chain_step(self, st: Batch, cache: KVCache, prop: ChainProposal | None,
-                    limits: list[int], on_step: OnStep | None) -> None:
-        """Steps 2-4 for a chain of drafts (none, or K = 0: a plain decoding step)."""
-        act, dev, n = st.active(), self.device, len(st.seqs)
-        counts, k = [0] * n, 0
-        if prop is not None:
-            counts = [min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)]
-        # structured output: cut each guided row's drafts where they leave its grammar
-        guided = GuidedStep.plan(st.guides, None if prop is None else prop.tokens, counts, act,
-                                 self.target.cfg.vocab_size, dev)
-        if prop is not None:
-            k = max(counts)
-        pending = torch.tensor([[s[-1]] for s in st.seqs], device=dev)  # [B, 1]
-        drafts = pending[:, :0] if prop is None else prop.tokens[:, :k].to(dev)  # [B, k]
-        tokens = torch.cat([pending, drafts], dim=1) if k else pending  # [B, k+1]
-        fwd = self.target.run(tokens, cache, capture=self._capture(st))  # 2. verify forward
-        hidden = fwd.hidden  # [B, k+1, H]
-        logits = self.target.logits(hidden)  # [B, k+1, V]
-        self._ban_stops(st, logits, list(range(k + 1)))
-        if guided is not None:  # the constrained target at every verified position
-            logits = mask_logits(logits, guided.allowed)  # [B, k+1, V]
-        if k == 0:  # 3. verify (or just sample)
-            emitted = [[t] for t in self._pick(st, logits[:, 0])]
-        else:
-            assert prop is not None
-            q = prop.probs[:, :k] if prop.probs is not None else None
-            if guided is not None and q is not None:
-                q = guided.mask_q(q)  # [B, k, V] the cut drafts' q over the grammar's tokens
-            emitted = self._verify_chain(st, drafts, q, logits, counts,
-                                         prop.acceptance == "typical")
-        last = [0] * n
-        for b in act:  # 4. keep, stop, stats, stream
-            toks = emitted[b][:counts[b] + 1]
-            cache.lengths[b] += len(toks)
-            last[b] = len(toks) - 1
-            new = st.emit(b, toks)
-            st.record(b, logits[b], new)  # token j was chosen from the logits at position j
-            guide = st.guides[b]
-            if guide is not None:  # roll back the rejected drafts, take the last token
-                guide.settle(counts[b], len(toks) - 1, toks[-1])
-            st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
-            if b in st.predicted:
-                st.pred[b][0] += min(len(toks) - 1, len(new))
-            self._deliver(st, b, new, on_step)
-            if self.adaptive_draft_len and counts[b]:
-                grow = len(toks) - 1 == counts[b]
-                st.k[b] = min(st.k[b] + 2, self._kmax(st)) if grow else max(st.k[b] - 1, 1)
-        if st.prop is not None:
-            st.prop.update(StepOutcome(hidden, last, last, st.seqs, aux=fwd.aux))
-
-    @staticmethod
-    def _kmax(st: Batch) -> int:
-        return 0 if st.prop is None else st.prop.max_draft_len
-
-    def _verify_chain(self, st: Batch, drafts: torch.Tensor, q: torch.Tensor | None,
-                      logits: torch.Tensor, counts: list[int],
-                      typical: bool) -> list[list[int]]:
-        """Emitted tokens per row. drafts [B, K], q [B, K, V] | None, logits [B, K+1, V];
-        row b has ``counts[b]`` real drafts. Greedy rows are verified together (padding drafts
-        are cut afterwards); a sampled row uses only its own drafts and generator, so its output
-        does not depend on the rest of the batch. ``typical``: Medusa's LOSSY typical acceptance
-        instead of rejection sampling for sampled rows."""
-        out: list[list[int]] = [[] for _ in st.seqs]
-        act = st.active()
-        greedy = [b for b in act if st.params[b].temperature == 0]
-        if greedy:
-            if len(greedy) == len(st.seqs):  # every row greedy: no copy of the logits
-                res = greedy_verify(drafts, logits)
-            else:
-                idx = torch.tensor(greedy, device=drafts.device)
-                res = greedy_verify(drafts[idx], logits[idx])
-            toks, nums = res.tokens.tolist(), res.num_emitted.tolist()
-            for i, b in enumerate(greedy):
-                out[b] = toks[i][:nums[i]]
-        for b in act:
-            p, c = st.params[b], counts[b]
-            if p.temperature == 0:
-                continue
-            if c == 0:  # exactly the plain sampling path
-                out[b] = self._pick_row(st, b, logits[b:b + 1, 0])
-                continue
-            probs = logits_to_probs(logits[b:b + 1, :c + 1], p.temperature, p.top_k, p.top_p)
-            d = drafts[b:b + 1, :c]  # [1, c]
-            if typical:
-                r = typical_acceptance(d, probs, st.gens[b])
-            else:
-                r = rejection_sample(d, None if q is None else q[b:b + 1, :c], probs, st.gens[b])
-            out[b] = r.emitted(0)
-        return out
-
-    def _tree_step(self, st: Batch, cache: KVCache, prop: TreeProposal,
-                   on_step: OnStep | None) -> None:
-        """Steps 2-4 for a candidate tree (greedy; longest accepted root-to-leaf path)."""
-        n, buf, tree_tokens = len(st.seqs), prop.buffers, prop.tokens  # [B, N+1]
-        fwd = self.target.run(tree_tokens, cache, None, buf.position_ids, buf.attn_mask,
-                              capture=self._capture(st))
-        hidden = fwd.hidden  # [B, N+1, H]
-        logits = self.target.logits(hidden)  # [B, N+1, V]
-        depths = buf.position_ids.tolist()
-        self._ban_stops(st, logits, depths)
-        allowed = GuidedStep.tree(st.guides, tree_tokens, buf.parents.tolist(), st.active(),
-                                  logits.shape[-1], self.device)
-        if allowed is not None:  # structured output: each node's grammar set [B, N+1, V]
-            logits = mask_logits(logits, allowed)
-        res = tree_greedy_verify(tree_tokens, logits, buf)
-        toks, nums, paths = res.tokens.tolist(), res.num_emitted.tolist(), \
-            res.accepted_nodes.tolist()
-        heads, ranks = buf.head_index.tolist(), buf.topk_rank.tolist()
-        nodes, depth = len(depths) - 1, max(depths)
-        last, accepted, kept = [0] * n, [0] * n, [[0] for _ in range(n)]
-        for b in st.active():
-            keep = min(nums[b], st.params[b].max_tokens - len(st.out[b]))  # not past max_tokens
-            path = kept[b] = paths[b][:keep]
-            last[b], accepted[b] = path[-1], len(path) - 1
-            cache.keep_nodes(b, path)
-            cache.lengths[b] += len(path)
-            new = st.emit(b, toks[b][:keep])
-            st.record(b, logits[b, path[:len(new)]], new)  # token i: node path[i]'s logits
-            guide = st.guides[b]
-            if guide is not None:  # the kept path and its bonus token
-                for t in new:
-                    guide.accept(t)
-            st.stats[b].observe(nodes, len(path) - 1, num_emitted=len(new),
-                                positions_drafted=depth,
-                                nodes=[(heads[j], ranks[j]) for j in path[1:]])
-            self._deliver(st, b, new, on_step)
-        assert st.prop is not None
-        st.prop.update(StepOutcome(hidden, last, accepted, st.seqs, kept, aux=fwd.aux))

@@ -41,12 +41,13 @@ def skip_residual_sample(draft_tokens: Any, draft_probs: Any, target_probs: Any,
 
 
 def install_test_only_verifier(name: str) -> None:
-    """Replace the decoder's rejection sampler in THIS process (a test's model stub)."""
+    """Replace the step executor's rejection sampler (:mod:`specserve.runtime.step`) in THIS
+    process (a test's model stub)."""
     if name not in TEST_ONLY_VERIFIERS:
         raise ValueError(f"unknown value {name!r}, expected one of {TEST_ONLY_VERIFIERS}")
-    import specserve.runtime.decoder as decoder
+    import specserve.runtime.step as step
 
-    setattr(decoder, "rejection_sample", skip_residual_sample)  # noqa: B010 - this process only
+    setattr(step, "rejection_sample", skip_residual_sample)  # noqa: B010 - this process only
 
 
 def negative_control_model_py(name: str = "skip_residual") -> str:

@@ -12,7 +12,7 @@ model serves as ``generation_logits``.
   q = logits_to_probs(draft_logits) under the row's own params, or fixed (one-hot q). The first
   draft's acceptance count must match the Leviathan rate sum_x min(p, q) (one-hot: p(d1))
   within 5 sigma, which tells q-from-logits apart from one-hot q. Negative control: the
-  residual-skipping verifier patched over ``specserve.runtime.decoder.rejection_sample`` is
+  residual-skipping verifier patched over ``specserve.runtime.step.rejection_sample`` is
   rejected (p < 1e-3) by the same test.
 """
 
@@ -312,12 +312,12 @@ def test_verify_is_lossless_at_temperature(v8_target: Transformer, sp_name: str,
 
 def test_negative_control_is_rejected(v8_target: Transformer,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The residual-skipping verifier over the decoder's module-global ``rejection_sample``
+    """The residual-skipping verifier over the step module's global ``rejection_sample``
     (the name the chain step calls): the first-token test rejects it."""
-    import specserve.runtime.decoder as decoder
+    import specserve.runtime.step as step
     from tests.helpers.negative_control import skip_residual_sample
 
-    monkeypatch.setattr(decoder, "rejection_sample", skip_residual_sample)
+    monkeypatch.setattr(step, "rejection_sample", skip_residual_sample)
     sp = PARAMS["T1"]
     outs, _, _ = _run(v8_target, sp, with_logits=False)
     pv1, _ = _check_lossless(v8_target, sp, outs)

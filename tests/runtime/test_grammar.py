@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import torch
 
-import specserve.runtime.decoder as decoder_module
+import specserve.runtime.step as step_module
 from specserve.errors import SpecserveError
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.grammar import CompiledGuide, Guide, GuideCompiler
@@ -316,7 +316,7 @@ def test_the_negative_control_fails_the_same_test(vocab8: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """EAGLE-3's chain: most of its drafts pass the grammar, so many rejections reach the
     residual step (p ~ 1e-97 here; the draft model's fewer surviving drafts give 3e-3)."""
-    monkeypatch.setattr(decoder_module, "rejection_sample", skip_residual_sample)
+    monkeypatch.setattr(step_module, "rejection_sample", skip_residual_sample)
     assert _chi2_both(vocab8, "eagle3") < 1e-3
 
 

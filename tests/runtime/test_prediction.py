@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import specserve.runtime.decoder as decoder_module
+import specserve.runtime.step as step_module
 from specserve.errors import SpecserveError
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.model import load_model
@@ -149,7 +149,7 @@ def test_prediction_requests_keep_the_target_distribution(vocab8: Path,
 
 def test_the_negative_control_fails_the_same_test(vocab8: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(decoder_module, "rejection_sample", skip_residual_sample)
+    monkeypatch.setattr(step_module, "rejection_sample", skip_residual_sample)
     c23, c4 = _counts(vocab8)
     j23, p4 = _exact23(vocab8)
     assert min(_chi2_p(c23, j23), _chi2_p(c4, p4)) < 1e-3
