@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.errors import SpecserveError
 from specserve.frontends.dynamo_request import admit, finish_reason
-from specserve.triton.llm_io import (
+from specserve.triton.llm_io import EngineLimits
+from specserve.triton.model_params import (
     DEFAULT_MAX_PENDING,
     DEFAULT_PREFILL_CHUNK,
     DEFAULT_PREFIX_CACHE_MB,
-    EngineLimits,
     prefix_cache_split,
 )
 from specserve.triton.models.bls_lib.detok import IncrementalDetokenizer

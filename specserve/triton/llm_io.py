@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specserve.errors import SpecserveError
 from specserve.runtime.params import SamplingParams, expand_n
+from specserve.triton.model_params import ModelParams
 
 if TYPE_CHECKING:
     from specserve.runtime.grammar import CompiledGuide
@@ -77,85 +77,6 @@ HONOURED = {
 MAYBE_EMPTY = {"draft_input_ids", "draft_logits"}  # empty = no drafts (a plain request)
 # draft_input_ids allowed on an engine whose record has no max_draft_len (a plain engine)
 PLAIN_ENGINE_MAX_DRAFT_LEN = 16
-DEFAULT_MAX_PENDING = 4096  # queued requests (parameter specserve_max_pending)
-DEFAULT_PREFILL_CHUNK = 256  # prompt tokens prefilled per step (parameter specserve_prefill_chunk)
-# prefix cache budget in MiB (parameter specserve_prefix_cache_mb; 0: off): 3/4 for the
-# in-flight scheduler's pool, 1/4 for the draft_input_ids (BLS) verify calls' target-only pool.
-# Off by default: storing every row's blocks costs 7-14% tok/s and raises TTFT p50 at c = 8/16
-# by 60-90% on prompts that share nothing (docs/benchmarks.md, prefix cache); opt in where
-# prompts repeat (multi-turn chat, the BLS loop's per-iteration calls).
-DEFAULT_PREFIX_CACHE_MB = 0
-_OFF = ("off", "false", "0")
-
-
-@dataclass(frozen=True)
-class ModelParams:
-    """The parameters of a reference ``tensorrt_llm`` model's ``config.pbtxt``."""
-
-    engine_dir: str
-    max_batch: int = 1
-    exclude_default: bool = False
-    speculation: bool = True
-    checkpoint: str = "target"  # "target" | "draft" (the draft checkpoint alone)
-    max_pending: int = DEFAULT_MAX_PENDING
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
-    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
-
-    @property
-    def prefix_cache_bytes(self) -> tuple[int, int]:
-        """The in-flight pool's and the verify calls' pool's budgets in bytes."""
-        return prefix_cache_split(self.prefix_cache_mb)
-
-    @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> ModelParams:
-        """From the model config (``args["model_config"]`` parsed); raises SpecserveError on a
-        value the model does not serve. ``specserve_batching`` is gone (the model batches in
-        flight only): a repository asking for anything else is refused, never ignored."""
-        params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
-        batching = params.get("specserve_batching", "") or "inflight"
-        if batching != "inflight":
-            raise SpecserveError(f"parameter specserve_batching {batching!r} is not served: the "
-                                 "reference tensorrt_llm model batches in flight only (remove "
-                                 "the parameter)")
-        checkpoint = params.get("specserve_checkpoint", "") or "target"
-        if checkpoint not in ("target", "draft"):
-            raise SpecserveError(f"parameter specserve_checkpoint must be 'target' or 'draft', "
-                                 f"got {checkpoint!r}")
-        if not params.get("gpt_model_path"):
-            raise SpecserveError("parameter gpt_model_path (the engine directory) is empty")
-        return cls(
-            engine_dir=params["gpt_model_path"],
-            max_batch=max(1, int(cfg.get("max_batch_size", 1))),
-            exclude_default=params.get("exclude_input_in_output", "").lower() in ("true", "1"),
-            speculation=params.get("specserve_speculation", "on").lower() not in _OFF,
-            checkpoint=checkpoint,
-            max_pending=max(1, _int_param(params, "specserve_max_pending", DEFAULT_MAX_PENDING)),
-            prefill_chunk=_int_param(params, "specserve_prefill_chunk", DEFAULT_PREFILL_CHUNK),
-            prefix_cache_mb=_nonneg(_int_param(params, "specserve_prefix_cache_mb",
-                                               DEFAULT_PREFIX_CACHE_MB),
-                                    "specserve_prefix_cache_mb"))
-
-
-def prefix_cache_split(mb: int) -> tuple[int, int]:
-    """A prefix-cache budget of ``mb`` MiB as (in-flight pool, verify pool) bytes."""
-    total = mb << 20
-    return total - total // 4, total // 4
-
-
-def _nonneg(value: int, key: str) -> int:
-    if value < 0:
-        raise SpecserveError(f"parameter {key} must be >= 0, got {value}")
-    return value
-
-
-def _int_param(params: dict[str, str], key: str, default: int) -> int:
-    value = params.get(key, "")
-    try:
-        return int(value) if value else default
-    except ValueError:
-        raise SpecserveError(f"parameter {key} must be an integer, got {value!r}") from None
-
-
 @dataclass(frozen=True)
 class EngineLimits:
     """What a request is checked against: the served model's vocabulary, the engine record's
@@ -427,78 +348,3 @@ def check_drafts(req: LlmRequest, vocab_size: int, max_draft_len: int) -> None:
     if req.draft_logits is not None and req.draft_logits.shape[1] != vocab_size:
         raise ValueError(f"input 'draft_logits' must be [K, V] = [{k}, {vocab_size}] (the "
                          f"target's vocab), got {list(req.draft_logits.shape)}")
-
-
-@dataclass(frozen=True)
-class PerfTimes:
-    """Steady-clock timestamps (ns) of one request."""
-
-    arrival: int
-    first_scheduled: int
-    first_token: int
-    last_token: int
-
-
-def token_arrays(req: LlmRequest, tokens: list[int]) -> dict[str, np.ndarray[Any, Any]]:
-    """``output_ids`` [1, 1, T], ``sequence_length`` [1, 1] and the requested token counts."""
-    out = {
-        "output_ids": np.array(tokens, dtype=np.int32).reshape(1, 1, -1),
-        "sequence_length": np.array([[len(tokens)]], dtype=np.int32),
-    }
-    if req.num_input_tokens:
-        out["num_input_tokens"] = np.array([[len(req.prompt)]], dtype=np.int32)
-    if req.num_output_tokens:
-        out["num_output_tokens"] = np.array([[len(tokens)]], dtype=np.int32)
-    return out
-
-
-def generation_logits_array(logits: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
-    """``generation_logits`` [1, 1, T, V] FP32 (``logits_datatype`` of reference repos)."""
-    return {"generation_logits": np.asarray(logits, dtype=np.float32)[None, None]}
-
-
-def logprob_arrays(logprobs: list[float], top: list[list[tuple[int, float]]] | None,
-                   k: int) -> dict[str, np.ndarray[Any, Any]]:
-    """``output_log_probs`` [1, 1, T] and ``cum_log_probs`` [1, 1] FP32; with ``k`` > 0 also
-    ``top_log_probs`` [1, 1, T, k] FP32 and ``top_log_prob_ids`` [1, 1, T, k] INT32."""
-    lp = np.asarray(logprobs, dtype=np.float32)
-    out: dict[str, np.ndarray[Any, Any]] = {
-        "output_log_probs": lp.reshape(1, 1, -1),
-        "cum_log_probs": np.array([[float(lp.astype(np.float64).sum())]], dtype=np.float32)}
-    if k > 0:
-        rows = top or []
-        out["top_log_probs"] = np.array([[v for _, v in r] for r in rows],
-                                        dtype=np.float32).reshape(1, 1, len(rows), k)
-        out["top_log_prob_ids"] = np.array([[t for t, _ in r] for r in rows],
-                                           dtype=np.int32).reshape(1, 1, len(rows), k)
-    return out
-
-
-def sequence_index_array(index: int) -> dict[str, np.ndarray[Any, Any]]:
-    """``sequence_index`` [1, 1] INT32: which of ``num_return_sequences`` a response holds
-    (TensorRT-LLM's output, sent only when ``num_return_sequences`` > 1)."""
-    return {"sequence_index": np.array([[index]], dtype=np.int32)}
-
-
-def prediction_arrays(accepted: int, rejected: int) -> dict[str, np.ndarray[Any, Any]]:
-    """``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` [1, 1] INT32."""
-    return {"accepted_prediction_tokens": np.array([[accepted]], dtype=np.int32),
-            "rejected_prediction_tokens": np.array([[rejected]], dtype=np.int32)}
-
-
-def perf_arrays(times: PerfTimes, drafted: int, accepted: int,
-                stats_json: str | None) -> dict[str, np.ndarray[Any, Any]]:
-    """TensorRT-LLM's perf outputs ([1, 1] each) plus ``spec_stats_json`` when given."""
-    rate = accepted / drafted if drafted else 0.0
-    out: dict[str, np.ndarray[Any, Any]] = {
-        "arrival_time_ns": np.array([[times.arrival]], dtype=np.int64),
-        "first_scheduled_time_ns": np.array([[times.first_scheduled]], dtype=np.int64),
-        "first_token_time_ns": np.array([[times.first_token]], dtype=np.int64),
-        "last_token_time_ns": np.array([[times.last_token]], dtype=np.int64),
-        "acceptance_rate": np.array([[rate]], dtype=np.float32),
-        "total_accepted_draft_tokens": np.array([[accepted]], dtype=np.int32),
-        "total_draft_tokens": np.array([[drafted]], dtype=np.int32),
-    }
-    if stats_json is not None:
-        out["spec_stats_json"] = np.array([[stats_json.encode("utf-8")]], dtype=np.object_)
-    return out

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specserve.triton.llm_io import (
-    LlmRequest,
+from specserve.triton.llm_io import LlmRequest
+from specserve.triton.llm_out import (
     PerfTimes,
     generation_logits_array,
     logprob_arrays,

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from specserve.runtime.decoder import SpecDecoder
-from specserve.triton.llm_io import EngineLimits, ModelParams, admit
+from specserve.triton.llm_io import EngineLimits, admit
+from specserve.triton.model_params import ModelParams
 from specserve.triton.serving_loop import Pending, ServingLoop, external_verify, make_scheduler
 from tests.triton.test_serving_loop import Recorder
 

@@ -26,7 +26,8 @@ from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.model import load_model
 from specserve.runtime.proposers import NgramProposer
 from specserve.triton import params as tparams
-from specserve.triton.llm_io import EngineLimits, ModelParams, admit
+from specserve.triton.llm_io import EngineLimits, admit
+from specserve.triton.model_params import ModelParams
 from specserve.triton.render import load_template
 from tests.helpers.serving import serve_requests
 from tests.helpers.tiny import TinyCheckpoint

@@ -31,7 +31,8 @@ from specserve.runtime.model import load_model
 from specserve.runtime.proposers import OracleProposer
 from specserve.runtime.scheduler import Scheduler
 from specserve.spec.stats import AcceptanceStats
-from specserve.triton.llm_io import EngineLimits, ModelParams, admit
+from specserve.triton.llm_io import EngineLimits, admit
+from specserve.triton.model_params import ModelParams
 from specserve.triton.serving_loop import (
     Arrays,
     Pending,

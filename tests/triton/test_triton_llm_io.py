@@ -9,20 +9,16 @@ import pytest
 
 from specserve.errors import SpecserveError
 from specserve.triton.llm_io import (
-    DEFAULT_MAX_PENDING,
     PLAIN_ENGINE_MAX_DRAFT_LEN,
     EngineLimits,
-    ModelParams,
-    PerfTimes,
     admit,
     check_drafts,
-    generation_logits_array,
     parse_request,
-    perf_arrays,
     sampling_params,
-    token_arrays,
     word_ids,
 )
+from specserve.triton.llm_out import PerfTimes, generation_logits_array, perf_arrays, token_arrays
+from specserve.triton.model_params import DEFAULT_MAX_PENDING, ModelParams
 
 
 def base(**extra: Any) -> dict[str, np.ndarray[Any, Any]]:

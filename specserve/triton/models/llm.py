@@ -34,7 +34,8 @@ import triton_python_backend_utils as pb_utils
 
 from specserve.runtime.grammar import GuideCompiler
 from specserve.triton.llm_engine import engine_limits, load_decoder
-from specserve.triton.llm_io import ModelParams, admit
+from specserve.triton.llm_io import admit
+from specserve.triton.model_params import ModelParams
 from specserve.triton.serving_loop import (
     Arrays,
     Pending,

@@ -1,0 +1,90 @@
+"""The parameters of a reference ``tensorrt_llm`` model's ``config.pbtxt`` (written by
+``specserve repo``, :mod:`specserve.triton.repository`): the engine directory, batching limits,
+speculation on or off, which checkpoint it serves and the prefix-cache budget. Each value is
+checked here; one the model does not serve is refused in one line, never ignored. The Dynamo
+worker takes the same defaults (:mod:`specserve.frontends.dynamo_worker`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specserve.errors import SpecserveError
+
+DEFAULT_MAX_PENDING = 4096  # queued requests (parameter specserve_max_pending)
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens prefilled per step (parameter specserve_prefill_chunk)
+# prefix cache budget in MiB (parameter specserve_prefix_cache_mb; 0: off): 3/4 for the
+# in-flight scheduler's pool, 1/4 for the draft_input_ids (BLS) verify calls' target-only pool.
+# Off by default: storing every row's blocks costs 7-14% tok/s and raises TTFT p50 at c = 8/16
+# by 60-90% on prompts that share nothing (docs/benchmarks.md, prefix cache); opt in where
+# prompts repeat (multi-turn chat, the BLS loop's per-iteration calls).
+DEFAULT_PREFIX_CACHE_MB = 0
+_OFF = ("off", "false", "0")
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """The parameters of a reference ``tensorrt_llm`` model's ``config.pbtxt``."""
+
+    engine_dir: str
+    max_batch: int = 1
+    exclude_default: bool = False
+    speculation: bool = True
+    checkpoint: str = "target"  # "target" | "draft" (the draft checkpoint alone)
+    max_pending: int = DEFAULT_MAX_PENDING
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
+
+    @property
+    def prefix_cache_bytes(self) -> tuple[int, int]:
+        """The in-flight pool's and the verify calls' pool's budgets in bytes."""
+        return prefix_cache_split(self.prefix_cache_mb)
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> ModelParams:
+        """From the model config (``args["model_config"]`` parsed); raises SpecserveError on a
+        value the model does not serve. ``specserve_batching`` is gone (the model batches in
+        flight only): a repository asking for anything else is refused, never ignored."""
+        params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+        batching = params.get("specserve_batching", "") or "inflight"
+        if batching != "inflight":
+            raise SpecserveError(f"parameter specserve_batching {batching!r} is not served: the "
+                                 "reference tensorrt_llm model batches in flight only (remove "
+                                 "the parameter)")
+        checkpoint = params.get("specserve_checkpoint", "") or "target"
+        if checkpoint not in ("target", "draft"):
+            raise SpecserveError(f"parameter specserve_checkpoint must be 'target' or 'draft', "
+                                 f"got {checkpoint!r}")
+        if not params.get("gpt_model_path"):
+            raise SpecserveError("parameter gpt_model_path (the engine directory) is empty")
+        return cls(
+            engine_dir=params["gpt_model_path"],
+            max_batch=max(1, int(cfg.get("max_batch_size", 1))),
+            exclude_default=params.get("exclude_input_in_output", "").lower() in ("true", "1"),
+            speculation=params.get("specserve_speculation", "on").lower() not in _OFF,
+            checkpoint=checkpoint,
+            max_pending=max(1, _int_param(params, "specserve_max_pending", DEFAULT_MAX_PENDING)),
+            prefill_chunk=_int_param(params, "specserve_prefill_chunk", DEFAULT_PREFILL_CHUNK),
+            prefix_cache_mb=_nonneg(_int_param(params, "specserve_prefix_cache_mb",
+                                               DEFAULT_PREFIX_CACHE_MB),
+                                    "specserve_prefix_cache_mb"))
+
+
+def prefix_cache_split(mb: int) -> tuple[int, int]:
+    """A prefix-cache budget of ``mb`` MiB as (in-flight pool, verify pool) bytes."""
+    total = mb << 20
+    return total - total // 4, total // 4
+
+
+def _nonneg(value: int, key: str) -> int:
+    if value < 0:
+        raise SpecserveError(f"parameter {key} must be >= 0, got {value}")
+    return value
+
+
+def _int_param(params: dict[str, str], key: str, default: int) -> int:
+    value = params.get(key, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise SpecserveError(f"parameter {key} must be an integer, got {value!r}") from None
