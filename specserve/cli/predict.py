@@ -83,8 +83,10 @@ def _text(r: dict[str, Any]) -> str:
         for a, b in zip(vc["per_cell"], vc["from_shortest"], strict=True):
             lines.append(f"  L={a['input_length']:>5} c={a['concurrency']:>3}: "
                          f"{a['predicted_step_ms']:.3g} / {a['measured_step_ms']:.3g} "
-                         f"({a['relative_error']:+.0%}) = T {a['t_verify_ms']:.3g} + o "
-                         f"{a['overhead_ms']:.3g} + prefill share {a['prefill_share_ms']:.3g}; "
+                         f"({a['relative_error']:+.0%}) = T {a['t_verify_ms']:.3g}"
+                         + (f" + K T_d {a['propose_ms']:.3g}" if a.get("propose_ms") else "")
+                         + f" + o {a['overhead_ms']:.3g} + prefill share "
+                         f"{a['prefill_share_ms']:.3g}; "
                          f"o from the shortest length: {b['predicted_step_ms']:.3g} "
                          f"({b['relative_error']:+.0%})")
         lines += [f"OUTSIDE {vc['tolerance']:.0%}: {x}" for x in vc["outside"]]
