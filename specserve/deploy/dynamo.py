@@ -13,8 +13,11 @@ multinode.nodeCount (>= 2), extraPodSpec.{volumes, mainContainer}}``); the worke
 that spans nodes gets ``multinode.nodeCount`` and ``gpus_per_node`` GPUs per node; the operator
 places it through Grove or LeaderWorkerSet (peers-2026.md section 5).
 
-A torch (reference-engine) directory gets :func:`torch_graph_deployment` (issue 30 item 6): the
-same Frontend, and CPU worker pods running ``python3 -m specserve.frontends.dynamo_worker``
+A torch (reference-engine) directory gets :func:`torch_graph_deployment` (issue 30 item 6):
+Dynamo's Frontend run through ``python3 -m specserve.frontends.dynamo_frontend`` (the same
+frontend with TCP_NODELAY on its HTTP listener, as ``specserve serve --frontend dynamo`` runs it;
+a DGD's Frontend may set its ``command`` and ``args``, as Dynamo's own examples do), and CPU
+worker pods running ``python3 -m specserve.frontends.dynamo_worker``
 (our worker, ``--engine`` on the models volume, its speculative-decoding counters on
 ``--metrics-port``), no ``backendFramework`` (the CRD's enum names sglang, vllm and trtllm only)
 and no GPU. The operator injects ``DYN_NAMESPACE`` and ``DYN_DISCOVERY_BACKEND`` (default
@@ -111,6 +114,9 @@ def graph_deployment(name: str, cfg: DeployConfig, src: EngineSource, model: str
 
 
 WORKER_MODULE = "specserve.frontends.dynamo_worker"
+#: Dynamo's frontend, unchanged, with TCP_NODELAY on its HTTP listener (docs/benchmarks.md: the
+#: shipped frontend's Nagle delay cost ~40 ms of first-token latency per keep-alive request)
+FRONTEND_MODULE = "specserve.frontends.dynamo_frontend"
 WORKER_METRICS_PORT = 9090
 MIGRATION_LIMIT = 3
 #: Per worker pod: the reference engine runs one torch thread per worker on CPU.
@@ -141,7 +147,9 @@ def torch_graph_deployment(name: str, cfg: DeployConfig, src: EngineSource
     ``--replicas`` specserve worker pods serving the engine as model ``name``."""
     frontend = {"componentType": "frontend", "replicas": 1,
                 "envs": [{"name": "DYN_MIGRATION_LIMIT", "value": str(MIGRATION_LIMIT)}],
-                "extraPodSpec": {"mainContainer": {"image": cfg.image}}}
+                "extraPodSpec": {"mainContainer": {
+                    "image": cfg.image, "command": ["python3", "-m", FRONTEND_MODULE],
+                    "args": ["--http-port", str(FRONTEND_PORT)]}}}
     dgd = {"apiVersion": DGD_API, "kind": "DynamoGraphDeployment",
            "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels(name)},
            "spec": {"services": {"Frontend": frontend,

@@ -444,8 +444,12 @@ def test_torch_engine_behind_dynamo_runs_our_worker(tmp_path: Path) -> None:
     assert main["command"] == ["python3", "-m", "specserve.frontends.dynamo_worker"]
     assert main["args"][:2] == ["--engine", "/models/dynamo-torch"]
     assert "gpu" not in json.dumps(dgd) and worker["replicas"] == 2
-    assert dgd["spec"]["services"]["Frontend"]["envs"] == [
-        {"name": "DYN_MIGRATION_LIMIT", "value": "3"}]
+    front = dgd["spec"]["services"]["Frontend"]
+    assert front["envs"] == [{"name": "DYN_MIGRATION_LIMIT", "value": "3"}]
+    # the frontend with TCP_NODELAY (our launcher), on the port the Service points at
+    assert front["extraPodSpec"]["mainContainer"]["command"] == [
+        "python3", "-m", "specserve.frontends.dynamo_frontend"]
+    assert front["extraPodSpec"]["mainContainer"]["args"] == ["--http-port", "8000"]
 
 
 @pytest.mark.parametrize(("args", "message"), [

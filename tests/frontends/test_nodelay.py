@@ -43,7 +43,10 @@ def test_a_listener_gets_the_option_and_its_connections_inherit_it() -> None:
 def test_http_port_of_the_frontend_arguments() -> None:
     assert http_port(["--http-host", "127.0.0.1", "--http-port", "8090"]) == 8090
     assert http_port(["--http-port=8091"]) == 8091
-    assert http_port(["--router-mode", "kv"]) is None
+    # no flag: Dynamo's own order, DYN_HTTP_PORT (an operator's env), then its default 8000
+    assert http_port(["--router-mode", "kv"], env={"DYN_HTTP_PORT": "8093"}) == 8093
+    assert http_port(["--http-port", "8090"], env={"DYN_HTTP_PORT": "8093"}) == 8090
+    assert http_port(["--router-mode", "kv"], env={}) == 8000
 
 
 def _remote_sockets(pid: int) -> Iterator[socket.socket]:
