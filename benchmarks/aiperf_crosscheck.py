@@ -122,7 +122,8 @@ def run_aiperf(args: argparse.Namespace, url: str, prompts: Path, art: Path) -> 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           preexec_fn=_pin(args.client_cores))
     if proc.returncode:
-        sys.exit(f"aiperf failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        sys.exit(f"aiperf failed ({proc.returncode}): stderr {proc.stderr[-2000:]!r} stdout "
+                 f"{proc.stdout[-2000:]!r}")
     exp = json.loads(next(art.rglob("profile_export_aiperf.json")).read_text())
     # pooled: 1 + accepted / steps over all requests; per request: the mean of each one's
     steps = _opt(exp, "total_spec_decode_steps")
@@ -153,7 +154,8 @@ def run_ours(args: argparse.Namespace, url: str, prompts: Path, out: Path) -> di
     taus = [1 + r["server"]["total_accepted_draft_tokens"] / r["spec_stats"]["steps"]
             for r in recs if r["phase"] == "measure" and r.get("spec_stats")
             and (r.get("server") or {}).get("total_accepted_draft_tokens") is not None]
-    return {"tau": s["acceptance"]["tau_server"] or NAN,
+    counters = s.get("engine_counters") or {}  # Dynamo: the workers' counters' delta
+    return {"tau": s["acceptance"]["tau_server"] or counters.get("tau") or NAN,
             "tau_req": statistics.fmean(taus) if taus else NAN,
             "requests": float(s["requests"]), "errors": float(s["requests"] - s["completed"]),
             "out_tokens": float(s["output_tokens"]),
