@@ -86,7 +86,7 @@ def children_cpu_s() -> float:
 
 
 def write_prompts(path: Path, n: int, max_tokens: int, seed: int) -> None:
-    from specserve.client.datasets import builtin_code_prompts
+    from specserve.client.builtin_prompts import builtin_code_prompts
 
     path.write_text("".join(json.dumps({"text": p.text, "output_length": max_tokens}) + "\n"
                             for p in builtin_code_prompts(n, seed)))

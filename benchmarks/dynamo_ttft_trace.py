@@ -115,7 +115,7 @@ def main() -> int:
                     help="Dynamo's frontend as shipped (no TCP_NODELAY on its HTTP listener)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from specserve.client.datasets import builtin_code_prompts
+    from specserve.client.builtin_prompts import builtin_code_prompts
     from specserve.frontends.dynamo_serve import DynamoDeployment, DynamoServeConfig, ServedModel
 
     trace = Path(tempfile.mkdtemp(prefix="dyn-trace-")) / "worker.jsonl"

@@ -99,7 +99,7 @@ def _run(tree: Path, cfg: dict[str, Any]) -> dict[str, float]:
 def _prompts(model: Path, n: int) -> list[list[int]]:
     from tokenizers import Tokenizer
 
-    from specserve.client.datasets import builtin_code_prompts
+    from specserve.client.builtin_prompts import builtin_code_prompts
 
     tok = Tokenizer.from_file(str(model.parent / "tokenizer" / "tokenizer.json"))
     return [tok.encode(p.text).ids for p in builtin_code_prompts(n, seed=0)]

@@ -69,7 +69,7 @@ def main() -> int:
     import torch
     from tokenizers import Tokenizer
 
-    from specserve.client.datasets import builtin_code_prompts
+    from specserve.client.builtin_prompts import builtin_code_prompts
 
     torch.set_num_threads(args.threads)
     tok = Tokenizer.from_file(str(args.model.resolve().parent / "tokenizer" / "tokenizer.json"))

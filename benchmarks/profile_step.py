@@ -129,7 +129,7 @@ def main() -> None:
 
     from tokenizers import Tokenizer
 
-    from specserve.client.datasets import builtin_code_prompts
+    from specserve.client.builtin_prompts import builtin_code_prompts
 
     model = args.model.resolve()
     tok = Tokenizer.from_file(str(model.parent / "tokenizer" / "tokenizer.json"))

@@ -55,7 +55,7 @@ def _step_costs(costs: list[tuple[str, float]]) -> list[float]:
 def main() -> None:
     import torch
 
-    from specserve.client.datasets import builtin_code_prompts
+    from specserve.client.builtin_prompts import builtin_code_prompts
     from specserve.runtime import loader
     from specserve.runtime.params import SamplingParams
 

@@ -64,7 +64,8 @@ from specserve.predict import PredictConfig, config_path, hardware, model_shape,
 from specserve.runtime.timing import measure_step_times
 from specserve.spec import predictor as P
 
-#: the served batcher's prompt tokens per prefill forward (triton.model_params.DEFAULT_PREFILL_CHUNK)
+#: the served batcher's prompt tokens per prefill forward
+#: (triton.model_params.DEFAULT_PREFILL_CHUNK)
 PREFILL_CHUNK = 256
 
 

@@ -35,9 +35,10 @@ from specserve.client.acceptance import (
 )
 from specserve.client.balance import PooledTransport
 from specserve.client.config import BenchmarkConfig
-from specserve.client.datasets import Prompt, conversation_text, load_prompts
+from specserve.client.datasets import load_prompts
 from specserve.client.metrics import RequestRecord, make_record
 from specserve.client.openai import OpenAITransport
+from specserve.client.prompt import Prompt, conversation_text
 from specserve.client.scrape import TextGetter
 from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
 from specserve.client.transport import (

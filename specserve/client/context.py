@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specserve.client.datasets import Prompt
 from specserve.client.metrics import RequestRecord
+from specserve.client.prompt import Prompt
 from specserve.errors import SpecserveError
 
 #: text -> the character offset where each token ends (no special tokens added)

@@ -29,7 +29,7 @@ SERVED = {"prompts": "builtin-code", "seed": 0, "warmup": 2, "requests": 24, "ma
 
 def served_tau(decoder: Any, tokenizer: Any, served: dict[str, Any] = SERVED) -> float:
     """tau of ``decoder`` on the measured requests of ``served`` (greedy, one at a time)."""
-    from specserve.client.datasets import builtin_code_prompts
+    from specserve.client.builtin_prompts import builtin_code_prompts
     from specserve.runtime.params import SamplingParams
     from specserve.spec.stats import AcceptanceStats
 

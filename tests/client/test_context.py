@@ -24,8 +24,9 @@ from specserve.client.context import (
     steps_mean,
     tokenizer_ends,
 )
-from specserve.client.datasets import Prompt, load_dataset, load_prompts
+from specserve.client.datasets import load_dataset, load_prompts
 from specserve.client.metrics import make_record
+from specserve.client.prompt import Prompt
 from specserve.client.run import run_benchmark
 from specserve.client.sweep import build_contexts, run_sweep
 from specserve.errors import SpecserveError

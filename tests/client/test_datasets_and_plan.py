@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from specserve.client.benchmark import plan_jobs, poisson_arrivals
-from specserve.client.datasets import Prompt, builtin_code_prompts, load_jsonl, load_prompts
+from specserve.client.builtin_prompts import builtin_code_prompts
+from specserve.client.datasets import load_jsonl, load_prompts
+from specserve.client.prompt import Prompt
 from specserve.errors import SpecserveError
 
 

@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from specserve.client.builtin_prompts import BUILTIN, prose_paragraphs
 from specserve.client.config import BenchmarkConfig
-from specserve.client.datasets import (
-    BUILTIN,
-    Prompt,
-    conversation_text,
-    dump_jsonl,
-    load_dataset,
-    load_prompts,
-    prose_paragraphs,
-)
+from specserve.client.datasets import dump_jsonl, load_dataset, load_prompts
 from specserve.client.metrics import make_record
+from specserve.client.prompt import Prompt, conversation_text
 from specserve.client.report import build_summary, csv_rows
 from specserve.client.run import run_benchmark
 from specserve.client.summary import by_category, speedups

@@ -35,7 +35,7 @@ SHAPES = {"full": {}, "slim": {"intermediate_size": 96, "num_heads": 2}}
 @pytest.fixture(scope="module", params=list(SHAPES))
 def pair(request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from specserve.client.datasets import builtin_code_prompts
+    from specserve.client.builtin_prompts import builtin_code_prompts
     from specserve.train.eagle3 import run_train_eagle3
     from specserve.train.eagle3_config import Eagle3TrainConfig
     from tests.helpers.tiny import make_llama, make_tokenizer
