@@ -6,7 +6,7 @@ a LeaderWorkerSet when a replica spans nodes, each with a Service in front (pure
 - LeaderWorkerSet (kubernetes-sigs/lws ``leaderworkerset.x-k8s.io/v1``; CRD
   ``config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml`` @060ab4da): a group of
   ``size = world_size / gpus_per_node`` pods per replica. The leader runs the same rank
-  layout as :func:`specserve.triton.server.build_command` (rank 0 serves HTTP/gRPC/metrics,
+  layout as :func:`specserve.triton.launch.build_command` (rank 0 serves HTTP/gRPC/metrics,
   ranks > 0 load only ``tensorrt_llm``) under one ``mpirun`` whose ``--host`` list gives each
   pod ``gpus_per_node`` slots, as the LWS TensorRT-LLM example's ``server.py`` does
   (kubernetes-sigs/lws ``docs/examples/tensorrt-llm/build/server.py`` @4aaf9d50, ``lws.yaml``
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.deploy.config import DeployConfig, EngineSource
-from specserve.triton.server import TritonInstall, build_command
+from specserve.triton.launch import TritonInstall, build_command
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 LWS_API = "leaderworkerset.x-k8s.io/v1"

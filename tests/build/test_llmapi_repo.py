@@ -125,7 +125,7 @@ def test_config_pbtxt_carries_the_transaction_policy(engine: Path, tmp_path: Pat
                                                      decoupled: bool) -> None:
     """#30: `specserve serve` passes --disable-auto-complete-config, so upstream's model.py
     never sets the policy; config.pbtxt must say it, equal to model.yaml's triton_config."""
-    from specserve.triton.server import TritonInstall, build_command
+    from specserve.triton.launch import TritonInstall, build_command
 
     argv = build_command(TritonInstall(binary=Path("tritonserver"), bundled=False),
                          tmp_path, host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,

@@ -17,13 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from specserve.errors import ServerError
-from specserve.triton.server import (
-    TritonInstall,
-    TritonServer,
-    build_command,
-    error_lines,
-    find_free_port,
-)
+from specserve.triton.launch import TritonInstall, build_command
+from specserve.triton.server import TritonServer, error_lines, find_free_port
 
 BROKEN_CONFIG = """name: "broken"
 backend: "python"
@@ -225,7 +220,7 @@ def _orchestrator_cmd(world_size: int = 1, **kw: object) -> list[str]:
 
 
 def test_orchestrator_launch_is_one_mpirun_rank() -> None:
-    from specserve.triton.server import multi_model_args
+    from specserve.triton.launch import multi_model_args
 
     pools = tuple(multi_model_args("26.04", 2))
     cmd = _orchestrator_cmd(run_as_root=False, orchestrator_args=pools)
@@ -243,7 +238,7 @@ def test_orchestrator_asserts_world_size_one() -> None:
 
 
 def test_multi_model_pool_args_follow_the_triton_version() -> None:
-    from specserve.triton.server import multi_model_args
+    from specserve.triton.launch import multi_model_args
 
     assert multi_model_args("26.04", 1) == ["--pinned-memory-pool-byte-size=0",
                                             "--enable-peer-access=false",
@@ -253,7 +248,7 @@ def test_multi_model_pool_args_follow_the_triton_version() -> None:
 
 
 def test_orchestrator_env() -> None:
-    from specserve.triton.server import server_env
+    from specserve.triton.launch import server_env
 
     env = server_env(_INSTALL, base={"PATH": "/bin"}, orchestrator=True)
     assert env["TRTLLM_ORCHESTRATOR"] == "1"
@@ -296,7 +291,7 @@ def capture_launch(server: TritonServer, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_tensorrtllm_models_of_written_repos(tmp_path: Path) -> None:
-    from specserve.triton.server import tensorrtllm_models
+    from specserve.triton.launch import tensorrtllm_models
 
     assert tensorrtllm_models(_trt_repo(tmp_path, "draft")) == ("tensorrt_llm",
                                                                 "tensorrt_llm_draft")
