@@ -89,6 +89,8 @@ class RawResult:
     chunk_times_s: list[float] = field(default_factory=list)
     chunk_texts: list[str] = field(default_factory=list)
     chunk_num_tokens: list[int | None] = field(default_factory=list)
+    # which sequence each chunk belongs to (``sequence_index``; 0 without num_return_sequences)
+    chunk_sequences: list[int] = field(default_factory=list)
     end_s: float | None = None
     server: dict[str, float | int] = field(default_factory=dict)
     spec_stats: dict[str, Any] | None = None
@@ -123,6 +125,8 @@ class RawResult:
         self.chunk_times_s.append(t)
         self.chunk_texts.append(text or "")
         self.chunk_num_tokens.append(None if n is None else int(n))
+        seq = outputs.get("sequence_index")
+        self.chunk_sequences.append(int(seq) if isinstance(seq, int) else 0)
 
 
 class Transport(Protocol):

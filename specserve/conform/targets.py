@@ -295,6 +295,24 @@ def triton_logprobs(arrays: dict[str, list[Any]], k: int) -> list[TokenLogprob] 
     return out
 
 
+def triton_choices(raw: RawResult, probe: Probe) -> list[Choice]:
+    """One :class:`Choice` per ``sequence_index`` seen (``num_return_sequences`` > 1: each
+    response holds one sequence's tokens, TensorRT-LLM's layout), in index order; its text the
+    sequence's chunks joined, and when streamed its pieces. One choice when there is no index."""
+    by_seq: dict[int, list[tuple[str, int | None]]] = {}
+    seqs = raw.chunk_sequences if len(raw.chunk_sequences) == len(raw.chunk_texts) else \
+        [0] * len(raw.chunk_texts)
+    for c, n, i in zip(raw.chunk_texts, raw.chunk_num_tokens, seqs, strict=True):
+        by_seq.setdefault(i, []).append((c, n))
+    out = []
+    for i in sorted(by_seq) or [0]:
+        chunks = by_seq.get(i, [])
+        pieces = [(c, n) for c, n in chunks if c] if probe.stream else []
+        out.append(Choice(index=i, text="".join(c for c, _ in chunks),
+                          chunks=[c for c, _ in pieces], chunk_tokens=[n for _, n in pieces]))
+    return out
+
+
 class TritonTarget:
     """The Triton ensemble (or BLS) over gRPC streaming or the HTTP generate extension."""
 
@@ -357,15 +375,11 @@ class TritonTarget:
                           or raw.error.startswith(("timeout", "stream cut")),
                           refusal=None if status is not None else is_triton_refusal(raw.error))
         counts = [n for n in raw.chunk_num_tokens if n is not None]
-        text = "".join(raw.chunk_texts)
-        pieces = [(c, n) for c, n in zip(raw.chunk_texts, raw.chunk_num_tokens, strict=True)
-                  if c] if probe.stream else []
         n_in = raw.server.get("num_input_tokens")
-        choice = Choice(text=text, chunks=[c for c, _ in pieces],
-                        chunk_tokens=[n for _, n in pieces],
-                        logprobs=None if probe.logprobs is None
-                        else triton_logprobs(raw.arrays, probe.logprobs))
-        return Reply(wire=wire, choices=[choice],
+        choices = triton_choices(raw, probe)
+        if probe.logprobs is not None and len(choices) == 1:
+            choices[0].logprobs = triton_logprobs(raw.arrays, probe.logprobs)
+        return Reply(wire=wire, choices=choices,
                      completion_tokens=sum(counts) if counts else None,
                      prompt_tokens=int(n_in) if n_in is not None else None)
 

@@ -13,9 +13,17 @@ Dynamo's frontend tokenizes an OpenAI request and hands a worker a ``Preprocesse
 No second copy of the request checks: the dict is written as the Triton ``tensorrt_llm`` inputs
 (``input_ids``, ``request_output_len``, ``stop_words_list``, ``end_id``, ...) and goes through
 :func:`specserve.triton.llm_io.parse_request` and :func:`~specserve.triton.llm_io.sampling_params`
-like a Triton request. What that model cannot serve (``logprobs``, penalties, beam search, ...)
-is refused with a one-line ValueError, which the worker sends to the client as an error, never
-ignored.
+like a Triton request. What that model cannot serve (``prompt_logprobs``, penalties, beam
+search, ...) is refused with a one-line ValueError, which the worker sends to the client as an
+error, never ignored.
+
+Logprobs: ``output_options.logprobs`` k (OpenAI completions ``logprobs``, chat ``top_logprobs``)
+becomes ``return_log_probs`` (+ ``num_top_log_probs`` k when k > 0); the worker sends each chunk's
+tokens' ``log_probs`` and ``top_logprobs`` (``{rank, token_id, token, logprob}`` per alternative),
+the fields of Dynamo's ``LLMEngineOutput`` (ai-dynamo/dynamo
+``lib/llm/src/protocols/common/llm_backend.rs``), from which its frontend writes the OpenAI
+``logprobs``. The numbers are the target's, from the verify pass (:mod:`specserve.spec.logprobs`:
+after temperature, before top-k / top-p).
 
 ``n`` > 1: Dynamo's frontend does not fan ``n`` out; it passes ``sampling_options.n`` to the
 worker and takes the choice of each chunk from its ``index`` (ai-dynamo/dynamo
@@ -60,6 +68,7 @@ if TYPE_CHECKING:
 # served fields of each section; any other field must be absent, None or its neutral value
 SAMPLING_SERVED = frozenset({"temperature", "top_p", "top_k", "seed", "guided_decoding", "n"})
 GUIDED = {"json": "json_schema", "regex": "regex", "grammar": "ebnf_grammar"}  # -> guide type
+OUTPUT_SERVED = frozenset({"logprobs"})
 STOP_SERVED = frozenset({"max_tokens", "stop", "stop_token_ids", "stop_token_ids_hidden",
                          "min_tokens", "ignore_eos"})
 NEUTRAL: Mapping[str, tuple[Any, ...]] = {
@@ -109,7 +118,8 @@ def to_arrays(request: Mapping[str, Any], max_seq_len: int) -> dict[str, np.ndar
     sampling = dict(request.get("sampling_options") or {})
     _refuse_unserved("sampling_options", sampling, SAMPLING_SERVED)
     _refuse_unserved("stop_conditions", stop, STOP_SERVED)
-    _refuse_unserved("output_options", request.get("output_options"), frozenset())
+    output = dict(request.get("output_options") or {})
+    _refuse_unserved("output_options", output, OUTPUT_SERVED)
     prompt = [int(t) for t in request.get("token_ids") or ()]
     max_tokens = stop.get("max_tokens")
     if max_tokens is None:
@@ -147,6 +157,11 @@ def to_arrays(request: Mapping[str, Any], max_seq_len: int) -> dict[str, np.ndar
             raise ValueError("stop_conditions.stop (stop strings) with sampling_options.n > 1 "
                              "is not supported by the specserve worker")
         arrays["num_return_sequences"] = np.array([n], dtype=np.int32)
+    logprobs = output.get("logprobs")
+    if logprobs is not None:  # OpenAI logprobs / top_logprobs: k alternatives (0: none)
+        arrays["return_log_probs"] = np.array([True])
+        if int(logprobs) > 0:
+            arrays["num_top_log_probs"] = np.array([int(logprobs)], dtype=np.int32)
     guide = _guided(sampling.get("guided_decoding"))
     if guide is not None:
         arrays["guided_decoding_guide_type"] = np.array([guide[0].encode()], dtype=np.object_)

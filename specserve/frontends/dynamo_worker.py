@@ -155,6 +155,8 @@ class DynamoSender:
             tokens = [] if arrays is None else [int(t) for t in arrays["output_ids"].reshape(-1)]
             self.generated += len(tokens)
             item = {"token_ids": tokens}
+            if arrays is not None and "output_log_probs" in arrays:
+                item.update(logprob_fields(arrays, self.text))
             if self.index is not None:
                 item["index"] = self.index
             if self.detok is not None:
@@ -168,6 +170,23 @@ class DynamoSender:
 
     def cancelled(self) -> bool:
         return self.gone.is_set()
+
+
+def logprob_fields(arrays: Arrays, text: TextFn | None) -> dict[str, Any]:
+    """A response's ``output_log_probs`` [1, 1, T] (and ``top_log_probs`` /
+    ``top_log_prob_ids`` [1, 1, T, k]) as Dynamo's ``LLMEngineOutput`` fields: ``log_probs``
+    (one per token) and ``top_logprobs`` (per token, k ``{rank, token_id, token, logprob}``,
+    most likely first, rank from 1; ``token`` decoded when the worker has a tokenizer)."""
+    out: dict[str, Any] = {
+        "log_probs": [float(v) for v in arrays["output_log_probs"].reshape(-1)]}
+    if "top_log_probs" in arrays:
+        vals, ids = arrays["top_log_probs"][0, 0], arrays["top_log_prob_ids"][0, 0]  # [T, k]
+        out["top_logprobs"] = [
+            [{"rank": r + 1, "token_id": int(t), "token": text([int(t)]) if text else None,
+              "logprob": float(v)} for r, (t, v) in enumerate(zip(row_ids, row_vals,
+                                                                   strict=True))]
+            for row_ids, row_vals in zip(ids, vals, strict=True)]
+    return out
 
 
 def _count(arrays: Arrays | None) -> int:

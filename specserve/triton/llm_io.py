@@ -21,9 +21,10 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
 - ``return_log_probs`` (issue 31): ``output_log_probs`` [1, 1, T] FP32 (the log-probability of
   each of the T generated tokens, :mod:`specserve.spec.logprobs`: the target's distribution
   after temperature, before top-k/top-p) and ``cum_log_probs`` [1, 1] FP32 (their sum), the
-  shapes of TensorRT-LLM's ``[batch, beam, tokens]`` / ``[batch, beam]``; not with streaming
-  (refused). specserve's extensions on reference repositories (tensor names of their own, no
-  upstream tensor carries these): input ``num_top_log_probs`` INT32 k (0..20, needs
+  shapes of TensorRT-LLM's ``[batch, beam, tokens]`` / ``[batch, beam]``; streamed, each
+  response carries its own tokens' log-probs (``serving_loop.stream_arrays``; refused with
+  ``draft_input_ids``). specserve's extensions on reference repositories (tensor names of
+  their own, no upstream tensor carries these): input ``num_top_log_probs`` INT32 k (0..20, needs
   ``return_log_probs``) -> outputs ``top_log_probs`` [1, 1, T, k] FP32 and
   ``top_log_prob_ids`` [1, 1, T, k] INT32 (most likely first; OpenAI's ``top_logprobs``);
   input ``num_draft_tokens`` INT32 (the BLS input's semantics, per request: 0 = no speculation,
@@ -187,10 +188,12 @@ def parse_request(arrays: dict[str, np.ndarray[Any, Any]],
     gen_logits = bool(opt("return_generation_logits", False))
     streaming = bool(opt("streaming", False))
     log_probs = bool(opt("return_log_probs", False))
-    for name, on in (("return_generation_logits", gen_logits), ("return_log_probs", log_probs)):
-        if on and streaming:
-            raise ValueError(f"input '{name}' is not supported with streaming by the specserve "
-                             "reference backend")
+    if gen_logits and streaming:
+        raise ValueError("input 'return_generation_logits' is not supported with streaming by "
+                         "the specserve reference backend")
+    if log_probs and streaming and draft_ids is not None:
+        raise ValueError("input 'return_log_probs' is not supported with streaming and "
+                         "'draft_input_ids' by the specserve reference backend")
     k = opt("num_draft_tokens", None)
     guide_type = _text(arrays, "guided_decoding_guide_type")
     guide = _text(arrays, "guided_decoding_guide")

@@ -67,6 +67,18 @@ REFERENCE_OUTPUTS = (
     ',\n  { name: "accepted_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }'
     ',\n  { name: "rejected_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }')
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
+# the reference ensemble passes the top-k log-probabilities through (issue 31 / 32: OpenAI
+# top_logprobs over the ensemble; upstream's ensemble has no such tensors)
+ENSEMBLE_TOP_INPUTS = (
+    ',\n  { name: "num_top_log_probs" data_type: TYPE_INT32 dims: [ 1 ] optional: true }')
+ENSEMBLE_TOP_INPUT_MAP = (
+    '\n      input_map { key: "num_top_log_probs" value: "num_top_log_probs" }')
+ENSEMBLE_TOP_OUTPUTS = (
+    ',\n  { name: "top_log_probs" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] }'
+    ',\n  { name: "top_log_prob_ids" data_type: TYPE_INT32 dims: [ -1, -1, -1 ] }')
+ENSEMBLE_TOP_OUTPUT_MAP = (
+    '\n      output_map { key: "top_log_probs" value: "top_log_probs" }'
+    '\n      output_map { key: "top_log_prob_ids" value: "top_log_prob_ids" }')
 
 
 def _b(flag: bool) -> str:
@@ -193,8 +205,12 @@ def ensemble_mapping(name: str, llm: str, batch: int, reference: bool) -> dict[s
     return {
         "ensemble_name": name, "tensorrt_llm_model_name": llm,
         "triton_max_batch_size": str(batch), "logits_datatype": LOGITS_DATATYPE,
-        "specserve_extra_outputs": SPEC_STATS_OUTPUT if reference else "",
-        "specserve_extra_output_map": SPEC_STATS_MAP if reference else "",
+        "specserve_extra_inputs": ENSEMBLE_TOP_INPUTS if reference else "",
+        "specserve_extra_input_map": ENSEMBLE_TOP_INPUT_MAP if reference else "",
+        "specserve_extra_outputs": SPEC_STATS_OUTPUT + ENSEMBLE_TOP_OUTPUTS if reference
+        else "",
+        "specserve_extra_output_map": SPEC_STATS_MAP + ENSEMBLE_TOP_OUTPUT_MAP if reference
+        else "",
     }
 
 

@@ -153,6 +153,7 @@ class Pending:
     done: bool = False  # an answer ended it, or the client went away
     final_sent: bool = False  # the final flag went out
     hold: TokenHoldBack | None = None  # streaming: tokens held while they end mid-character
+    lp_sent: int = 0  # streaming with return_log_probs: the tokens whose log-probs went out
     first_scheduled: int = 0
     first_token: int = 0
     last_token: int = 0
@@ -214,13 +215,19 @@ def final_arrays(p: Pending, result: GenerationResult) -> Arrays | None:
                 and result.accepted_prediction_tokens is None:
             return None
         arrays = token_arrays(p.req, held)
+        if p.req.return_log_probs and result.logprobs is not None:  # the held tokens' only
+            lo, hi = p.lp_sent, p.lp_sent + len(held)
+            p.lp_sent = hi
+            arrays.update(logprob_arrays(result.logprobs[lo:hi], (result.top_logprobs or [])[
+                lo:hi] if result.top_logprobs is not None else None, p.req.top_log_probs))
     else:
         tokens = [int(t) for t in result.token_ids]
         arrays = token_arrays(p.req, tokens if p.req.exclude_input else p.req.prompt + tokens)
+        if p.req.return_log_probs and result.logprobs is not None:
+            arrays.update(logprob_arrays(result.logprobs, result.top_logprobs,
+                                         p.req.top_log_probs))
     if p.req.return_generation_logits and result.logits is not None:
         arrays.update(generation_logits_array(np.asarray(result.logits)))
-    if p.req.return_log_probs and result.logprobs is not None:
-        arrays.update(logprob_arrays(result.logprobs, result.top_logprobs, p.req.top_log_probs))
     if result.accepted_prediction_tokens is not None:
         arrays.update(prediction_arrays(result.accepted_prediction_tokens,
                                         result.rejected_prediction_tokens or 0))
@@ -236,10 +243,21 @@ def final_arrays(p: Pending, result: GenerationResult) -> Arrays | None:
 
 def stream_arrays(p: Pending, new_tokens: list[int], text: TextFn) -> Arrays | None:
     """The streamed response of one step's tokens, or None while they end mid-character (each
-    chunk is decoded on its own by postprocessing: held tokens go with the next one)."""
+    chunk is decoded on its own by postprocessing: held tokens go with the next one). With
+    ``return_log_probs`` the response carries the log-probs of exactly its tokens, taken from
+    the request's row (:meth:`Batch.record` kept them as the tokens were emitted)."""
     p.hold = p.hold or TokenHoldBack(text)
     ready = p.hold.push([int(t) for t in new_tokens])
-    return token_arrays(p.req, ready) if ready else None
+    if not ready:
+        return None
+    arrays = token_arrays(p.req, ready)
+    if p.req.return_log_probs and p.handle is not None:
+        row = p.handle.state()
+        lo, hi = p.lp_sent, p.lp_sent + len(ready)
+        p.lp_sent = hi
+        tops = row.tops[0][lo:hi] if p.req.top_log_probs else None
+        arrays.update(logprob_arrays(row.lps[0][lo:hi], tops, p.req.top_log_probs))
+    return arrays
 
 
 def fan_out(p: Pending) -> list[Pending]:

@@ -12,6 +12,7 @@ from specserve.conform.probe import NotExpressible, Probe, failed, is_triton_ref
 from specserve.conform.targets import (
     openai_request,
     parse_openai,
+    triton_choices,
     triton_inputs,
     triton_logprobs,
 )
@@ -99,6 +100,23 @@ def test_triton_logprobs_from_the_answer_tensors() -> None:
     top = triton_logprobs(raw.arrays, 2)
     assert top is not None and top[1].top == {"9": -1.0, "4": -1.5} and top[2].top is None
     assert triton_logprobs(RawResult().arrays, 0) is None   # none asked back: "no logprobs"
+
+
+def test_triton_choices_follow_sequence_index() -> None:
+    """num_return_sequences 3: responses of the sequences interleave, each with its
+    ``sequence_index``; the answer is one choice per index, its own text and pieces."""
+    raw = RawResult()
+    for i, text in [(0, "a"), (1, "x"), (0, "b"), (2, "p"), (1, "y"), (2, "q")]:
+        raw.add_response(0.1, {"text_output": text, "num_output_tokens": 1,
+                               "sequence_index": i})
+    raw.add_response(0.2, {})   # the final empty response
+    got = triton_choices(raw, Probe("a", 4, n=3, stream=True))
+    assert [(c.index, c.text, c.chunks) for c in got] == [
+        (0, "ab", ["a", "b"]), (1, "xy", ["x", "y"]), (2, "pq", ["p", "q"])]
+    one = RawResult()
+    one.add_response(0.1, {"text_output": "ab", "num_output_tokens": 2})
+    (c,) = triton_choices(one, Probe("a", 4))   # no index: one choice, no pieces unstreamed
+    assert (c.index, c.text, c.chunks) == (0, "ab", [])
 
 
 def test_refused_vs_broken() -> None:

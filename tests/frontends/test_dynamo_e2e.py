@@ -118,9 +118,7 @@ def test_greedy_text_equals_the_triton_model(served: Any, tiny_server: Any) -> N
 UNSERVED = [
     ("/v1/completions", {"n": 2, "stop": ["\n"]}),
     ("/v1/completions", {"n": 17}),
-    ("/v1/completions", {"logprobs": 2}),
     ("/v1/chat/completions", {"n": 2, "stop": ["\n"]}),
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}),
     ("/v1/completions", {"presence_penalty": 0.5}),
 ]
 
@@ -145,6 +143,44 @@ def test_unserved_fields_get_an_openai_error(served: Any, path: str, extra: dict
         assert status == 400, err
     assert "not supported by the specserve worker" in err["message"] or \
         "must be in [1, 16]" in err["message"], err
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_logprobs_equal_the_target_alone(served: Any, reference: Any, method: str) -> None:
+    """OpenAI logprobs through Dynamo (completions ``logprobs`` 2; chat ``top_logprobs`` 2,
+    streamed and not): every token's log-prob within 1e-4 of the target alone's (the
+    reference decoder at T = 0; the worker takes them from the verify pass), top-2 sets
+    equal, whatever the method."""
+    from specserve.runtime.params import SamplingParams
+
+    dep, engines = served
+    _, tok = reference
+    from specserve.triton.llm_engine import load_decoder
+
+    decoder, _, _ = load_decoder(str(engines["draft"]), speculation=False)
+    prompt = PROMPTS[0]
+    (want,) = decoder.generate([list(tok(prompt)["input_ids"])],
+                               SamplingParams(max_tokens=8, logprobs=True, top_logprobs=2))
+    body = {"model": method, "prompt": prompt, "max_tokens": 8, "temperature": 0,
+            "logprobs": 2}
+    status, one = post(dep.url, "/v1/completions", body)
+    assert status == 200, one
+    lp = one["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == pytest.approx(want.logprobs, abs=1e-4)
+    assert [len(t) for t in lp["top_logprobs"]] == [len({tok.decode([i]) for i, _ in r})
+                                                   for r in want.top_logprobs]
+    status, events = stream(dep.url, "/v1/completions", body)
+    got = [v for e in events for c in e["choices"] if c.get("logprobs")
+           for v in c["logprobs"]["token_logprobs"]]
+    assert status == 200 and got == pytest.approx(want.logprobs, abs=1e-4)
+    chat = {"model": method, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    status, c = post(dep.url, "/v1/chat/completions", chat)
+    assert status == 200, c
+    content = c["choices"][0]["logprobs"]["content"]
+    assert len(content) == c["usage"]["completion_tokens"] == 8
+    assert all(len(t["top_logprobs"]) == 2 and t["top_logprobs"][0]["logprob"] >= t["logprob"]
+               - 1e-6 for t in content)
 
 
 def _choices(events_or_body: Any, chat: bool, streamed: bool) -> dict[int, tuple[str, str]]:

@@ -48,7 +48,7 @@ def test_unset_max_tokens_and_temperature_follow_openai() -> None:
 @pytest.mark.parametrize("section, field, value", [
     ("sampling_options", "guided_decoding", {"choice": ["a", "b"]}),
     ("sampling_options", "presence_penalty", 0.5),
-    ("output_options", "logprobs", 2),
+    ("output_options", "prompt_logprobs", 2),
     ("stop_conditions", "max_thinking_tokens", 8),
 ])
 def test_unserved_fields_are_refused(section: str, field: str, value: object) -> None:
@@ -56,6 +56,17 @@ def test_unserved_fields_are_refused(section: str, field: str, value: object) ->
     body[section] = dict(body[section], **{field: value})  # type: ignore[call-overload]
     with pytest.raises(ValueError, match=f"{section}.{field}"):
         admit(body, LIMITS)
+
+
+@pytest.mark.parametrize(("k", "top"), [(0, 0), (3, 3)])
+def test_logprobs_map_to_return_log_probs(k: int, top: int) -> None:
+    """OpenAI logprobs (completions ``logprobs``, chat ``top_logprobs``) arrive as
+    output_options.logprobs k: the Triton inputs return_log_probs (+ num_top_log_probs k)."""
+    req, params = admit(request(output_options={"logprobs": k, "prompt_logprobs": None}), LIMITS)
+    assert req.return_log_probs and req.top_log_probs == top
+    assert params.logprobs and params.top_logprobs == top
+    req, params = admit(request(), LIMITS)   # not asked: none
+    assert not req.return_log_probs and not params.logprobs
 
 
 def test_the_triton_checks_apply() -> None:

@@ -5,12 +5,13 @@ Scheduler with an n-gram proposer over the tiny target, requests checked by ``ll
   of TensorRT-LLM's ``[batch, beam, tokens]`` / ``[batch, beam]``, names and types pinned in
   ``data/api_features_io.json`` with their upstream sources); ``num_top_log_probs`` k ->
   ``top_log_probs`` / ``top_log_prob_ids`` [1, 1, T, k], equal to the engine's numbers;
+  streamed, each response carries its own tokens' log-probs;
 - ``num_draft_tokens`` 0 -> nothing drafted for that request, its neighbour speculates;
 - ``prediction`` text -> ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` on
   the final response (streamed or not);
 - bad input (``num_top_log_probs`` above 20 or without ``return_log_probs``,
-  ``num_draft_tokens`` < 0, log probs with streaming, a prediction longer than max_seq_len or
-  with ``draft_input_ids``) is one error line for that request.
+  ``num_draft_tokens`` < 0, streamed log probs with ``draft_input_ids``, a prediction longer
+  than max_seq_len or with ``draft_input_ids``) is one error line for that request.
 """
 
 from __future__ import annotations
@@ -88,6 +89,26 @@ def test_log_probs_outputs_carry_the_engines_numbers(decoder: SpecDecoder) -> No
     assert int(arrays["total_draft_tokens"][0, 0]) > 0  # produced under speculation
 
 
+def test_streamed_log_probs_are_each_chunks_own(decoder: SpecDecoder) -> None:
+    """Streaming with ``return_log_probs``: each response carries the log-probs (and top-k) of
+    exactly its tokens; joined over the stream they are the non-streamed answer's (and the
+    engine's: the draft steps emit several tokens per response)."""
+    want = decoder.generate([PROMPT], SamplingParams(max_tokens=9, logprobs=True,
+                                                     top_logprobs=2))[0]
+    [s] = _run(decoder, [_arrays(PROMPT, 9, return_log_probs=True, num_top_log_probs=2,
+                                 streaming=True)])
+    chunks = [a for a, e, _ in s.got if a is not None and a["output_ids"].size]
+    assert all(e is None for _, e, _ in s.got) and len(chunks) > 1
+    for a in chunks:   # every chunk: as many log-probs as tokens
+        assert a["output_log_probs"].shape == (1, 1, a["output_ids"].size)
+        assert a["top_log_prob_ids"].shape == (1, 1, a["output_ids"].size, 2)
+    assert any(a["output_ids"].size > 1 for a in chunks)   # speculation: several per step
+    got = np.concatenate([a["output_log_probs"][0, 0] for a in chunks])
+    np.testing.assert_allclose(got, want.logprobs, atol=1e-6)
+    ids = np.concatenate([a["top_log_prob_ids"][0, 0] for a in chunks]).tolist()
+    assert ids == [[t for t, _ in r] for r in want.top_logprobs]
+
+
 def test_without_return_log_probs_no_log_prob_outputs(decoder: SpecDecoder) -> None:
     [s] = _run(decoder, [_arrays(PROMPT, 4)])
     arrays = s.got[-1][0]
@@ -109,8 +130,8 @@ def test_num_draft_tokens_zero_turns_speculation_off_for_that_request(
     ({"return_log_probs": True, "num_top_log_probs": 21}, "top_logprobs must be in [0, 20]"),
     ({"num_top_log_probs": 2}, "top_logprobs needs logprobs"),
     ({"num_draft_tokens": -1}, "num_draft_tokens must be >= 0"),
-    ({"return_log_probs": True, "streaming": True},
-     "input 'return_log_probs' is not supported with streaming"),
+    ({"return_log_probs": True, "streaming": True, "draft_input_ids": 5},
+     "input 'return_log_probs' is not supported with streaming and 'draft_input_ids'"),
     ({"prediction": " ".join(["5"] * 65)},
      "input 'prediction' has 65 tokens, more than the engine's max_seq_len 64"),
     ({"prediction": "5 6", "draft_input_ids": 5},
