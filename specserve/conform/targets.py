@@ -255,14 +255,14 @@ def triton_inputs(p: Probe, declared: frozenset[str]) -> dict[str, Any]:
     the Triton generate contract cannot say."""
     if p.chat:
         raise NotExpressible("the Triton ensemble takes text_input only: no chat messages")
-    if p.response_format is not None or p.regex is not None:
-        raise NotExpressible("the Triton ensemble has no guided-decoding input (response_format"
-                             " / regex)")
+    guide = triton_guide(p)
     if len(p.stop) > 1:
         raise NotExpressible("one stop word per request through stop_words here")
     if len(p.stop_token_ids) > 1 or (p.stop_token_ids and p.ignore_eos):
         raise NotExpressible("stop token ids map onto end_id: one id, and not with ignore_eos")
     extra: dict[str, Any] = {
+        "guided_decoding_guide_type": None if guide is None else guide[0],
+        "guided_decoding_guide": None if guide is None else guide[1],
         "stop_words": p.stop[0] if p.stop else None, "min_tokens": p.min_tokens,
         "num_return_sequences": p.n,
         "return_log_probs": True if p.logprobs is not None else None,
@@ -274,6 +274,24 @@ def triton_inputs(p: Probe, declared: frozenset[str]) -> dict[str, Any]:
     if missing:
         raise NotExpressible(f"the model declares no input {missing[0]!r}")
     return {k: v for k, v in extra.items() if k in declared}
+
+
+def triton_guide(p: Probe) -> tuple[str, str | None] | None:
+    """OpenAI ``response_format`` / a regex as TensorRT-LLM's guided-decoding inputs
+    (``guided_decoding_guide_type`` ``json_schema`` / ``json`` / ``regex`` and the guide;
+    tensorrtllm_backend ``tensorrt_llm/1/model.py`` ``get_guided_decoding_params_from_request``);
+    None when the probe asks for no structure."""
+    if p.regex is not None:
+        return "regex", p.regex
+    fmt = p.response_format
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return "json", None
+    if kind == "json_schema":
+        return "json_schema", json.dumps(fmt["json_schema"]["schema"])
+    raise NotExpressible(f"response_format type {kind!r} has no TensorRT-LLM guide type")
 
 
 def triton_logprobs(arrays: dict[str, list[Any]], k: int) -> list[TokenLogprob] | None:

@@ -85,6 +85,25 @@ def test_triton_mapping() -> None:
         triton_inputs(Probe("a", 4, min_tokens=1), frozenset({"text_input"}))
 
 
+GUIDED = ENSEMBLE | {"guided_decoding_guide_type", "guided_decoding_guide"}
+
+
+@pytest.mark.parametrize(("probe", "kind", "guide"), [
+    (Probe("a", 4, response_format={"type": "json_object"}), "json", None),
+    (Probe("a", 4, response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "integer"}}}), "json_schema", '{"type": "integer"}'),
+    (Probe("a", 4, regex="[a-z]+"), "regex", "[a-z]+"),
+])
+def test_structured_output_maps_to_the_guided_decoding_inputs(probe: Probe, kind: str,
+                                                               guide: str | None) -> None:
+    """TensorRT-LLM's guide types (tensorrtllm_backend get_guided_decoding_params_from_request):
+    json (no guide), json_schema, regex."""
+    got = triton_inputs(probe, GUIDED)
+    assert got["guided_decoding_guide_type"] == kind and got.get("guided_decoding_guide") == guide
+    with pytest.raises(NotExpressible, match="declares no input .guided_decoding_guide"):
+        triton_inputs(probe, ENSEMBLE)   # a model without the inputs
+
+
 def test_triton_logprobs_from_the_answer_tensors() -> None:
     raw = RawResult()
     # two streamed responses as the gRPC transport decodes them: [1, 1, T] / [1, 1, T, k]

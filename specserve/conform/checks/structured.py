@@ -20,7 +20,7 @@ from specserve.conform.checks.base import (
     not_expressible,
     same_answer,
 )
-from specserve.conform.probe import NotExpressible, Probe
+from specserve.conform.probe import NotExpressible, Probe, Reply
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -52,20 +52,44 @@ def regex_valid(text: str) -> bool:
     return re.fullmatch(REGEX, text) is not None
 
 
+def finished(r: Reply, max_tokens: int) -> bool:
+    """The answer ended on its own (not cut at ``max_tokens``): its finish reason, or where the
+    protocol has none (Triton) fewer tokens than ``max_tokens``."""
+    reason = r.first.finish_reason
+    if reason is not None:
+        return reason != "length"
+    return r.completion_tokens is not None and r.completion_tokens < max_tokens
+
+
 async def _structured(ctx: Context, make: Callable[[Probe], Probe],
                       valid: Callable[[str], bool], what: str) -> Outcome:
+    """Over completions; where an OpenAI server refuses that (Dynamo's frontend takes
+    ``response_format`` on chat only), over chat, saying so."""
+    first = await _structured_on(ctx, make, valid, what, chat=False)
+    if first.verdict != "refused" or ctx.spec.protocol != "openai":
+        return first
+    second = await _structured_on(ctx, make, valid, what, chat=True)
+    if second.verdict == "refused":
+        return first
+    return Outcome(second.verdict, f"{second.detail} (over chat: completions refused: "
+                   f"{first.detail[:80]})", second.evidence)
+
+
+async def _structured_on(ctx: Context, make: Callable[[Probe], Probe],
+                         valid: Callable[[str], bool], what: str, chat: bool) -> Outcome:
     n_valid = 0
     try:
         for prompt in PROMPTS[:2]:
             for stream in (False, True):
-                p = make(Probe(prompt, 64, stream=stream))
+                p = make(Probe(prompt, 64, stream=stream, chat=chat))
                 s, b = await ctx.both(p)
                 if (bad := error_outcome(s, b)) is not None:
                     return bad
-                if s.first.finish_reason != "length" and not valid(s.first.text):
+                done = finished(s, p.max_tokens)
+                if done and not valid(s.first.text):
                     return Outcome("fail", f"{what}: invalid answer {s.first.text[:60]!r}",
                                    evidence(s, b))
-                n_valid += s.first.finish_reason != "length"
+                n_valid += done
                 if (why := same_answer(s, b)) is not None:
                     return Outcome("fail", f"{what}: {why}", evidence(s, b))
     except NotExpressible as e:
