@@ -39,6 +39,7 @@ INPUT_DTYPES: dict[str, str] = {
     "stop_words": "BYTES", "min_tokens": "INT32", "return_log_probs": "BOOL",
     "num_return_sequences": "INT32", "return_num_input_tokens": "BOOL",
     "num_top_log_probs": "INT32",   # the reference tensorrt_llm model's own (issue 31)
+    "guided_decoding_guide_type": "BYTES", "guided_decoding_guide": "BYTES",
 }
 # outputs kept whole (flattened, in order), not reduced to their first element: log-probs of
 # each token (``output_log_probs`` [1, 1, T]) and, from the reference model, its top-k

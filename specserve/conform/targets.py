@@ -278,17 +278,18 @@ def triton_inputs(p: Probe, declared: frozenset[str]) -> dict[str, Any]:
 
 def triton_guide(p: Probe) -> tuple[str, str | None] | None:
     """OpenAI ``response_format`` / a regex as TensorRT-LLM's guided-decoding inputs
-    (``guided_decoding_guide_type`` ``json_schema`` / ``json`` / ``regex`` and the guide;
-    tensorrtllm_backend ``tensorrt_llm/1/model.py`` ``get_guided_decoding_params_from_request``);
-    None when the probe asks for no structure."""
+    (``guided_decoding_guide_type`` ``json_schema`` / ``regex`` and the guide; tensorrtllm_backend
+    ``tensorrt_llm/1/model.py`` ``get_guided_decoding_params_from_request``). ``json_object`` is
+    the schema ``{"type": "object"}``, as vLLM and Dynamo send it: the guide type ``json`` allows
+    any JSON value. None when the probe asks for no structure."""
     if p.regex is not None:
         return "regex", p.regex
     fmt = p.response_format
     if fmt is None:
         return None
     kind = fmt.get("type")
-    if kind == "json_object":
-        return "json", None
+    if kind == "json_object":  # an object; TensorRT-LLM's "json" is any JSON value ('[1]')
+        return "json_schema", '{"type": "object"}'
     if kind == "json_schema":
         return "json_schema", json.dumps(fmt["json_schema"]["schema"])
     raise NotExpressible(f"response_format type {kind!r} has no TensorRT-LLM guide type")

@@ -89,7 +89,8 @@ GUIDED = ENSEMBLE | {"guided_decoding_guide_type", "guided_decoding_guide"}
 
 
 @pytest.mark.parametrize(("probe", "kind", "guide"), [
-    (Probe("a", 4, response_format={"type": "json_object"}), "json", None),
+    (Probe("a", 4, response_format={"type": "json_object"}), "json_schema",
+     '{"type": "object"}'),   # not "json": that allows any JSON value
     (Probe("a", 4, response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "integer"}}}), "json_schema", '{"type": "integer"}'),
     (Probe("a", 4, regex="[a-z]+"), "regex", "[a-z]+"),
@@ -97,7 +98,7 @@ GUIDED = ENSEMBLE | {"guided_decoding_guide_type", "guided_decoding_guide"}
 def test_structured_output_maps_to_the_guided_decoding_inputs(probe: Probe, kind: str,
                                                                guide: str | None) -> None:
     """TensorRT-LLM's guide types (tensorrtllm_backend get_guided_decoding_params_from_request):
-    json (no guide), json_schema, regex."""
+    json_schema (json_object as the object schema), regex."""
     got = triton_inputs(probe, GUIDED)
     assert got["guided_decoding_guide_type"] == kind and got.get("guided_decoding_guide") == guide
     with pytest.raises(NotExpressible, match="declares no input .guided_decoding_guide"):
