@@ -65,7 +65,9 @@ def _worker(cfg: dict[str, Any]) -> dict[str, float]:
                 submit(sent[0] - 1)
         sch.submit(prompts[i % len(prompts)], params, on_tokens=on_tokens, on_done=on_done)
 
-    sch.submit(prompts[0], SamplingParams(max_tokens=4))  # warm-up
+    # warm-up on a prompt the run does not send (with a prefix cache, a warm-up on prompts[0]
+    # would be reused by the first request, which no cache-off run gets)
+    sch.submit(prompts[0][::-1], SamplingParams(max_tokens=4))
     sch.run_until_idle()
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(c):
@@ -118,6 +120,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prefix-cache-mb", type=int, default=0,
                     help="the after tree's prefix cache (MiB; 0: none, as before)")
+    ap.add_argument("--before-prefix-cache-mb", type=int, default=0,
+                    help="the before tree's prefix cache (MiB; 0: none)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -135,15 +139,16 @@ def main() -> None:
                    "per_client": args.requests_per_client, "threads": args.threads}
             for _ in range(args.repeats):
                 for name, tree in trees.items():  # alternating: before, after, before, ...
-                    r = _run(tree, cfg if name == "before" else
-                             dict(cfg, prefix_mb=args.prefix_cache_mb))
+                    r = _run(tree, dict(cfg, prefix_mb=args.before_prefix_cache_mb)
+                             if name == "before" else dict(cfg, prefix_mb=args.prefix_cache_mb))
                     key = (name, c)
                     if key not in best or r["tok_s"] > best[key]["tok_s"]:
                         best[key] = r
                     cpu_best[key] = max(cpu_best.get(key, 0.0), r["tok_cpu_s"])
     print(f"mode {args.mode}, before = {args.before}, {args.max_tokens} tokens, "
           f"{args.requests_per_client} requests per client, best of {args.repeats}, "
-          f"after's prefix cache {args.prefix_cache_mb} MiB")
+          f"before's prefix cache {args.before_prefix_cache_mb} MiB, after's "
+          f"{args.prefix_cache_mb} MiB")
     print("| c | tok/s before | tok/s after | after / before | tok/CPU-s before | after | "
           "after / before | TTFT p50 ms before | after |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -66,7 +66,8 @@ class Scheduler:
     ``prefix_cache_bytes`` > 0: a prefix cache of that budget (:mod:`specserve.runtime.
     kv_pool`, blocks of ``block_size`` tokens; ``on_event`` hears of blocks stored and
     removed): a newcomer whose prompt starts with cached full blocks gets them copied into its
-    row and prefills only the rest; every row's full blocks are stored as they fill."""
+    row and prefills only the rest; a row's prompt blocks are stored the step after its
+    prefill, the blocks it generated when it leaves (:meth:`_stores`)."""
 
     def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int,
                  prefill_chunk: int = 256, intake: Callable[[], None] | None = None,
@@ -256,16 +257,23 @@ class Scheduler:
     def _stores(self) -> list[Store]:
         """The full blocks of the runner's rows (as the last plan left them) that are not in
         the prefix cache yet: every position before a row's last two tokens is in its K/V
-        and in the proposer's state (the draft model feeds a token one step late)."""
+        and in the proposer's state (the draft model feeds a token one step late). A running
+        row stores its prompt's blocks (the step after its prefill: what a concurrent request
+        with the same prefix can reuse); the blocks it generates go in one store when it
+        leaves (what the next turn of a conversation resends). Storing each block as it
+        filled cost 6-8% of tok/s at c = 8-16 when nothing was reused (docs/benchmarks.md)."""
         if self.kv is None:
             return []
         out = []
         bs = self.kv.block_size
+        leaving = {id(h) for h in self._gone}
         for i, h in enumerate(self._prev):
             if h.row is None:
                 continue
             seq = h.row.seqs[0]
             upto = max(len(seq) - 2, 0) // bs
+            if id(h) not in leaving:
+                upto = min(upto, len(h.prompt) // bs)
             if upto <= h.stored:
                 continue
             have = len(h.hashes)

@@ -15,10 +15,10 @@ DEFAULT_MAX_PENDING = 4096  # queued requests (parameter specserve_max_pending)
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens prefilled per step (parameter specserve_prefill_chunk)
 # prefix cache budget in MiB (parameter specserve_prefix_cache_mb; 0: off): 3/4 for the
 # in-flight scheduler's pool, 1/4 for the draft_input_ids (BLS) verify calls' target-only pool.
-# Off by default: storing every row's blocks costs 7-14% tok/s and raises TTFT p50 at c = 8/16
-# by 60-90% on prompts that share nothing (docs/benchmarks.md, prefix cache); opt in where
-# prompts repeat (multi-turn chat, the BLS loop's per-iteration calls).
-DEFAULT_PREFIX_CACHE_MB = 0
+# On by default: with nothing reused it costs 0-1% of tok/s once the pool's pages are touched
+# (3-10% at c = 8-16 while they are first written) and no TTFT; multi-turn chat gets TTFT p50
+# 0.24x (docs/benchmarks.md, "The prefix cache ... turned back on"). 0 turns it off.
+DEFAULT_PREFIX_CACHE_MB = 256
 _OFF = ("off", "false", "0")
 
 

@@ -15,8 +15,8 @@ Concurrency follows ``../shared/reference/triton-on-cpu.md`` §2: ``execute()`` 
 request, hands it with its sender to a bounded queue (parameter ``specserve_max_pending``; past
 it "server busy") and returns ``None``; one worker thread runs the in-flight batcher
 (:class:`~specserve.runtime.scheduler.Scheduler`, up to ``max_batch_size`` sequences, parameter
-``specserve_prefill_chunk``; a prefix cache of ``specserve_prefix_cache_mb`` MiB, default 0 (off;
-runtime/kv_pool.py). Parameter ``specserve_checkpoint`` ("target", default, or "draft"):
+``specserve_prefill_chunk``; a prefix cache of ``specserve_prefix_cache_mb`` MiB, default 256
+(0: off; runtime/kv_pool.py). Parameter ``specserve_checkpoint`` ("target", default, or "draft"):
 the engine checkpoint served ("draft": the draft model alone, e.g. ``tensorrt_llm_draft``;
 speculation is then off).
 """
