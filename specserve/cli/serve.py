@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from specserve.cli._output import FORMAT_OPTION, emit
+from specserve.triton.model_params import DEFAULT_PREFIX_CACHE_MB
 
 EXAMPLES = """
 \b
@@ -32,7 +33,7 @@ Exit codes: 0 after a clean stop, 2 bad input, 3 the server failed to start or d
 
 DYNAMO_DEFAULTS: dict[str, Any] = {"workers": 1, "router": "round-robin", "migration_limit": 0,
                                    "served_name": None, "baseline_name": None, "max_batch": 8,
-                                   "log_dir": None}
+                                   "log_dir": None, "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB}
 
 
 @click.command("serve", epilog=EXAMPLES, short_help="Serve a model repository on Triton.")
@@ -56,6 +57,10 @@ DYNAMO_DEFAULTS: dict[str, Any] = {"workers": 1, "router": "round-robin", "migra
               help="Dynamo: sequences each worker batches in flight.")
 @click.option("--log-dir", default=None, type=click.Path(file_okay=False),
               help="Dynamo: directory for the frontend's and workers' logs.")
+@click.option("--prefix-cache-mb", type=click.IntRange(0, None),
+              default=DEFAULT_PREFIX_CACHE_MB, show_default=True,
+              help="Dynamo: each worker's prefix cache in MiB (0: off); with --router kv the "
+                   "workers publish its blocks as KV events.")
 @FORMAT_OPTION
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None,
@@ -136,7 +141,8 @@ def _dynamo_text(d: dict[str, Any]) -> str:
 
 def _serve_dynamo(engine: Path, host: str, http_port: int | None, timeout_s: float, fmt: str,
                   workers: int, router: str, migration_limit: int, served_name: str | None,
-                  baseline_name: str | None, max_batch: int, log_dir: str | None) -> None:
+                  baseline_name: str | None, max_batch: int, log_dir: str | None,
+                  prefix_cache_mb: int) -> None:
     from specserve.errors import SpecserveError
     from specserve.frontends.dynamo_serve import (
         DynamoServeConfig,
@@ -152,5 +158,6 @@ def _serve_dynamo(engine: Path, host: str, http_port: int | None, timeout_s: flo
     cfg = DynamoServeConfig(engine=engine, models=tuple(models), workers=workers,
                             router=router, migration_limit=migration_limit,
                             http_port=http_port or 0,
-                            max_batch=max_batch, log_dir=Path(log_dir) if log_dir else None)
+                            max_batch=max_batch, log_dir=Path(log_dir) if log_dir else None,
+                            prefix_cache_mb=prefix_cache_mb)
     serve_until_stopped(cfg, timeout_s, lambda dep: emit(dep.describe(), fmt, _dynamo_text))

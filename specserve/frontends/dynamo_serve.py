@@ -36,6 +36,7 @@ from typing import Any
 
 from specserve.errors import ServerError, SpecserveError
 from specserve.processes import die_with_parent
+from specserve.triton.model_params import DEFAULT_PREFIX_CACHE_MB
 from specserve.triton.server import find_free_port
 
 ROUTERS = ("round-robin", "random", "kv")
@@ -69,6 +70,7 @@ class DynamoServeConfig:
     max_batch: int = 8
     log_dir: Path | None = None  # None: a temp directory
     nodelay: bool = True  # False: Dynamo's frontend as shipped (Nagle on: ~40 ms to TTFT)
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB  # each worker's (0: off, no KV events)
 
     def validate(self) -> None:
         from specserve.engine_record import read_engine_record
@@ -86,6 +88,8 @@ class DynamoServeConfig:
         if self.router not in ROUTERS:
             raise SpecserveError(f"--router must be one of {', '.join(ROUTERS)}, got "
                                  f"{self.router!r}")
+        if self.prefix_cache_mb < 0:
+            raise SpecserveError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")
         if self.migration_limit < 0:
             raise SpecserveError(f"--migration-limit must be >= 0, got {self.migration_limit}")
         names = [m.name for m in self.models]
@@ -111,13 +115,14 @@ def dynamo_env(discovery: Path, base: dict[str, str] | None = None) -> dict[str,
 
 
 def frontend_command(cfg: DynamoServeConfig, port: int) -> list[str]:
-    """The argv of Dynamo's frontend (the KV router without KV events: our workers publish
-    none, so it predicts cache overlap from its own routing decisions)."""
+    """The argv of Dynamo's frontend. The KV router takes the workers' KV events (their prefix
+    caches' blocks stored and removed: frontends/dynamo_kv_events.py); with the cache off
+    there are none, and it predicts overlap from its own routing decisions."""
     module = FRONTEND_MODULE if cfg.nodelay else "dynamo.frontend"
     cmd = [sys.executable, "-m", module, "--http-host", HOST, "--http-port",
            str(port), "--discovery-backend", "file", "--request-plane", "tcp",
            "--router-mode", cfg.router]
-    if cfg.router == "kv":
+    if cfg.router == "kv" and cfg.prefix_cache_mb == 0:
         cmd.append("--no-router-kv-events")
     if cfg.migration_limit:
         cmd += ["--migration-limit", str(cfg.migration_limit)]
@@ -131,7 +136,7 @@ def worker_command(cfg: DynamoServeConfig, model: ServedModel, metrics_port: int
     component = f"m{cfg.models.index(model)}"
     cmd = [sys.executable, "-m", WORKER_MODULE, "--engine", str(cfg.engine_of(model)), "--name",
            model.name, "--component", component, "--max-batch", str(cfg.max_batch),
-           "--metrics-port", str(metrics_port)]
+           "--metrics-port", str(metrics_port), "--prefix-cache-mb", str(cfg.prefix_cache_mb)]
     return cmd if model.speculation else [*cmd, "--no-speculation"]
 
 

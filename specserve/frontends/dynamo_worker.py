@@ -35,13 +35,15 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specserve.errors import SpecserveError
+from specserve.frontends.dynamo_kv_events import KvEventRelay
 from specserve.frontends.dynamo_request import admit, finish_reason
+from specserve.runtime.kv_pool import BLOCK_SIZE, PoolStats
 from specserve.triton.llm_io import EngineLimits
 from specserve.triton.model_params import (
     DEFAULT_MAX_PENDING,
@@ -101,7 +103,23 @@ class SpecCounters:
         self.finished = Counter("vllm:request_success", "finished requests by reason (abort: "
                                 "the client went away, its slot freed)", ["finished_reason"],
                                 registry=reg)
+        self.registry = reg
         start_http_server(port, addr="127.0.0.1", registry=reg)
+
+    def prefix_cache(self, stats: Callable[[], PoolStats], events: KvEventRelay) -> None:
+        """The prefix cache's block lookups and hits so far, and the KV events sent to
+        Dynamo's router (gauges read at each scrape)."""
+        from prometheus_client import Gauge
+
+        p, reg = "specserve:prefix_cache_", self.registry
+        Gauge(p + "queried_blocks", "full prompt blocks looked up in the prefix cache",
+              registry=reg).set_function(lambda: stats().queried)
+        Gauge(p + "hit_blocks", "full prompt blocks found in the prefix cache (reused)",
+              registry=reg).set_function(lambda: stats().hit)
+        Gauge("specserve:kv_events_published", "prefix-cache block events sent to Dynamo",
+              registry=reg).set_function(lambda: events.sent)
+        Gauge("specserve:kv_events_failed", "prefix-cache block events Dynamo did not take",
+              registry=reg).set_function(lambda: events.failed)
 
     def add(self, stats: dict[str, Any]) -> None:
         self.drafts.inc(int(stats.get("steps") or 0))
@@ -220,8 +238,13 @@ class Worker:
         self.counters = SpecCounters(cfg.metrics_port) if cfg.metrics_port else None
         self.queue: queue.Queue[Pending | None] = queue.Queue(maxsize=cfg.max_pending)
         inflight_cache, verify_cache = prefix_cache_split(cfg.prefix_cache_mb)
+        # the prefix cache's block events, to Dynamo's KV router once serve() has an endpoint
+        self.kv_events = KvEventRelay() if inflight_cache else None
         scheduler = make_scheduler(self.decoder, cfg.max_batch, self.limits.max_seq_len,
-                                   cfg.prefill_chunk, inflight_cache)
+                                   cfg.prefill_chunk, inflight_cache, self.kv_events)
+        pool, relay = scheduler.kv, self.kv_events
+        if self.counters is not None and pool is not None and relay is not None:
+            self.counters.prefix_cache(lambda: pool.stats, relay)
         self.loop = ServingLoop(scheduler, self.queue, cfg.max_pending,
                                 external_verify(self.decoder, self.limits.max_draft_len,
                                                 verify_cache),
@@ -315,9 +338,15 @@ async def serve(cfg: WorkerConfig) -> None:
     runtime, _loop = create_runtime(os.environ.get("DYN_DISCOVERY_BACKEND", "file"),
                                     os.environ.get("DYN_REQUEST_PLANE", "tcp"))
     endpoint = runtime.endpoint(cfg.endpoint)
+    block = None
+    if worker.kv_events is not None:  # the KV router hashes requests in the pool's blocks
+        from dynamo.llm import KvEventPublisher
+
+        worker.kv_events.publisher = KvEventPublisher(endpoint=endpoint, kv_block_size=BLOCK_SIZE)
+        block = BLOCK_SIZE
     await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint,
                          str(cfg.engine_dir / "target"), cfg.name,
-                         worker_type=WorkerType.Aggregated)
+                         worker_type=WorkerType.Aggregated, kv_cache_block_size=block)
     print(f"specserve dynamo worker ready: {cfg.name} on {cfg.endpoint}", flush=True)
     await endpoint.serve_endpoint(worker.generate)
 

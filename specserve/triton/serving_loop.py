@@ -59,6 +59,7 @@ from specserve.triton.models.bls_lib.detok import TokenHoldBack
 if TYPE_CHECKING:
     from specserve.runtime.batch import GenerationResult
     from specserve.runtime.decoder import SpecDecoder
+    from specserve.runtime.kv_pool import KVEvent
     from specserve.runtime.params import SamplingParams
     from specserve.runtime.scheduler import Scheduler
 
@@ -166,15 +167,16 @@ StatsFn = Callable[[dict[str, Any]], None]  # a finished request's AcceptanceSta
 
 
 def make_scheduler(decoder: SpecDecoder, capacity: int, max_seq_len: int,
-                   prefill_chunk: int, prefix_cache_bytes: int = 0) -> Scheduler:
-    """The model's in-flight batcher (with a prefix cache of ``prefix_cache_bytes``, 0: none);
-    SpecserveError for a proposer that cannot join a running batch (the model then fails to
-    load with that message)."""
+                   prefill_chunk: int, prefix_cache_bytes: int = 0,
+                   on_event: Callable[[KVEvent], None] | None = None) -> Scheduler:
+    """The model's in-flight batcher (with a prefix cache of ``prefix_cache_bytes``, 0: none;
+    ``on_event`` hears of its blocks stored and removed); SpecserveError for a proposer that
+    cannot join a running batch (the model then fails to load with that message)."""
     from specserve.runtime.scheduler import Scheduler
 
     return Scheduler(decoder, capacity, max_seq_len or
                      decoder.target.cfg.max_position_embeddings, prefill_chunk=prefill_chunk,
-                     prefix_cache_bytes=prefix_cache_bytes)
+                     prefix_cache_bytes=prefix_cache_bytes, on_event=on_event)
 
 
 def external_verify(decoder: SpecDecoder, max_draft_len: int,
