@@ -5,7 +5,9 @@ The demo target with the demo draft (K = 4), n-gram lookup (K = 4, n = 3..1), th
 heads (vLLM: a chain of 4, head top-1; ours: the demo's tuned 15-node CPU tree) and the demo's
 EAGLE-3 head (chain of 4 on both; vLLM with --enforce-eager); T = 0 and
 ``ignore_eos`` (Triton: ``end_id = -1``), so every answer has ``--max-tokens`` tokens; the same
-builtin code prompts. Every configuration is one server and runs in its own phase at each
+builtin code prompts. The "specserve-dynamo" rows serve the same torch engines behind NVIDIA
+Dynamo's OpenAI frontend (``specserve.frontends.dynamo_serve``: one worker per served name).
+Every configuration is one server and runs in its own phase at each
 concurrency (1, 8, 16): nothing else runs on the 2 cores meanwhile, so output tok/s is that
 configuration's own. The same client (``specserve bench``; OpenAI for vLLM, Triton gRPC for
 ours) measures both engines.
@@ -38,13 +40,15 @@ def requests_at(c: int, base: int) -> int:
 
 
 def bench(args: argparse.Namespace, protocol: str, url: str, model: str, c: int,
-          out: Path) -> dict[str, Any]:
+          out: Path, metrics: tuple[str, ...] = ()) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "specserve.cli.main", "bench", "--protocol", protocol,
            "--url", url, "--model", model, "--prompts", "builtin-code",
            "--concurrency", str(c), "--requests", str(requests_at(c, args.requests)),
            "--warmup", str(min(c, 4)), "--max-tokens", str(args.max_tokens),
            "--temperature", "0", "--out", str(out), "--format", "json"]
     cmd += ["--ignore-eos"] if protocol == "openai" else ["--end-id", "-1"]
+    for m in metrics:  # Dynamo: tau from the workers' counters
+        cmd += ["--metrics-url", m]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode not in (0, 1):
         sys.exit(f"bench {model}@{url} failed ({proc.returncode}): {proc.stderr[-1500:]}")
@@ -109,6 +113,21 @@ def triton(work: Path, kind: str, eagle3: Path) -> Iterator[str]:
         srv.stop()
 
 
+@contextmanager
+def dynamo(work: Path, kind: str, eagle3: Path) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """NVIDIA Dynamo's frontend and one specserve worker per name on the ``kind`` engine:
+    ``spec`` (speculation on) and ``base`` (off); (frontend URL, worker metrics URLs)."""
+    from specserve.frontends.dynamo_serve import DynamoDeployment, DynamoServeConfig, ServedModel
+
+    engine = work / f"engine-{kind}"
+    build_engine(kind, engine, eagle3)
+    cfg = DynamoServeConfig(engine=engine, models=(ServedModel("spec"),
+                                                   ServedModel("base", speculation=False)),
+                            max_batch=16, log_dir=work / f"dynamo-{kind}-logs")
+    with DynamoDeployment(cfg).start(300) as dep:
+        yield dep.url, tuple(w.metrics_url for w in dep.workers)
+
+
 def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
     """(name, engine, server argument, model) in run order."""
     from specserve.peers.vllm import draft_model_spec, eagle3_spec, medusa_spec, ngram_spec
@@ -124,7 +143,11 @@ def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
             ("specserve ngram K=4", "triton", "ngram", "ensemble"),
             ("specserve medusa", "triton", "medusa", "ensemble"),
             ("specserve medusa chain K=4", "triton", "medusa_chain", "ensemble"),
-            ("specserve eagle3 K=4", "triton", "eagle3", "ensemble")]
+            ("specserve eagle3 K=4", "triton", "eagle3", "ensemble"),
+            # the same engines behind NVIDIA Dynamo's OpenAI frontend (one worker per name)
+            ("specserve-dynamo", "dynamo", "draft", "base"),
+            ("specserve-dynamo draft K=4", "dynamo", "draft", "spec"),
+            ("specserve-dynamo ngram K=4", "dynamo", "ngram", "spec")]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -159,12 +182,14 @@ def main() -> None:
         print(f"{name}", flush=True)
         slug = name.replace(" ", "_").replace("=", "")
         server = (vllm(args, arg, args.work / f"{slug}.log") if engine == "vllm"
+                  else dynamo(args.work, arg, args.eagle3) if engine == "dynamo"
                   else triton(args.work, arg, args.eagle3))
-        with server as url:
+        with server as got:
+            url, metrics = got if isinstance(got, tuple) else (got, ())
             for c in levels:
                 t0 = time.time()
-                r = bench(args, "openai" if engine == "vllm" else "grpc", url, model, c,
-                          args.work / slug / f"c{c}")
+                r = bench(args, "grpc" if engine == "triton" else "openai", url, model, c,
+                          args.work / slug / f"c{c}", metrics[:1] if model == "spec" else ())
                 rows.append({"name": name, **r})
                 flags = f" {r['flags']}" if r["flags"] else ""
                 print(f"  c={c}: per-user {r['per_user_tok_s']:.1f} tok/s, output "
