@@ -104,10 +104,10 @@ def command(repo: str | None, frontend: str, engine: str | None, host: str,
                           log_path=Path(log_path) if log_path else None)
     with sigterm_as_interrupt():
         server.start(timeout_s)
-        click.echo(f"ready in {server.startup_s:.1f} s: gRPC {server.grpc_url}  "
-                   f"HTTP http://{server.http_url}  metrics {server.metrics_url}  "
-                   f"(log {server.log_path}; Ctrl-C to stop)")
-        try:
+        try:  # a SIGTERM right after the ready line still stops the server cleanly (exit 0)
+            click.echo(f"ready in {server.startup_s:.1f} s: gRPC {server.grpc_url}  "
+                       f"HTTP http://{server.http_url}  metrics {server.metrics_url}  "
+                       f"(log {server.log_path}; Ctrl-C to stop)")
             rc = server.wait()
         except KeyboardInterrupt:
             click.echo("stopping tritonserver ...", err=True)

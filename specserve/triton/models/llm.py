@@ -45,17 +45,30 @@ from specserve.triton.serving_loop import (
 )
 from specserve.triton.spec_counters import HELP, SpecCounters
 
+#: How long a request's "cancelled?" answer is reused. ``is_cancelled()`` is a round trip to
+#: tritonserver; asked for every live request at every step and before every streamed
+#: response, it was ~10% of the serving loop at c = 16 (py-spy, docs/benchmarks.md). A final
+#: response always asks afresh (a cancelled request must get its final flag alone).
+CANCEL_POLL_S = 0.01
+
 
 class TritonSender:
     """Triton's decoupled response sender as a :class:`~specserve.triton.serving_loop.Sender`."""
 
-    def __init__(self, sender: Any) -> None:
-        self.sender = sender
+    def __init__(self, sender: Any, clock: Any = time.monotonic) -> None:
+        self.sender, self.clock = sender, clock
+        self._asked, self._cancelled = float("-inf"), False
+
+    def _is_cancelled(self, fresh: bool) -> bool:
+        now = self.clock()
+        if fresh or now - self._asked >= CANCEL_POLL_S:
+            self._cancelled, self._asked = bool(self.sender.is_cancelled()), now
+        return self._cancelled
 
     def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
-            if self.sender.is_cancelled():
+            if self._is_cancelled(fresh=final):
                 if final:
                     self.sender.send(flags=flags)
                 return False
@@ -73,7 +86,7 @@ class TritonSender:
 
     def cancelled(self) -> bool:
         try:
-            return bool(self.sender.is_cancelled())
+            return self._is_cancelled(fresh=False)
         except Exception:  # a sender that cannot tell counts as still there
             return False
 

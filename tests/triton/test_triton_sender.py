@@ -1,0 +1,78 @@
+"""The ``tensorrt_llm`` model's response sender (``specserve.triton.models.llm.TritonSender``)
+over a stand-in for Triton's decoupled response sender: "cancelled?" costs a round trip to
+tritonserver, so an answer is reused for ``CANCEL_POLL_S``; a final response always asks
+afresh, and a cancelled request gets its final flag alone."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+FINAL = 1
+
+
+class Sender:
+    """Triton's response sender: counts is_cancelled() calls, records what is sent."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.gone = False
+        self.sent: list[tuple[Any, int]] = []
+
+    def is_cancelled(self) -> bool:
+        self.asked += 1
+        return self.gone
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        self.sent.append((response, flags))
+
+
+@pytest.fixture
+def llm() -> Iterator[Any]:
+    m = types.ModuleType("triton_python_backend_utils")
+    m.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL  # type: ignore[attr-defined]
+    m.InferenceResponse = lambda output_tensors, error=None: ("response", output_tensors, error)  # type: ignore[attr-defined]  # noqa: E501
+    m.Tensor = lambda name, value: (name, value)  # type: ignore[attr-defined]
+    m.TritonError = lambda msg: msg  # type: ignore[attr-defined]
+    saved = sys.modules.get("triton_python_backend_utils")
+    sys.modules["triton_python_backend_utils"] = m
+    sys.modules.pop("specserve.triton.models.llm", None)
+    try:
+        from specserve.triton.models import llm as mod
+
+        yield mod
+    finally:
+        sys.modules.pop("specserve.triton.models.llm", None)
+        if saved is None:
+            sys.modules.pop("triton_python_backend_utils", None)
+        else:
+            sys.modules["triton_python_backend_utils"] = saved
+
+
+def test_cancelled_is_asked_at_most_once_per_interval(llm: Any) -> None:
+    now = [0.0]
+    raw = Sender()
+    s = llm.TritonSender(raw, clock=lambda: now[0])
+    arrays = {"output_ids": np.zeros((1, 1, 1), dtype=np.int32)}
+    assert not s.cancelled()
+    for _ in range(5):  # the loop's poll and streamed responses within one interval
+        assert not s.cancelled() and s.send(arrays, None, final=False)
+    assert raw.asked == 1 and len(raw.sent) == 5
+    now[0] += llm.CANCEL_POLL_S
+    raw.gone = True
+    assert s.cancelled() and raw.asked == 2
+    assert not s.send(arrays, None, final=False) and len(raw.sent) == 5  # nothing more sent
+
+
+def test_a_final_response_asks_afresh(llm: Any) -> None:
+    raw = Sender()
+    s = llm.TritonSender(raw, clock=lambda: 0.0)
+    assert not s.cancelled()
+    raw.gone = True  # the client went away within the interval
+    assert not s.send({"output_ids": np.zeros((1, 1, 1), dtype=np.int32)}, None, final=True)
+    assert raw.asked == 2 and raw.sent == [(None, FINAL)]  # the final flag alone
