@@ -76,3 +76,42 @@ def test_a_final_response_asks_afresh(llm: Any) -> None:
     raw.gone = True  # the client went away within the interval
     assert not s.send({"output_ids": np.zeros((1, 1, 1), dtype=np.int32)}, None, final=True)
     assert raw.asked == 2 and raw.sent == [(None, FINAL)]  # the final flag alone
+
+
+def test_outbox_sends_in_order_from_its_own_thread(llm: Any) -> None:
+    """With an Outbox, send() returns at once and the responses go out in order on the
+    outbox's thread; once cancelled (learnt by a poll through the outbox) send() says so and
+    the final response is the final flag alone."""
+    import threading
+
+    raw, box = Sender(), llm.Outbox()
+    threads: list[str] = []
+    orig = raw.send
+
+    def send(response: Any = None, flags: int = 0) -> None:
+        threads.append(threading.current_thread().name)
+        orig(response, flags)
+    raw.send = send  # type: ignore[method-assign]
+    now = [0.0]
+    s = llm.TritonSender(raw, clock=lambda: now[0], outbox=box)
+    for i in range(3):
+        assert s.send({"output_ids": np.full((1, 1, 1), i, dtype=np.int32)}, None, final=False)
+    delivered = threading.Event()
+    box.put(delivered.set)
+    assert delivered.wait(5)   # the three responses are out
+    raw.gone = True            # then the client goes away
+    now[0] += llm.CANCEL_POLL_S
+    stall = threading.Event()
+    box.put(lambda: stall.wait(5))  # keep the outbox busy: the poll waits its turn
+    assert not s.cancelled()   # the poll is queued: not known yet
+    stall.set()
+    box.close()
+    assert s.cancelled()       # learnt by the outbox's poll
+    box2 = llm.Outbox()
+    s.outbox = box2
+    assert not s.send({"output_ids": np.zeros((1, 1, 1), dtype=np.int32)}, None, final=False)
+    assert not s.send(None, None, final=True)
+    box2.close()
+    sent = [int(r[1][0][1][0, 0, 0]) for r, _ in raw.sent[:3]]
+    assert sent == [0, 1, 2] and raw.sent[3:] == [(None, FINAL)]
+    assert set(threads) == {"specserve-send"}

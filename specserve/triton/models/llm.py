@@ -28,6 +28,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -52,12 +53,43 @@ from specserve.triton.spec_counters import HELP, SpecCounters
 CANCEL_POLL_S = 0.01
 
 
-class TritonSender:
-    """Triton's decoupled response sender as a :class:`~specserve.triton.serving_loop.Sender`."""
+class Outbox:
+    """Responses sent from a thread of their own, in the order they were handed over. A send is
+    a round trip to tritonserver; from the serving loop's thread it stalled the batch (the
+    model's stub sat at ~60% of a core at c = 16, the rest waiting on sends), so the loop hands
+    each response over and goes on with the next step. Every call on a Triton response
+    sender is made on this thread."""
 
-    def __init__(self, sender: Any, clock: Any = time.monotonic) -> None:
-        self.sender, self.clock = sender, clock
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="specserve-send", daemon=True)
+        self.thread.start()
+
+    def put(self, job: Callable[[], object]) -> None:
+        self.jobs.put(job)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Send what is queued, then stop."""
+        self.jobs.put(None)
+        self.thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
+
+
+class TritonSender:
+    """Triton's decoupled response sender as a :class:`~specserve.triton.serving_loop.Sender`.
+    With an :class:`Outbox`, :meth:`send` queues the response and returns at once (False once
+    the request is known to be cancelled, or a send failed), and :meth:`cancelled` answers from
+    what the outbox last learnt, asking again through it every ``CANCEL_POLL_S``."""
+
+    def __init__(self, sender: Any, clock: Any = time.monotonic,
+                 outbox: Outbox | None = None) -> None:
+        self.sender, self.clock, self.outbox = sender, clock, outbox
         self._asked, self._cancelled = float("-inf"), False
+        self._gone = False  # cancelled, or a send failed (outbox mode)
+        self._polling = False
 
     def _is_cancelled(self, fresh: bool) -> bool:
         now = self.clock()
@@ -66,9 +98,18 @@ class TritonSender:
         return self._cancelled
 
     def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
+        if self.outbox is None:
+            return self._deliver(arrays, error, final)
+        if self._gone and not final:
+            return False
+        self.outbox.put(lambda: self._deliver(arrays, error, final))
+        return not self._gone
+
+    def _deliver(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
             if self._is_cancelled(fresh=final):
+                self._gone = True
                 if final:
                     self.sender.send(flags=flags)
                 return False
@@ -82,13 +123,27 @@ class TritonSender:
                     pb_utils.Tensor(k, v) for k, v in arrays.items()]), flags=flags)
             return True
         except Exception:
+            self._gone = True
             return False
 
     def cancelled(self) -> bool:
+        if self.outbox is None:
+            try:
+                return self._is_cancelled(fresh=False)
+            except Exception:  # a sender that cannot tell counts as still there
+                return False
+        if not self._polling and self.clock() - self._asked >= CANCEL_POLL_S:
+            self._polling = True
+            self.outbox.put(self._poll)
+        return self._gone
+
+    def _poll(self) -> None:
         try:
-            return self._is_cancelled(fresh=False)
+            self._gone = self._gone or self._is_cancelled(fresh=True)
         except Exception:  # a sender that cannot tell counts as still there
-            return False
+            pass
+        finally:
+            self._polling = False
 
 
 class TritonPythonModel:
@@ -114,13 +169,14 @@ class TritonPythonModel:
                                 external_verify(self.decoder, self.limits.max_draft_len,
                                                 verify_cache),
                                 self._text, on_stats=self.counters.observe)
+        self.outbox = Outbox()
         self.worker = threading.Thread(target=self.loop.run, name="specserve-llm", daemon=True)
         self.worker.start()
 
     def execute(self, requests: list[Any]) -> None:
         now = time.monotonic_ns()
         for request in requests:
-            sender = TritonSender(request.get_response_sender())
+            sender = TritonSender(request.get_response_sender(), outbox=self.outbox)
             arrays = {t.name(): t.as_numpy().copy() for t in request.inputs()}  # outlive execute
             try:
                 req, params = admit(arrays, self.params, self.decoupled, self.limits,
@@ -140,6 +196,7 @@ class TritonPythonModel:
         except queue.Full:
             return
         self.worker.join(timeout=10)
+        self.outbox.close()  # what the worker answered last is sent before the stub goes
 
     def _encode(self, text: str) -> list[int]:
         """Ids of ``text`` without special tokens (a ``prediction``)."""
