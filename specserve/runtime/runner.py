@@ -68,7 +68,6 @@ class ModelRunner:
         """An empty pool (start, or after a failed step): no row, no pending proposer state,
         an empty prefix cache (what a failed step was writing is not trusted)."""
         self.lengths: list[int] = []  # KV length of each pool row in use
-        self._pending: list[tuple[list[int], list[torch.Tensor]]] = []  # gathered stores
         self._long_aux: list[torch.Tensor] = []  # a chunked prompt's captured layers (EAGLE-3)
         if self.slots is not None:
             self.slots.reserve(self.capacity, self.max_len)
@@ -84,11 +83,9 @@ class ModelRunner:
     def prefill(self, plan: StepPlan) -> StepOutput:
         """Phase 1: stores into the prefix cache, evictions, the chunk, the newcomers'
         prefill (rows in ``plan.join`` order; their cached prefixes restored first) and their
-        proposer state. A store's data is gathered here, before evictions move rows; it is
-        written into the cache's blocks at the start of :meth:`decode`, after the newcomers'
-        first tokens are out (the write touches fresh pages: most of a store's cost), or
-        before their prefill when one of them restores cached blocks."""
-        self._pending += [self._gather(s) for s in plan.store]
+        proposer state."""
+        for s in plan.store:
+            self._store(s)
         for row in plan.evict:
             self._evict(row)
         if len(plan.decode) - len(plan.join) != self.rows:
@@ -96,8 +93,6 @@ class ModelRunner:
                                  f"with {len(plan.join)} newcomers, the pool holds {self.rows}")
         if plan.chunk is not None:
             self._chunk(plan.chunk)
-        if any(j.blocks for j in plan.join):  # a block stored this step may be read now
-            self._write_pending()
         out: list[RowOutput] = []
         for group in _groups(plan.join):
             out += self._prefill(group)
@@ -105,9 +100,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, plan: StepPlan) -> StepOutput:
-        """Phase 2: one speculative step of rows ``0..len(plan.decode)-1`` (first, the
-        prefix-cache writes phase 1 gathered)."""
-        self._write_pending()
+        """Phase 2: one speculative step of rows ``0..len(plan.decode)-1``."""
         rows: tuple[RowOutput, ...] = ()
         n = len(plan.decode)
         if n:
@@ -119,15 +112,8 @@ class ModelRunner:
             rows = tuple(st.outputs())
         return StepOutput("decode", rows)
 
-    def _write_pending(self) -> None:
-        assert self.kv is not None or not self._pending
-        for ids, data in self._pending:
-            assert self.kv is not None
-            self.kv.write(ids, data)
-        self._pending = []
-
-    def _gather(self, s: Store) -> tuple[list[int], list[torch.Tensor]]:
-        """Full blocks of row ``s.row``: their block ids and data (a copy, to write later)."""
+    def _store(self, s: Store) -> None:
+        """Full blocks of row ``s.row`` into the prefix cache's blocks."""
         assert self.kv is not None
         bs = self.kv.block_size
         pos = torch.cat([torch.arange(i * bs, (i + 1) * bs) for i, _ in s.blocks])  # [N]
@@ -137,7 +123,7 @@ class ModelRunner:
         pos = pos.to(self.pool.k[0].device)
         data = [self.pool.export(s.row, pos),
                 *(() if self.slots is None else self.slots.export(s.row, pos))]
-        return [b for _, b in s.blocks], data
+        self.kv.write([b for _, b in s.blocks], data)
 
     def _restore(self, row: int, j: Join) -> Restored:
         """Join ``j``'s cached prefix blocks into pool row ``row``; the proposer's planes."""

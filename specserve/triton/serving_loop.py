@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -218,10 +218,7 @@ def final_arrays(p: Pending, result: GenerationResult) -> Arrays | None:
             return None
         arrays = token_arrays(p.req, held)
         if p.req.return_log_probs and result.logprobs is not None:  # the held tokens' only
-            lo, hi = p.lp_sent, p.lp_sent + len(held)
-            p.lp_sent = hi
-            arrays.update(logprob_arrays(result.logprobs[lo:hi], (result.top_logprobs or [])[
-                lo:hi] if result.top_logprobs is not None else None, p.req.top_log_probs))
+            arrays.update(next_logprobs(p, result.logprobs, result.top_logprobs, len(held)))
     else:
         tokens = [int(t) for t in result.token_ids]
         arrays = token_arrays(p.req, tokens if p.req.exclude_input else p.req.prompt + tokens)
@@ -255,11 +252,18 @@ def stream_arrays(p: Pending, new_tokens: list[int], text: TextFn) -> Arrays | N
     arrays = token_arrays(p.req, ready)
     if p.req.return_log_probs and p.handle is not None:
         row = p.handle.state()
-        lo, hi = p.lp_sent, p.lp_sent + len(ready)
-        p.lp_sent = hi
-        tops = row.tops[0][lo:hi] if p.req.top_log_probs else None
-        arrays.update(logprob_arrays(row.lps[0][lo:hi], tops, p.req.top_log_probs))
+        arrays.update(next_logprobs(p, row.lps[0], row.tops[0], len(ready)))
     return arrays
+
+
+def next_logprobs(p: Pending, logprobs: Sequence[float],
+                  top: Sequence[list[tuple[int, float]]] | None, n: int) -> Arrays:
+    """The log-prob arrays of ``p``'s next ``n`` streamed tokens (from ``p.lp_sent`` on, then
+    counted as sent)."""
+    lo, hi = p.lp_sent, p.lp_sent + n
+    p.lp_sent = hi
+    return logprob_arrays(list(logprobs[lo:hi]), None if top is None else list(top[lo:hi]),
+                          p.req.top_log_probs)
 
 
 def fan_out(p: Pending) -> list[Pending]:

@@ -19,7 +19,6 @@ Seeded by hypothesis' derandomize=True: the same cases every run.
 from __future__ import annotations
 
 import re
-import sys
 import types
 from collections import Counter
 from typing import Any
@@ -168,10 +167,9 @@ def preprocessing(tiny_ckpt: Any) -> Any:
     import json
     import os
 
-    saved = sys.modules.get("triton_python_backend_utils")
-    sys.modules["triton_python_backend_utils"] = _fake_pb_utils()
-    try:
-        sys.modules.pop("specserve.triton.models.preprocessing", None)
+    from tests.helpers.fake_module import installed
+
+    with installed(_fake_pb_utils(), reimport=("specserve.triton.models.preprocessing",)):
         from specserve.triton.models import preprocessing as pre
 
         model = pre.TritonPythonModel()
@@ -179,12 +177,6 @@ def preprocessing(tiny_ckpt: Any) -> Any:
         model.initialize({"model_repository": os.path.dirname(tok_dir), "model_config": json.dumps(
             {"parameters": {"tokenizer_dir": {"string_value": os.path.basename(tok_dir)}}})})
         yield model
-    finally:
-        sys.modules.pop("specserve.triton.models.preprocessing", None)
-        if saved is None:
-            sys.modules.pop("triton_python_backend_utils", None)
-        else:
-            sys.modules["triton_python_backend_utils"] = saved
 
 
 texts = st.one_of(st.text(max_size=200).map(lambda s: s.encode("utf-8", "surrogatepass")),

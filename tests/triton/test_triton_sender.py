@@ -5,13 +5,14 @@ afresh, and a cancelled request gets its final flag alone."""
 
 from __future__ import annotations
 
-import sys
 import types
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+
+from tests.helpers.fake_module import installed
 
 FINAL = 1
 
@@ -39,19 +40,10 @@ def llm() -> Iterator[Any]:
     m.InferenceResponse = lambda output_tensors, error=None: ("response", output_tensors, error)  # type: ignore[attr-defined]  # noqa: E501
     m.Tensor = lambda name, value: (name, value)  # type: ignore[attr-defined]
     m.TritonError = lambda msg: msg  # type: ignore[attr-defined]
-    saved = sys.modules.get("triton_python_backend_utils")
-    sys.modules["triton_python_backend_utils"] = m
-    sys.modules.pop("specserve.triton.models.llm", None)
-    try:
+    with installed(m, reimport=("specserve.triton.models.llm",)):
         from specserve.triton.models import llm as mod
 
         yield mod
-    finally:
-        sys.modules.pop("specserve.triton.models.llm", None)
-        if saved is None:
-            sys.modules.pop("triton_python_backend_utils", None)
-        else:
-            sys.modules["triton_python_backend_utils"] = saved
 
 
 def test_cancelled_is_asked_at_most_once_per_interval(llm: Any) -> None:
