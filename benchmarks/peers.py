@@ -15,7 +15,13 @@ ours) measures both engines.
 Reported per (configuration, concurrency): per-user tok/s (mean), TPOT p50, TTFT p50 / p99,
 output tok/s, tau (server-reported). Results go to ``WORK/peers.json`` and a Markdown table.
 
+``--input-length L`` sends prompts of exactly L tokens of the demo tokenizer instead of the
+builtin set: text of the demo corpus's held-out standard-library files (code no one here wrote
+and the demo models never trained on), one file per prompt, cut at a token boundary
+(:func:`specserve.client.context.long_prompts`), written to ``WORK/prompts-L.jsonl``.
+
     .venv/bin/python benchmarks/peers.py --work reports/peers
+    .venv/bin/python benchmarks/peers.py --work reports/peers-256 --input-length 256
 """
 
 from __future__ import annotations
@@ -41,8 +47,10 @@ def requests_at(c: int, base: int) -> int:
 
 def bench(args: argparse.Namespace, protocol: str, url: str, model: str, c: int,
           out: Path, metrics: tuple[str, ...] = ()) -> dict[str, Any]:
+    source = (["--dataset", str(args.dataset)] if args.dataset
+              else ["--prompts", "builtin-code"])
     cmd = [sys.executable, "-m", "specserve.cli.main", "bench", "--protocol", protocol,
-           "--url", url, "--model", model, "--prompts", "builtin-code",
+           "--url", url, "--model", model, *source,
            "--concurrency", str(c), "--requests", str(requests_at(c, args.requests)),
            "--warmup", str(min(c, 4)), "--max-tokens", str(args.max_tokens),
            "--temperature", "0", "--out", str(out), "--format", "json"]
@@ -62,6 +70,26 @@ def bench(args: argparse.Namespace, protocol: str, url: str, model: str, c: int,
             "output_tok_s": v["output_token_throughput_tok_s"],
             "tau": cnt.get("tau") or acc["tau_server"] or acc["tau_stream"],
             "flags": s.get("flags", [])}
+
+
+def heldout_prompts(length: int, n: int, out: Path) -> Path:
+    """``n`` prompts of exactly ``length`` demo-tokenizer tokens from the held-out files (a
+    file whose text has no cut that re-counts to ``length`` is left out)."""
+    from specserve.client.context import cut_to_tokens, tokenizer_ends
+    from specserve.client.datasets import dump_jsonl
+    from specserve.client.edit_dataset import read_corpus
+    from specserve.client.prompt import Prompt
+
+    root, files = read_corpus(DEMO / "corpus.json")
+    ends = tokenizer_ends(DEMO / "tokenizer")
+    cuts = [cut_to_tokens((root / f).read_text(encoding="utf-8", errors="replace"), length, ends)
+            for f in files if (root / f).is_file()]
+    pool = [Prompt(text=c, category="code-heldout") for c in cuts if c]
+    if not pool:
+        sys.exit(f"--input-length {length}: no held-out file cuts to exactly {length} tokens")
+    out.write_text(dump_jsonl([pool[i % len(pool)] for i in range(n)]), encoding="utf-8")
+    print(f"{len(pool)} distinct prompts of {length} tokens from held-out files -> {out}")
+    return out
 
 
 @contextmanager
@@ -170,10 +198,16 @@ def main() -> None:
     ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
     ap.add_argument("--eagle3", type=Path, default=DEMO / "eagle3",
                     help="EAGLE-3 head (specserve train-eagle3; demo-model writes this one)")
+    ap.add_argument("--input-length", type=int, default=0,
+                    help="prompts of exactly this many tokens from held-out files (0: builtin)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on `timeout`
     args.work.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in args.concurrency.split(",")]
+    args.dataset = (heldout_prompts(args.input_length,
+                                    requests_at(max(levels), args.requests) + 4,
+                                    args.work / f"prompts-{args.input_length}.jsonl")
+                    if args.input_length else None)
     rows: list[dict[str, Any]] = []
     only = set(args.only.split(",")) if args.only else None
     for name, engine, arg, model in configs(args):
