@@ -2,8 +2,9 @@
 gathers and copies, other ATen ops, Python outside ATen, and the proposer's share.
 
 In-process, no server: the same closed-loop load as ``benchmarks/inflight.py`` (``c`` clients,
-the ``builtin-code`` prompts, T = 0, EOS off) on a :class:`~specserve.runtime.scheduler.Scheduler`
-over the demo pair (``--mode draft``) or n-gram (``--mode ngram``), one torch thread, profiled
+the ``builtin-code`` prompts or ``--dataset``'s, T = 0, EOS off) on a :class:`~specserve.runtime.scheduler.Scheduler`
+over the demo pair (``--mode draft``), n-gram (``--mode ngram``) or the target alone (``--mode
+none``), one torch thread, profiled
 with ``torch.profiler`` (CPU activities; self time per ATen op, grouped). The proposer's share is
 the wall time inside ``Proposer.get_proposal`` (wrapped here, never in the product). "Python
 outside ATen" is the step's wall time minus the self time of every ATen and oneDNN
@@ -11,7 +12,8 @@ outside ATen" is the step's wall time minus the self time of every ATen and oneD
 from lists, and the profiler's own per-op cost (so it reads high; compare the two
 concurrencies, not the absolute share).
 
-    python benchmarks/profile_step.py [--mode draft|ngram] [--concurrency 8,16] [--json out.json]
+    python benchmarks/profile_step.py [--mode draft|ngram|none] [--concurrency 8,16] \
+        [--dataset F.jsonl] [--json out.json]
 
 Shares, not absolute times, are the result: a shared machine moves the totals.
 """
@@ -69,7 +71,7 @@ def profile(model: Path, draft: Path, mode: str, c: int, prompts: list[list[int]
     from specserve.runtime.scheduler import Scheduler
 
     torch.set_num_threads(1)
-    dec = build_decoder(model, draft_dir=None if mode == "ngram" else draft,
+    dec = build_decoder(model, draft_dir=draft if mode == "draft" else None,
                         ngram=mode == "ngram", max_draft_len=4)
     sch = Scheduler(dec, c, max_len=max(map(len, prompts)) + max_tokens)
     proposer_s = [0.0]
@@ -120,11 +122,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=ROOT / "checkpoints/demo/target")
     ap.add_argument("--draft", type=Path, default=ROOT / "checkpoints/demo/draft")
-    ap.add_argument("--mode", choices=["draft", "ngram"], default="draft")
+    ap.add_argument("--mode", choices=["draft", "ngram", "none"], default="draft")
     ap.add_argument("--concurrency", default="8,16")
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--json", type=Path, help="write the results here too")
+    ap.add_argument("--dataset", type=Path,
+                    help="prompts from this JSONL (e.g. benchmarks/peers.py --input-length's)")
     args = ap.parse_args()
 
     from tokenizers import Tokenizer
@@ -133,7 +137,9 @@ def main() -> None:
 
     model = args.model.resolve()
     tok = Tokenizer.from_file(str(model.parent / "tokenizer" / "tokenizer.json"))
-    prompts = [tok.encode(p.text).ids for p in builtin_code_prompts(32, seed=0)]
+    texts = ([json.loads(line)["prompt"] for line in args.dataset.read_text().splitlines()]
+             if args.dataset else [p.text for p in builtin_code_prompts(32, seed=0)])
+    prompts = [tok.encode(t).ids for t in texts]
     results = [profile(model, args.draft.resolve(), args.mode, int(c), prompts,
                        args.max_tokens, args.requests_per_client)
                for c in args.concurrency.split(",")]
