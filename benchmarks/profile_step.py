@@ -5,6 +5,7 @@ In-process, no server: the same closed-loop load as ``benchmarks/inflight.py`` (
 the ``builtin-code`` prompts or ``--dataset``'s, T = 0, EOS off) on a
 :class:`~specserve.runtime.scheduler.Scheduler` over the demo pair (``--mode draft``), n-gram
 (``--mode ngram``) or the target alone (``--mode none``), one torch thread, profiled
+with ``torch.profiler`` (CPU activities; self time per ATen op, grouped). The proposer's share is
 the wall time inside ``Proposer.get_proposal`` (wrapped here, never in the product). "Python
 outside ATen" is the step's wall time minus the self time of every ATen and oneDNN
 (``mkldnn::``) op: the interpreter, the scheduler and runner bookkeeping, tensor construction
