@@ -52,12 +52,10 @@ def prompt_pool(seed: int) -> dict[str, list[str]]:
     """{"short", "long", "shared"}: the texts each kind of request draws from."""
     from specserve.client.builtin_prompts import builtin_code_prompts
     from specserve.client.context import cut_to_tokens, tokenizer_ends
-    from specserve.client.edit_dataset import read_corpus
+    from specserve.client.edit_dataset import read_heldout
 
-    root, files = read_corpus(DEMO / "corpus.json")
     ends = tokenizer_ends(DEMO / "tokenizer")
-    texts = [(root / f).read_text(encoding="utf-8", errors="replace") for f in files
-             if (root / f).is_file()]
+    texts = list(read_heldout(DEMO / "corpus.json").values())
     long = [c for n in (256, 500) for t in texts[:12] if (c := cut_to_tokens(t, n, ends))]
     pre = [c for t in texts[12:24] if (c := cut_to_tokens(t, 300, ends))][:4]
     return {"short": [p.text for p in builtin_code_prompts(8, seed=seed)], "long": long,

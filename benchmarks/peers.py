@@ -18,7 +18,7 @@ output tok/s, tau (server-reported). Results go to ``WORK/peers.json`` and a Mar
 ``--input-length L`` sends prompts of exactly L tokens of the demo tokenizer instead of the
 builtin set: text of the demo corpus's held-out standard-library files (code no one here wrote
 and the demo models never trained on), one file per prompt, cut at a token boundary
-(:func:`specserve.client.context.long_prompts`), written to ``WORK/prompts-L.jsonl``.
+(:func:`specserve.client.context.cut_to_tokens`), written to ``WORK/prompts-L.jsonl``.
 
     .venv/bin/python benchmarks/peers.py --work reports/peers
     .venv/bin/python benchmarks/peers.py --work reports/peers-256 --input-length 256
@@ -77,13 +77,12 @@ def heldout_prompts(length: int, n: int, out: Path) -> Path:
     file whose text has no cut that re-counts to ``length`` is left out)."""
     from specserve.client.context import cut_to_tokens, tokenizer_ends
     from specserve.client.datasets import dump_jsonl
-    from specserve.client.edit_dataset import read_corpus
+    from specserve.client.edit_dataset import read_heldout
     from specserve.client.prompt import Prompt
 
-    root, files = read_corpus(DEMO / "corpus.json")
     ends = tokenizer_ends(DEMO / "tokenizer")
-    cuts = [cut_to_tokens((root / f).read_text(encoding="utf-8", errors="replace"), length, ends)
-            for f in files if (root / f).is_file()]
+    cuts = [cut_to_tokens(text, length, ends)
+            for text in read_heldout(DEMO / "corpus.json").values()]
     pool = [Prompt(text=c, category="code-heldout") for c in cuts if c]
     if not pool:
         sys.exit(f"--input-length {length}: no held-out file cuts to exactly {length} tokens")

@@ -72,14 +72,20 @@ def edit_records(sources: dict[str, str], n: int, seed: int = 0,
 def load_edit_records(corpus_json: str | Path, n: int, seed: int = 0,
                       max_tokens: int = DEFAULT_MAX_TOKENS) -> list[EditRecord]:
     """:func:`edit_records` over the held-out files of a demo ``corpus.json``."""
+    return edit_records(read_heldout(corpus_json), n, seed, max_tokens)
+
+
+def read_heldout(corpus_json: str | Path) -> dict[str, str]:
+    """{name: source} of a demo ``corpus.json``'s held-out files, in its order (a file this
+    interpreter lacks, or cannot decode, is left out: the others still serve)."""
     root, files = read_corpus(corpus_json)
     sources = {}
     for f in files:
         try:
             sources[f] = (root / f).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
-            continue  # a file this interpreter lacks: the others still make records
-    return edit_records(sources, n, seed, max_tokens)
+            continue
+    return sources
 
 
 def write_jsonl(records: list[EditRecord], path: str | Path) -> None:

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from specserve.client.edit_dataset import edit_records, load_edit_records, read_corpus, write_jsonl
+from specserve.client.edit_dataset import (
+    edit_records,
+    load_edit_records,
+    read_corpus,
+    read_heldout,
+    write_jsonl,
+)
 from specserve.errors import SpecserveError
 
 SOURCE = '''
@@ -80,3 +86,14 @@ def test_the_demo_corpus_gives_records() -> None:
         pytest.skip(f"{root}: the demo corpus's stdlib is not on this machine")
     recs = load_edit_records(corpus, 16, seed=0)
     assert len(recs) == 16 and len({r.source for r in recs}) == 16
+
+
+def test_read_heldout_keeps_order_and_leaves_out_what_it_cannot_read(tmp_path: Path) -> None:
+    (tmp_path / "b.py").write_text("x = 2\n", encoding="utf-8")
+    (tmp_path / "a.py").write_text("y = 1\n", encoding="utf-8")
+    (tmp_path / "bad.py").write_bytes(b"\xff\xfe not utf-8")
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps({"root": str(tmp_path),
+                                  "heldout_files": ["b.py", "gone.py", "bad.py", "a.py"]}))
+    assert read_heldout(corpus) == {"b.py": "x = 2\n", "a.py": "y = 1\n"}
+    assert list(read_heldout(corpus)) == ["b.py", "a.py"]
