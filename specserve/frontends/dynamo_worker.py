@@ -44,8 +44,10 @@ from specserve.errors import SpecserveError
 from specserve.frontends.dynamo_kv_events import KvEventRelay
 from specserve.frontends.dynamo_request import admit, finish_reason
 from specserve.runtime.kv_pool import BLOCK_SIZE, PoolStats
+from specserve.runtime.native_memory import cap_primitive_cache, trimmer
 from specserve.triton.llm_io import EngineLimits
 from specserve.triton.model_params import (
+    DEFAULT_MALLOC_TRIM_S,
     DEFAULT_MAX_PENDING,
     DEFAULT_PREFILL_CHUNK,
     DEFAULT_PREFIX_CACHE_MB,
@@ -248,7 +250,7 @@ class Worker:
         self.loop = ServingLoop(scheduler, self.queue, cfg.max_pending,
                                 external_verify(self.decoder, self.limits.max_draft_len,
                                                 verify_cache),
-                                self._text)
+                                self._text, trimmer=trimmer(DEFAULT_MALLOC_TRIM_S))
         self.thread = threading.Thread(target=self.loop.run, name="specserve-dynamo",
                                        daemon=True)
         self.thread.start()
@@ -376,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("SPECSERVE_TORCH_THREADS", "1")))
+    cap_primitive_cache()  # before the first oneDNN primitive (runtime/native_memory.py)
     try:
         asyncio.run(serve(cfg))
     except SpecserveError as e:

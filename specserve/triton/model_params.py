@@ -19,6 +19,9 @@ DEFAULT_PREFILL_CHUNK = 256  # prompt tokens prefilled per step (parameter specs
 # (3-10% at c = 8-16 while they are first written) and no TTFT; multi-turn chat gets TTFT p50
 # 0.24x (docs/benchmarks.md, "The prefix cache ... turned back on"). 0 turns it off.
 DEFAULT_PREFIX_CACHE_MB = 256
+# seconds between malloc_trim calls under unbroken load (parameter specserve_malloc_trim_s; 0:
+# never; runtime/native_memory.py): RSS flat over a long mixed soak (docs/reliability.md §3)
+DEFAULT_MALLOC_TRIM_S = 10.0
 _OFF = ("off", "false", "0")
 
 
@@ -34,6 +37,7 @@ class ModelParams:
     max_pending: int = DEFAULT_MAX_PENDING
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
+    malloc_trim_s: float = DEFAULT_MALLOC_TRIM_S
 
     @property
     def prefix_cache_bytes(self) -> tuple[int, int]:
@@ -67,7 +71,8 @@ class ModelParams:
             prefill_chunk=_int_param(params, "specserve_prefill_chunk", DEFAULT_PREFILL_CHUNK),
             prefix_cache_mb=_nonneg(_int_param(params, "specserve_prefix_cache_mb",
                                                DEFAULT_PREFIX_CACHE_MB),
-                                    "specserve_prefix_cache_mb"))
+                                    "specserve_prefix_cache_mb"),
+            malloc_trim_s=_seconds(params, "specserve_malloc_trim_s", DEFAULT_MALLOC_TRIM_S))
 
 
 def prefix_cache_split(mb: int) -> tuple[int, int]:
@@ -80,6 +85,18 @@ def _nonneg(value: int, key: str) -> int:
     if value < 0:
         raise SpecserveError(f"parameter {key} must be >= 0, got {value}")
     return value
+
+
+def _seconds(params: dict[str, str], key: str, default: float) -> float:
+    value = params.get(key, "")
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        raise SpecserveError(f"parameter {key} must be a number of seconds, got {value!r}") \
+            from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise SpecserveError(f"parameter {key} must be >= 0 and finite, got {value!r}")
+    return seconds
 
 
 def _int_param(params: dict[str, str], key: str, default: int) -> int:

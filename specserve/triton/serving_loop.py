@@ -28,6 +28,9 @@ Policy (in-flight batching, :class:`~specserve.runtime.scheduler.Scheduler`):
   on with an empty pool.
 - **cancellation**: after every step, a request whose client went away is cancelled (its slot is
   freed at the next step) and answered with the final flag only.
+- **native memory**: with a :class:`~specserve.runtime.native_memory.Trimmer`, glibc's free
+  heap pages go back to the kernel as the loop goes idle and, under unbroken load, every few
+  seconds (RSS flat over a long mixed soak: docs/reliability.md §3).
 
 A proposer that cannot join a running batch (``slots()`` is None: oracle, external) is refused
 when the loop is made (:func:`make_scheduler`), never served some other way.
@@ -60,6 +63,7 @@ if TYPE_CHECKING:
     from specserve.runtime.batch import GenerationResult
     from specserve.runtime.decoder import SpecDecoder
     from specserve.runtime.kv_pool import KVEvent
+    from specserve.runtime.native_memory import Trimmer
     from specserve.runtime.params import SamplingParams
     from specserve.runtime.scheduler import Scheduler
 
@@ -286,10 +290,11 @@ class ServingLoop:
     def __init__(self, scheduler: Scheduler, source: queue.Queue[Pending | None],
                  max_pending: int, verify: VerifyFn, text: TextFn,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 on_stats: StatsFn | None = None) -> None:
+                 on_stats: StatsFn | None = None, trimmer: Trimmer | None = None) -> None:
         self.sch, self.source, self.max_pending = scheduler, source, max_pending
         self.verify, self.text, self.clock = verify, text, clock
         self.on_stats = on_stats  # the model's Prometheus counters (triton/spec_counters.py)
+        self.trimmer = trimmer  # native memory back to the kernel between steps
         self.live: dict[int, Pending] = {}  # id(handle) -> request, while in the scheduler
         self.later: list[Pending] = []  # draft_input_ids requests: their own call
         self.stop = False
@@ -297,7 +302,10 @@ class ServingLoop:
 
     def run(self) -> None:
         while not (self.stop and self.sch.idle and not self.later):
-            self.intake(block=self.sch.idle and not self.stop and not self.later)
+            idle = self.sch.idle and not self.stop and not self.later
+            if self.trimmer is not None:
+                self.trimmer.tick(idle)  # idle: before waiting, so no request waits on it
+            self.intake(block=idle)
             for p in self.later:
                 self._verify(p)
             self.later.clear()

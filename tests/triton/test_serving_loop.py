@@ -309,3 +309,31 @@ def test_finished_requests_reach_the_counters_and_a_failing_counter_costs_nothin
         for p in (ext, plain):
             assert isinstance(p.sender, Recorder) and len(p.sender.finals) == 1
             assert p.sender.finals[0][1] is None
+
+
+class Ticks:
+    """A trimmer that records the ``idle`` of every tick."""
+
+    def __init__(self) -> None:
+        self.idle: list[bool] = []
+
+    def tick(self, idle: bool) -> bool:
+        self.idle.append(idle)
+        return False
+
+
+def test_trimmer_ticks_idle_only_before_the_loop_waits(decoder: SpecDecoder) -> None:
+    """The loop starts idle (its first tick says so: it is about to wait for work), then serves
+    two requests with every tick saying busy; after the stop marker no tick says idle."""
+    q: queue.Queue[Pending | None] = queue.Queue()
+    ticks = Ticks()
+    loop = ServingLoop(make_scheduler(decoder, 2, 0, 256), q, 8, external_verify(decoder, 4),
+                       lambda ids: "x" * len(ids), trimmer=ticks)  # type: ignore[arg-type]
+    senders = [Recorder(), Recorder()]
+    for s in senders:
+        q.put(pending(decoder, PROMPT, 6, s))
+    q.put(None)
+    loop.run()
+    assert all(s.finals and s.finals[0][1] is None for s in senders)
+    assert ticks.idle[0] is True and len(ticks.idle) >= 3
+    assert not any(ticks.idle[1:])

@@ -18,7 +18,7 @@ from specserve.triton.llm_io import (
     word_ids,
 )
 from specserve.triton.llm_out import PerfTimes, generation_logits_array, perf_arrays, token_arrays
-from specserve.triton.model_params import DEFAULT_MAX_PENDING, ModelParams
+from specserve.triton.model_params import DEFAULT_MALLOC_TRIM_S, DEFAULT_MAX_PENDING, ModelParams
 
 
 def base(**extra: Any) -> dict[str, np.ndarray[Any, Any]]:
@@ -248,6 +248,9 @@ def test_model_params_from_the_config() -> None:
     assert cache == (6 << 20, 2 << 20)  # in-flight pool, verify (BLS) pool
     assert ModelParams.from_config(_cfg(specserve_prefix_cache_mb="0")).prefix_cache_bytes \
         == (0, 0)
+    assert ModelParams.from_config(_cfg()).malloc_trim_s == DEFAULT_MALLOC_TRIM_S
+    assert ModelParams.from_config(_cfg(specserve_malloc_trim_s="2.5")).malloc_trim_s == 2.5
+    assert ModelParams.from_config(_cfg(specserve_malloc_trim_s="0")).malloc_trim_s == 0
 
 
 @pytest.mark.parametrize(("params", "message"), [
@@ -256,6 +259,9 @@ def test_model_params_from_the_config() -> None:
     ({"specserve_checkpoint": "medusa"}, "specserve_checkpoint must be 'target' or 'draft'"),
     ({"specserve_max_pending": "many"}, "specserve_max_pending must be an integer"),
     ({"specserve_prefix_cache_mb": "-1"}, "specserve_prefix_cache_mb must be >= 0"),
+    ({"specserve_malloc_trim_s": "often"}, "specserve_malloc_trim_s must be a number of seconds"),
+    ({"specserve_malloc_trim_s": "-1"}, "specserve_malloc_trim_s must be >= 0 and finite"),
+    ({"specserve_malloc_trim_s": "nan"}, "specserve_malloc_trim_s must be >= 0 and finite"),
     ({"gpt_model_path": ""}, "gpt_model_path"),
 ])
 def test_model_params_refuse_what_is_not_served(params: dict[str, str], message: str) -> None:

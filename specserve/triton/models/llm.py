@@ -18,7 +18,10 @@ it "server busy") and returns ``None``; one worker thread runs the in-flight bat
 ``specserve_prefill_chunk``; a prefix cache of ``specserve_prefix_cache_mb`` MiB, default 256
 (0: off; runtime/kv_pool.py). Parameter ``specserve_checkpoint`` ("target", default, or "draft"):
 the engine checkpoint served ("draft": the draft model alone, e.g. ``tensorrt_llm_draft``;
-speculation is then off).
+speculation is then off). Parameter ``specserve_malloc_trim_s`` (default 10; 0: off): how often
+under load the worker hands glibc's free heap pages back (runtime/native_memory.py; it also does
+so as it goes idle); oneDNN's primitive cache is capped at 256 unless the environment sets
+``ONEDNN_PRIMITIVE_CACHE_CAPACITY``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from specserve.runtime.grammar import GuideCompiler
+from specserve.runtime.native_memory import cap_primitive_cache, trimmer
 from specserve.triton.llm_engine import engine_limits, load_decoder
 from specserve.triton.llm_io import admit
 from specserve.triton.model_params import ModelParams
@@ -151,6 +155,7 @@ class TritonPythonModel:
         import torch
 
         torch.set_num_threads(int(os.environ.get("SPECSERVE_TORCH_THREADS", "1")))
+        cap_primitive_cache()  # before the first oneDNN primitive (runtime/native_memory.py)
         cfg = json.loads(args["model_config"])
         self.params = ModelParams.from_config(cfg)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
@@ -168,7 +173,8 @@ class TritonPythonModel:
         self.loop = ServingLoop(scheduler, self.queue, self.params.max_pending,
                                 external_verify(self.decoder, self.limits.max_draft_len,
                                                 verify_cache),
-                                self._text, on_stats=self.counters.observe)
+                                self._text, on_stats=self.counters.observe,
+                                trimmer=trimmer(self.params.malloc_trim_s))
         self.outbox = Outbox()
         self.worker = threading.Thread(target=self.loop.run, name="specserve-llm", daemon=True)
         self.worker.start()
