@@ -29,9 +29,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-# name -> (ONEDNN_PRIMITIVE_CACHE_CAPACITY or "" for oneDNN's default, trim interval s; 0: off)
-VARIANTS = {"as before": ("", 0.0), "trim": ("", 10.0), "cap 256": ("256", 0.0),
-            "trim + cap 256": ("256", 10.0)}
+CAPS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's (torch)
+# name -> (capacity of both primitive caches, "" for their default 1024; trim interval s, 0: off)
+VARIANTS = {"as before": ("", 0.0), "trim": ("", 10.0), "caps 0": ("0", 0.0),
+            "caps 64": ("64", 0.0), "caps 128": ("128", 0.0), "caps 256": ("256", 0.0),
+            "caps 256 + trim": ("256", 10.0)}
 
 
 def rss_mb() -> float:
@@ -103,9 +105,10 @@ def parent(a: argparse.Namespace) -> None:
     for name in a.variants.split(","):
         cap, trim = VARIANTS[name]
         env = dict(os.environ)
-        env.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
-        if cap:
-            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = cap
+        for key in CAPS:
+            env.pop(key, None)
+            if cap:
+                env[key] = cap
         cmd = [sys.executable, __file__, "--child", "--trim-s", str(trim), "--engine",
                str(a.engine), "--rounds", str(a.rounds), "--per-round", str(a.per_round),
                "--cache-mb", str(a.cache_mb), "--seed", str(a.seed)]

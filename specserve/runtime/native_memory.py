@@ -1,19 +1,21 @@
-"""Native memory of a long-running serving process: the two caches below Python that grow
-under mixed traffic while no Python object does (issue 29: "a 10-minute mixed soak ... its RSS
-stays flat"; traced in ``docs/reliability.md`` §3).
+"""Native memory of a long-running serving process: what grows below Python under mixed traffic
+while no Python object does (issue 29: "a 10-minute mixed soak ... its RSS stays flat"; traced
+in ``docs/reliability.md`` §3).
 
-- **glibc's free lists.** Freed chunks stay in malloc's arenas; pages inside the heap are handed
-  back to the kernel only by ``malloc_trim(3)`` ("since glibc 2.8 this function frees memory in
-  all arenas and in all chunks with whole free pages"). A serving loop frees tensors of many
-  sizes (prefill chunks of any length, batches of any size), so the heap fragments and RSS
-  creeps. :class:`Trimmer` calls ``malloc_trim(0)`` from the serving loop: when the loop goes
-  idle (no request is waiting on it then) and, under unbroken load, at most every
-  ``busy_every_s``.
-- **oneDNN's primitive cache.** One primitive per (op, shapes), LRU, capacity read once from
-  ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` at the cache's first use (oneDNN docs, "Primitive Cache";
-  default 1024). Prefill lengths after prefix reuse take every value, so the cache fills with
-  prefill shapes a decode step never reuses. :func:`cap_primitive_cache` sets a smaller default
-  before torch runs its first oneDNN op; a value already in the environment is kept.
+- **Two primitive caches.** oneDNN keeps one primitive per (op, shapes) in an LRU cache of
+  ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` entries (oneDNN docs, "Primitive Cache"; default 1024),
+  and ideep, PyTorch's oneDNN wrapper, keeps its own of ``LRU_CACHE_CAPACITY`` (default 1024).
+  Both are read once, at their first use. ``mkldnn._linear_pointwise`` (runtime/cpu_linear.py)
+  fills them with one entry per input row count, and prefill lengths after prefix reuse take
+  every value: glibc's in-use bytes grew ~9 MB per 80 mixed requests until the caches filled,
+  and stayed flat with both disabled (``benchmarks/native_memory.py``). A decode step's shapes
+  are few and hot, so a smaller LRU keeps them: :func:`cap_primitive_cache` sets both before
+  torch runs its first oneDNN op; a value already in the environment is kept.
+- **glibc's free lists.** Freed chunks stay in malloc's arenas; pages inside the heap go back
+  to the kernel only through ``malloc_trim(3)`` ("since glibc 2.8 this function frees memory in
+  all arenas and in all chunks with whole free pages"). :class:`Trimmer` calls it from the
+  serving loop: when the loop goes idle (no request waits on it then) and, under unbroken load,
+  at most every ``busy_every_s``.
 
 Glibc only: elsewhere (musl, macOS) :func:`malloc_trim` does nothing and says so (False).
 """
@@ -26,10 +28,10 @@ import os
 import time
 from collections.abc import Callable, MutableMapping
 
-ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-# enough for every decode-time shape of a target and a draft (each linear at each batch size
-# and verify width seen in a run: docs/reliability.md), far below oneDNN's 1024
-DEFAULT_ONEDNN_CACHE = 256
+# oneDNN's own cache, and ideep's (PyTorch reads it through ideep's lru_cache)
+CACHE_ENVS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+# far below the default 1024 and above a decode step's working set (docs/reliability.md §3)
+DEFAULT_PRIMITIVE_CACHE = 128
 BUSY_EVERY_S = 10.0  # under unbroken load, trim at most this often
 IDLE_EVERY_S = 1.0  # going idle, at most this often
 
@@ -37,13 +39,13 @@ _libc: ctypes.CDLL | None = None
 _looked_up = False
 
 
-def cap_primitive_cache(capacity: int = DEFAULT_ONEDNN_CACHE,
-                        env: MutableMapping[str, str] | None = None) -> str:
-    """Set ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` to ``capacity`` unless the environment already
-    names one (the operator's value wins); the value now in force. Effective only before the
-    process's first oneDNN primitive is made."""
+def cap_primitive_cache(capacity: int = DEFAULT_PRIMITIVE_CACHE,
+                        env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set each primitive cache's capacity (:data:`CACHE_ENVS`) to ``capacity`` unless the
+    environment already names one (the operator's value wins); the values now in force.
+    Effective only before the process's first oneDNN primitive is made."""
     env = os.environ if env is None else env
-    return env.setdefault(ONEDNN_CACHE_ENV, str(capacity))
+    return {key: env.setdefault(key, str(capacity)) for key in CACHE_ENVS}
 
 
 def malloc_trim() -> bool:

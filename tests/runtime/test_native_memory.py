@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from specserve.runtime.native_memory import (
-    DEFAULT_ONEDNN_CACHE,
-    ONEDNN_CACHE_ENV,
+    CACHE_ENVS,
+    DEFAULT_PRIMITIVE_CACHE,
     Trimmer,
     cap_primitive_cache,
     malloc_trim,
@@ -77,7 +77,54 @@ def test_trimmer_off_at_zero() -> None:
 
 def test_cap_primitive_cache_keeps_the_operators_value() -> None:
     env: dict[str, str] = {}
-    assert cap_primitive_cache(env=env) == str(DEFAULT_ONEDNN_CACHE)
-    assert env == {ONEDNN_CACHE_ENV: str(DEFAULT_ONEDNN_CACHE)}
-    env = {ONEDNN_CACHE_ENV: "4096"}
-    assert cap_primitive_cache(64, env=env) == "4096" and env[ONEDNN_CACHE_ENV] == "4096"
+    want = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(DEFAULT_PRIMITIVE_CACHE),
+            "LRU_CACHE_CAPACITY": str(DEFAULT_PRIMITIVE_CACHE)}
+    assert set(CACHE_ENVS) == set(want)
+    assert cap_primitive_cache(env=env) == want and env == want
+    env = {"LRU_CACHE_CAPACITY": "4096"}
+    assert cap_primitive_cache(64, env=env) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64",
+                                                "LRU_CACHE_CAPACITY": "4096"}
+
+
+_CACHE_PROBE = r"""
+import ctypes, sys
+from specserve.runtime.native_memory import cap_primitive_cache
+cap_primitive_cache(int(sys.argv[1]))
+import torch
+torch.set_num_threads(1)
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena ordblks smblks hblks hblkhd usmblks "
+                                                "fsmblks uordblks fordblks keepcost").split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(256, 256))
+def run(rows):
+    torch.ops.mkldnn._linear_pointwise(torch.randn(rows, 256), w, None, "none", [], "")
+for rows in range(2, 34):  # warm: the caches' fixed parts
+    run(rows)
+before = libc.mallinfo2().uordblks
+for rows in range(34, 434):  # 400 new shapes, as prefills of every length make
+    run(rows)
+print((libc.mallinfo2().uordblks - before) / 2**20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None,
+                    reason="glibc only")
+def test_capped_primitive_caches_bound_what_new_shapes_keep() -> None:
+    """400 new input shapes through ``mkldnn._linear_pointwise`` (the op runtime/cpu_linear.py
+    runs) in a fresh process: with both caches capped at 16 entries glibc's in-use bytes grow
+    less than a quarter of what they grow at the default 1024 (the caps are read, by name,
+    before torch's first oneDNN op)."""
+    import subprocess
+
+    def growth(cap: int) -> float:
+        out = subprocess.run([sys.executable, "-c", _CACHE_PROBE, str(cap)], check=True,
+                             capture_output=True, text=True, timeout=120).stdout
+        return float(out.split()[-1])
+
+    capped, default = growth(16), growth(1024)
+    assert default > 4, f"the default caches kept only {default:.1f} MB: probe too small"
+    assert capped < default / 4, f"capped {capped:.1f} MB vs default {default:.1f} MB"

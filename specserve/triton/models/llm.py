@@ -20,8 +20,8 @@ it "server busy") and returns ``None``; one worker thread runs the in-flight bat
 the engine checkpoint served ("draft": the draft model alone, e.g. ``tensorrt_llm_draft``;
 speculation is then off). Parameter ``specserve_malloc_trim_s`` (default 10; 0: off): how often
 under load the worker hands glibc's free heap pages back (runtime/native_memory.py; it also does
-so as it goes idle); oneDNN's primitive cache is capped at 256 unless the environment sets
-``ONEDNN_PRIMITIVE_CACHE_CAPACITY``.
+so as it goes idle); oneDNN's and ideep's primitive caches hold 128 entries unless the
+environment sets ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` / ``LRU_CACHE_CAPACITY``.
 """
 
 from __future__ import annotations
