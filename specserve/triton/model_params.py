@@ -2,7 +2,13 @@
 ``specserve repo``, :mod:`specserve.triton.repository`): the engine directory, batching limits,
 speculation on or off, which checkpoint it serves and the prefix-cache budget. Each value is
 checked here; one the model does not serve is refused in one line, never ignored. The Dynamo
-worker takes the same defaults (:mod:`specserve.frontends.dynamo_worker`)."""
+worker takes the same defaults (:mod:`specserve.frontends.dynamo_worker`).
+
+TensorRT-LLM's own ``enable_kv_cache_reuse`` is honoured as the switch of the prefix cache
+(tensorrtllm_backend ``inflight_batcher_llm/src/model_instance_state.cc`` reads it into
+``KvCacheConfig``'s ``enableBlockReuse``): "false" turns it off, "true" keeps it on with the
+``specserve_prefix_cache_mb`` budget; left empty (a template value not filled) it is on, the
+reference engine's default."""
 
 from __future__ import annotations
 
@@ -38,11 +44,13 @@ class ModelParams:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
     malloc_trim_s: float = DEFAULT_MALLOC_TRIM_S
+    kv_cache_reuse: bool = True  # enable_kv_cache_reuse: False turns the prefix cache off
 
     @property
     def prefix_cache_bytes(self) -> tuple[int, int]:
-        """The in-flight pool's and the verify calls' pool's budgets in bytes."""
-        return prefix_cache_split(self.prefix_cache_mb)
+        """The in-flight pool's and the verify calls' pool's budgets in bytes (0, 0 with
+        ``enable_kv_cache_reuse`` false)."""
+        return prefix_cache_split(self.prefix_cache_mb if self.kv_cache_reuse else 0)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelParams:
@@ -72,7 +80,8 @@ class ModelParams:
             prefix_cache_mb=_nonneg(_int_param(params, "specserve_prefix_cache_mb",
                                                DEFAULT_PREFIX_CACHE_MB),
                                     "specserve_prefix_cache_mb"),
-            malloc_trim_s=_seconds(params, "specserve_malloc_trim_s", DEFAULT_MALLOC_TRIM_S))
+            malloc_trim_s=_seconds(params, "specserve_malloc_trim_s", DEFAULT_MALLOC_TRIM_S),
+            kv_cache_reuse=_flag(params, "enable_kv_cache_reuse", default=True))
 
 
 def prefix_cache_split(mb: int) -> tuple[int, int]:
@@ -85,6 +94,17 @@ def _nonneg(value: int, key: str) -> int:
     if value < 0:
         raise SpecserveError(f"parameter {key} must be >= 0, got {value}")
     return value
+
+
+def _flag(params: dict[str, str], key: str, default: bool) -> bool:
+    value = params.get(key, "").strip()
+    if not value or value.startswith("${"):  # absent, or a template value left unfilled
+        return default
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise SpecserveError(f"parameter {key} must be true or false, got {value!r}")
 
 
 def _seconds(params: dict[str, str], key: str, default: float) -> float:

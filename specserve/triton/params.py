@@ -103,8 +103,9 @@ def llm_mapping(name: str, engine_dir: Path, cfg: EngineRecord, batch: int, opts
         exclude_input_in_output="false", cancellation_check_period_ms="100",
         stats_check_period_ms="100", normalize_log_probs="true", enable_chunked_context="false",
         # draft-target (README) and prompt lookup ("must be specified for this approach") need
-        # KV reuse: the BLS re-sends the whole context every step.
-        enable_kv_cache_reuse=_b(mode in ("draft", "ngram")),
+        # KV reuse: the BLS re-sends the whole context every step. The reference model reuses
+        # KV for every method (its prefix cache; model_params.py honours the switch).
+        enable_kv_cache_reuse=_b(reference or mode in ("draft", "ngram")),
         decoding_mode=_DECODING_MODE.get(mode, "") if (speculation and not draft) else "",
         medusa_choices=_brace(cfg) if medusa else "",
         eagle_choices=eagle_choices(cfg) if mode == "eagle" and speculation and not draft else "",

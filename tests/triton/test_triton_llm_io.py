@@ -249,6 +249,13 @@ def test_model_params_from_the_config() -> None:
     assert ModelParams.from_config(_cfg(specserve_prefix_cache_mb="0")).prefix_cache_bytes \
         == (0, 0)
     assert ModelParams.from_config(_cfg()).malloc_trim_s == DEFAULT_MALLOC_TRIM_S
+    # TensorRT-LLM's enable_kv_cache_reuse switches the prefix cache (its budget stays ours)
+    for value, want in (("false", (0, 0)), ("False", (0, 0)), ("0", (0, 0)),
+                        ("true", (6 << 20, 2 << 20)), ("", (6 << 20, 2 << 20)),
+                        ("${enable_kv_cache_reuse}", (6 << 20, 2 << 20))):
+        got = ModelParams.from_config(_cfg(specserve_prefix_cache_mb="8",
+                                           enable_kv_cache_reuse=value))
+        assert got.prefix_cache_bytes == want, value
     assert ModelParams.from_config(_cfg(specserve_malloc_trim_s="2.5")).malloc_trim_s == 2.5
     assert ModelParams.from_config(_cfg(specserve_malloc_trim_s="0")).malloc_trim_s == 0
 
@@ -259,6 +266,7 @@ def test_model_params_from_the_config() -> None:
     ({"specserve_checkpoint": "medusa"}, "specserve_checkpoint must be 'target' or 'draft'"),
     ({"specserve_max_pending": "many"}, "specserve_max_pending must be an integer"),
     ({"specserve_prefix_cache_mb": "-1"}, "specserve_prefix_cache_mb must be >= 0"),
+    ({"enable_kv_cache_reuse": "maybe"}, "enable_kv_cache_reuse must be true or false"),
     ({"specserve_malloc_trim_s": "often"}, "specserve_malloc_trim_s must be a number of seconds"),
     ({"specserve_malloc_trim_s": "-1"}, "specserve_malloc_trim_s must be >= 0 and finite"),
     ({"specserve_malloc_trim_s": "nan"}, "specserve_malloc_trim_s must be >= 0 and finite"),

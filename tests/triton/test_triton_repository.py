@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from specserve.errors import SpecserveError
 from specserve.spec.tree import to_brace as brace
+from specserve.triton.model_params import ModelParams
 from specserve.triton.params import LLM_PARAMETER_PLACEHOLDERS
 from specserve.triton.repository import RepoOptions, write_repository
 from tests.helpers.server import FAKE_MEDUSA_CHOICES as MEDUSA_CHOICES
@@ -191,6 +192,11 @@ def test_reference_repo_shape(tmp_path: Path) -> None:
         assert "spec_stats_json" in {o.name for o in mc.output}
         on = mc.parameters["specserve_speculation"].string_value
         assert on == ("on" if name == "tensorrt_llm" else "off")
+        # the reference model reuses KV for every method (a Medusa engine too): the switch is on
+        assert mc.parameters["enable_kv_cache_reuse"].string_value == "true"
+        assert ModelParams.from_config(
+            json_format.MessageToDict(mc, preserving_proto_field_name=True)).prefix_cache_bytes \
+            != (0, 0)
         assert "specserve.triton.models.llm" in (repo / name / "1" / "model.py").read_text()
     base = parse(repo / "ensemble_baseline" / "config.pbtxt")
     assert [s.model_name for s in base.ensemble_scheduling.step] == [
