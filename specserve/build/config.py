@@ -62,6 +62,7 @@ class BuildConfig(JsonConfig):
     medusa_choices: tuple[tuple[int, ...], ...] | None = None
     draft_len_schedule: str | None = None  # "1:4,8:2,16:0" (torch backend: load-aware budget)
     lookahead: str | None = None  # "W,N,G" (engine flow, trtllm: lookahead_decoding)
+    draft_window: int | None = None  # torch backend, --draft: the draft attends its last N keys
     # --- the PyTorch route only (specserve.build.llmapi) ---
     eagle3: str | None = None  # EAGLE-3 head directory
     eagle_choices: tuple[tuple[int, ...], ...] | None = None  # static EAGLE-3 tree
@@ -135,7 +136,20 @@ class BuildConfig(JsonConfig):
         if self.flow == "pytorch":
             return  # the route's own checks: specserve.build.builder.validate_for_route
         self._validate_schedule()
+        self._validate_window()
         self._validate_backend()
+
+    def _validate_window(self) -> None:
+        if self.draft_window is None:
+            return
+        if self.spec_mode != "draft":
+            raise SpecserveError("--draft-window: only with --draft (it windows the draft "
+                                 "model's attention)")
+        if self.backend != "torch":
+            raise SpecserveError("--draft-window: the reference decoder's (--backend torch); "
+                                 "TensorRT-LLM's draft engine attends its whole context")
+        if self.draft_window < 1:
+            raise SpecserveError(f"--draft-window: must be >= 1, got {self.draft_window}")
 
     def _validate_flow(self) -> None:
         if self.flow == "pytorch":

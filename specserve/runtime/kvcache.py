@@ -97,8 +97,9 @@ class StepInputs:
     cos: torch.Tensor  # [B or 1, T, 1, D] in the model dtype
     sin: torch.Tensor  # [B or 1, T, 1, D], signed: [-sin, sin]
     write: torch.Tensor | int  # common write offset, or [B, T] absolute slots
-    span: int  # keys attended: cache[:, :, :span]
-    mask: torch.Tensor | None  # [B, 1, T, span] bool, None when every key is visible
+    span: int  # keys attended: cache[:, :, start:span]
+    mask: torch.Tensor | None  # [B, 1, T, span - start] bool, None when every key is visible
+    start: int = 0  # keys before it are not attended (a windowed draft: Transformer.run)
 
 
 class RopeModel(nn.Module):
@@ -131,9 +132,10 @@ class RopeModel(nn.Module):
 
     def step_inputs(self, tokens: torch.Tensor, cache: KVCache,
                     lengths: torch.Tensor | None = None, depth: torch.Tensor | None = None,
-                    node_mask: torch.Tensor | None = None) -> StepInputs:
+                    node_mask: torch.Tensor | None = None, window: int = 0) -> StepInputs:
         """RoPE rows, cache write slots and the attention mask of one forward (the arguments
-        of :meth:`Transformer.forward`), shared by all its layers."""
+        of :meth:`Transformer.run`), shared by all its layers. ``window`` > 0: keys before
+        the shortest row's last ``window`` positions are not attended."""
         b, t = tokens.shape
         lens = cache.lengths
         span = max(lens) + t
@@ -164,7 +166,10 @@ class RopeModel(nn.Module):
             if node_mask is None:
                 node_mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
             mask = step_mask(lengths, node_mask, span)
-        return StepInputs(cos, sin, write, span, mask)
+        start = max(0, min(lens) - window) if window > 0 else 0
+        if start and mask is not None:
+            mask = mask[..., start:]
+        return StepInputs(cos, sin, write, span, mask, start)
 
     def level_inputs(self, cache: KVCache, pos: int, first_slot: int,
                      visible: torch.Tensor) -> StepInputs:

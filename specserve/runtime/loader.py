@@ -76,6 +76,7 @@ def build_decoder(
     draft_min_confidence: float = 0.0,
     draft_dtype: str | None = None,
     draft_len_schedule: str | None = None,
+    draft_window: int = 0,
     eagle3_dir: str | Path | None = None,
     eagle_choices: str | list[list[int]] | None = None,
 ) -> SpecDecoder:
@@ -87,10 +88,13 @@ def build_decoder(
     ``dtype``) runs the draft model in another dtype: its proposals only steer acceptance, so any
     dtype is lossless (on CPU a float32 draft beside a bfloat16 target is ~1.5x faster here).
     ``draft_len_schedule`` ("1:4,8:2,16:0"): load-aware draft budget by batch size
-    (:mod:`specserve.spec.schedule`). ``eagle_choices`` (brace or list form): a static EAGLE-3
-    tree instead of the chain of ``max_draft_len``."""
+    (:mod:`specserve.spec.schedule`). ``draft_window`` > 0: the draft model proposes from the
+    last ``draft_window`` keys (:attr:`DraftModelProposer.window`). ``eagle_choices`` (brace
+    or list form): a static EAGLE-3 tree instead of the chain of ``max_draft_len``."""
     if not 0.0 <= draft_min_confidence <= 1.0:
         raise SpecserveError(f"draft_min_confidence must be in [0, 1], got {draft_min_confidence}")
+    if draft_window < 0 or (draft_window and draft_dir is None):
+        raise SpecserveError(f"draft_window {draft_window}: >= 1 and only with a draft model")
     if sum([medusa_dir is not None, draft_dir is not None, ngram, eagle3_dir is not None]) > 1:
         raise SpecserveError("choose at most one of --medusa, --draft, --ngram, --eagle3")
     if eagle_choices is not None and eagle3_dir is None:
@@ -117,6 +121,7 @@ def build_decoder(
         ddtype = torch_dtype if draft_dtype is None else parse_dtype(draft_dtype)
         draft = DraftModelProposer(load_model(draft_dir, ddtype, device), max_draft_len)
         draft.min_confidence = draft_min_confidence
+        draft.window = draft_window
         proposer = draft
     elif ngram:
         proposer = NgramProposer(max_draft_len, device=device)

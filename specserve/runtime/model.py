@@ -145,7 +145,7 @@ def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Te
         kbuf[rows, :, st.write] = k
         vbuf[rows, :, st.write] = v
     out = F.scaled_dot_product_attention(
-        q, kbuf[:, :, :st.span], vbuf[:, :, :st.span], attn_mask=st.mask,
+        q, kbuf[:, :, st.start:st.span], vbuf[:, :, st.start:st.span], attn_mask=st.mask,
         enable_gqa=nh != nkv)  # [B, nh, T, D]
     return linear(out.transpose(1, 2).reshape(b, t, nh * hd), a.o)
 
@@ -216,7 +216,7 @@ class Transformer(RopeModel):
 
     def run(self, tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor | None = None,
             depth: torch.Tensor | None = None, node_mask: torch.Tensor | None = None,
-            capture: Sequence[int] = ()) -> Forward:
+            capture: Sequence[int] = (), window: int = 0) -> Forward:
         """One forward of T new tokens per row.
 
         tokens: [B, T] int64, written at ``cache.lengths[b] + t``; lengths: [B] int64 copy of
@@ -226,7 +226,7 @@ class Transformer(RopeModel):
         :attr:`Forward.aux` (``len(layers)``: the last layer's output, before the final norm;
         EAGLE-3). The cache is written but ``cache.lengths`` is left to the caller.
         """
-        st = self.step_inputs(tokens, cache, lengths, depth, node_mask)
+        st = self.step_inputs(tokens, cache, lengths, depth, node_mask, window)
         x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):

@@ -3,7 +3,11 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating Large Language Model Deco
 Speculative Sampling"): a smaller causal LM with its own static KV cache proposes K tokens
 autoregressively and records their distributions q, so that rejection sampling is lossless.
 Optionally it ends a chain early at a draft it is unsure of (``min_confidence``, as transformers'
-``assistant_confidence_threshold``).
+``assistant_confidence_threshold``), and proposes from a window of its context (``window``):
+drafting with a bounded KV is how MagicDec (Chen et al. 2024, "MagicDec: Breaking the
+Latency-Throughput Tradeoff for Long Context Generation with Speculative Decoding") and TriForce
+(Sun et al. 2024) make speculation pay at long context and large batch, where every draft
+forward otherwise reads the whole KV. Any draft distribution is lossless: the target verifies.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ class DraftModelProposer(ChainProposer):
     # > 0: end a row's chain at a draft whose draft probability is below this (HF's
     # assistant_confidence_threshold); lossless, fewer wasted draft forwards for a large K.
     min_confidence = 0.0
+    # > 0: its proposing forwards attend only keys from (shortest row's length - window) on
+    # (prefill still attends everything); 0: the whole context
+    window = 0
 
     def __init__(self, model: Transformer, max_draft_len: int = 4) -> None:
         super().__init__(max_draft_len)
@@ -97,7 +104,7 @@ class DraftModelProposer(ChainProposer):
         dev = self.model.device
         tokens = pad_drafts(rows, t, dev)  # [B, T]
         lens = self.cache.lengths
-        hidden = self.model(tokens, self.cache)  # [B, T, H]
+        hidden = self.model.run(tokens, self.cache, window=self.window if t <= 2 else 0).hidden
         self.cache.lengths = [n + len(r) for n, r in zip(lens, rows, strict=True)]
         out: torch.Tensor
         if all(len(r) == t for r in rows):  # every row ends at T-1: a view, no gather
@@ -147,7 +154,7 @@ class DraftModelProposer(ChainProposer):
 
     def _feed_one(self, tok: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None
-        hidden = self.model(tok[:, None], self.cache)  # [B, 1, H]
+        hidden = self.model.run(tok[:, None], self.cache, window=self.window).hidden  # [B, 1, H]
         self.cache.lengths = [n + 1 for n in self.cache.lengths]
         out: torch.Tensor = hidden[:, 0]
         return out
