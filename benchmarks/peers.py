@@ -112,6 +112,9 @@ def build_engine(kind: str, out: Path, eagle3: Path, eagle3_k: int = 4,
     if (out / "build_config.json").exists():
         return
     extra = {"draft": ["--draft", str(demo / "draft"), "--max-draft-len", str(chain_k)],
+             # the draft proposes from its last 64 keys (build --draft-window; lossless)
+             "draft_w64": ["--draft", str(demo / "draft"), "--max-draft-len", str(chain_k),
+                           "--draft-window", "64"],
              "eagle3": ["--eagle3", str(eagle3), "--max-draft-len", str(eagle3_k)],
              "ngram": ["--ngram", "--max-draft-len", str(chain_k)],
              "medusa": ["--medusa", str(demo / "medusa"), "--medusa-choices",
@@ -167,6 +170,7 @@ def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
             ("vllm eagle3 K=4", "vllm", eagle3_spec(args.eagle3, 4), "demo"),
             ("specserve", "triton", "draft", "ensemble_baseline"),
             ("specserve draft K=4", "triton", "draft", "ensemble"),
+            ("specserve draft K=4 W=64", "triton", "draft_w64", "ensemble"),
             ("specserve ngram K=4", "triton", "ngram", "ensemble"),
             ("specserve medusa", "triton", "medusa", "ensemble"),
             ("specserve medusa chain K=4", "triton", "medusa_chain", "ensemble"),
@@ -174,6 +178,7 @@ def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
             # the same engines behind NVIDIA Dynamo's OpenAI frontend (one worker per name)
             ("specserve-dynamo", "dynamo", "draft", "base"),
             ("specserve-dynamo draft K=4", "dynamo", "draft", "spec"),
+            ("specserve-dynamo draft K=4 W=64", "dynamo", "draft_w64", "spec"),
             ("specserve-dynamo ngram K=4", "dynamo", "ngram", "spec")]
 
 

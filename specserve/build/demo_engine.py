@@ -12,6 +12,7 @@ same rules, as plain functions:
 - Defaults: K = 4 for draft, EAGLE-3 and n-gram (``train/decoder_eval.py`` measured them at
   K = 4); the torch engine's Medusa tree is the checkpoint's tuned ``medusa_tree_cpu.json``
   (the 63-node default costs more than it saves on CPU) when the heads are the checkpoint's;
+  the checkpoint's draft on the torch backend proposes from its last 64 keys (``--draft-window``);
   dtype float32 on the torch backend (the dtype ``eval.json``'s decoder eval measured, so the
   demo's served tau compares like with like; float16 matmuls over many tree tokens are very
   slow on CPU) and float16 on TensorRT-LLM; ``auto`` asks :mod:`specserve.cpu_dtype`.
@@ -35,6 +36,10 @@ from specserve.errors import SpecserveError
 METHODS = ("fastest", "medusa", "draft", "eagle3", "ngram")
 SERVED = ("draft", "eagle3", "ngram")  # fastest_method values built as such; others: medusa
 DRAFT_LEN = 4
+# the checkpoint's draft (distilled on 128-token windows) proposes from its last 64 keys on the
+# torch backend: 1.07-1.17x tok/s at c = 16 on builtin, 256- and 512-token prompts, acceptance
+# equal or higher (docs/benchmarks.md, "A windowed draft")
+DEMO_DRAFT_WINDOW = 64
 TUNED_TREE = "medusa_tree_cpu.json"
 BACKENDS = ("torch", "trtllm", "auto")
 
@@ -111,6 +116,8 @@ def build_config(req: EngineRequest, spec: str, dtype: str, backend: str) -> Bui
         parts = {"medusa": medusa, "medusa_choices": _tuned_tree(req, medusa, backend)}
     elif spec == "draft":
         parts = {"draft": req.given("draft") or req.default_dir("draft")}
+        if backend == "torch" and not req.given("draft"):
+            parts["draft_window"] = DEMO_DRAFT_WINDOW
     elif spec == "eagle3":
         parts = {"eagle3": req.given("eagle3") or req.default_dir("eagle3"),
                  "max_draft_len": DRAFT_LEN}

@@ -95,6 +95,14 @@ def test_builds_eval_json_fastest_then_reuses_it(writable_ckpt: TinyCheckpoint,
     assert rec["spec_mode"] == "medusa" and rec["medusa_choices"] == tree
     assert rec["dtype_choice"]["requested"] == "auto"
     assert rec["dtype"] == rec["dtype_choice"]["dtype"]
+    # draft-target: the checkpoint's draft proposes from a 64-key window; a given draft does not
+    code, text = _engine(*args, "--method", "draft")
+    assert code == 0, text
+    rec = json.loads((out / "build_config.json").read_text())
+    assert rec["spec_mode"] == "draft" and rec["draft_window"] == 64
+    code, text = _engine(*args, "--draft", str(root / "draft"))
+    assert code == 0, text
+    assert "draft_window" not in json.loads((out / "build_config.json").read_text())
 
 
 def test_build_dtype_auto_records_the_choice(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
