@@ -51,6 +51,7 @@ from specserve.triton.model_params import (
     DEFAULT_MAX_PENDING,
     DEFAULT_PREFILL_CHUNK,
     DEFAULT_PREFIX_CACHE_MB,
+    env_threads,
     prefix_cache_split,
 )
 from specserve.triton.models.bls_lib.detok import IncrementalDetokenizer
@@ -243,7 +244,8 @@ class Worker:
         # the prefix cache's block events, to Dynamo's KV router once serve() has an endpoint
         self.kv_events = KvEventRelay() if inflight_cache else None
         scheduler = make_scheduler(self.decoder, cfg.max_batch, self.limits.max_seq_len,
-                                   cfg.prefill_chunk, inflight_cache, self.kv_events)
+                                   cfg.prefill_chunk, inflight_cache, self.kv_events,
+                                   env_threads("SPECSERVE_PREFILL_THREADS", 0))
         pool, relay = scheduler.kv, self.kv_events
         if self.counters is not None and pool is not None and relay is not None:
             self.counters.prefix_cache(lambda: pool.stats, relay)
@@ -377,9 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     import torch
 
-    torch.set_num_threads(int(os.environ.get("SPECSERVE_TORCH_THREADS", "1")))
     cap_primitive_cache()  # before the first oneDNN primitive (runtime/native_memory.py)
     try:
+        torch.set_num_threads(max(1, env_threads("SPECSERVE_TORCH_THREADS", 1)))
         asyncio.run(serve(cfg))
     except SpecserveError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -25,7 +25,8 @@ and generator, so a request's tokens equal its tokens run alone at any arrival p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -46,8 +47,10 @@ class ModelRunner:
 
     def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int,
                  prefix_cache_bytes: int = 0, block_size: int = BLOCK_SIZE,
-                 on_event: Callable[[KVEvent], None] | None = None) -> None:
+                 on_event: Callable[[KVEvent], None] | None = None,
+                 prefill_threads: int = 0) -> None:
         prop = decoder.proposer
+        self.prefill_threads = prefill_threads  # > 0: torch threads for phase 1's forwards
         self.slots: SlotProposer | None = None if prop is None else prop.slots()
         if prop is not None and self.slots is None:
             raise SpecserveError(f"in-flight batching: the {prop.name} proposer keeps per-call "
@@ -83,7 +86,12 @@ class ModelRunner:
     def prefill(self, plan: StepPlan) -> StepOutput:
         """Phase 1: stores into the prefix cache, evictions, the chunk, the newcomers'
         prefill (rows in ``plan.join`` order; their cached prefixes restored first) and their
-        proposer state."""
+        proposer state; on ``prefill_threads`` torch threads when > 0 and there is a prefill
+        (prompt forwards are compute-bound matmuls; a decode step's are not)."""
+        with intra_op_threads(self.prefill_threads if plan.join or plan.chunk else 0):
+            return self._phase1(plan)
+
+    def _phase1(self, plan: StepPlan) -> StepOutput:
         for s in plan.store:
             self._store(s)
         for row in plan.evict:
@@ -187,3 +195,17 @@ def _groups(joins: tuple[Join, ...]) -> list[list[Join]]:
         else:
             out.append([j])
     return out
+
+
+@contextmanager
+def intra_op_threads(n: int) -> Iterator[None]:
+    """Run the block on ``n`` torch intra-op threads (0: as they are), then restore them."""
+    old = torch.get_num_threads()
+    if n <= 0 or n == old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -72,11 +72,12 @@ class Scheduler:
     def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int,
                  prefill_chunk: int = 256, intake: Callable[[], None] | None = None,
                  prefix_cache_bytes: int = 0, block_size: int = BLOCK_SIZE,
-                 on_event: Callable[[KVEvent], None] | None = None) -> None:
+                 on_event: Callable[[KVEvent], None] | None = None,
+                 prefill_threads: int = 0) -> None:
         if capacity < 1:
             raise SpecserveError(f"in-flight batching: capacity must be >= 1, got {capacity}")
         self.runner = ModelRunner(decoder, capacity, max_len, prefix_cache_bytes, block_size,
-                                  on_event)
+                                  on_event, prefill_threads)
         self.kv = self.runner.kv
         self._prev: tuple[Handle, ...] = ()  # the runner's rows after the last plan
         self._gone: list[Handle] = []  # left since the last plan: their blocks to release

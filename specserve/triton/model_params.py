@@ -84,6 +84,22 @@ class ModelParams:
             kv_cache_reuse=_flag(params, "enable_kv_cache_reuse", default=True))
 
 
+def env_threads(name: str, default: int, env: dict[str, str] | None = None) -> int:
+    """A thread count from environment variable ``name`` (``SPECSERVE_TORCH_THREADS``: the
+    model's torch threads, default 1; ``SPECSERVE_PREFILL_THREADS``: its threads while it
+    prefills, default 0 = the same); SpecserveError naming it when not an integer >= 0."""
+    import os
+
+    value = (os.environ if env is None else env).get(name, "").strip()
+    try:
+        n = int(value) if value else default
+    except ValueError:
+        raise SpecserveError(f"{name} must be an integer, got {value!r}") from None
+    if n < 0:
+        raise SpecserveError(f"{name} must be >= 0, got {n}")
+    return n
+
+
 def prefix_cache_split(mb: int) -> tuple[int, int]:
     """A prefix-cache budget of ``mb`` MiB as (in-flight pool, verify pool) bytes."""
     total = mb << 20

@@ -172,7 +172,8 @@ StatsFn = Callable[[dict[str, Any]], None]  # a finished request's AcceptanceSta
 
 def make_scheduler(decoder: SpecDecoder, capacity: int, max_seq_len: int,
                    prefill_chunk: int, prefix_cache_bytes: int = 0,
-                   on_event: Callable[[KVEvent], None] | None = None) -> Scheduler:
+                   on_event: Callable[[KVEvent], None] | None = None,
+                   prefill_threads: int = 0) -> Scheduler:
     """The model's in-flight batcher (with a prefix cache of ``prefix_cache_bytes``, 0: none;
     ``on_event`` hears of its blocks stored and removed); SpecserveError for a proposer that
     cannot join a running batch (the model then fails to load with that message)."""
@@ -180,7 +181,8 @@ def make_scheduler(decoder: SpecDecoder, capacity: int, max_seq_len: int,
 
     return Scheduler(decoder, capacity, max_seq_len or
                      decoder.target.cfg.max_position_embeddings, prefill_chunk=prefill_chunk,
-                     prefix_cache_bytes=prefix_cache_bytes, on_event=on_event)
+                     prefix_cache_bytes=prefix_cache_bytes, on_event=on_event,
+                     prefill_threads=prefill_threads)
 
 
 def external_verify(decoder: SpecDecoder, max_draft_len: int,

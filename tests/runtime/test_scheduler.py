@@ -403,3 +403,38 @@ def test_stop_tokens_end_requests_in_flight_with_reason_stop(tiny_models: TinyMo
             assert ids == free[i][:len(ids)] and free[i][len(ids)] in stop
         else:
             assert reason == "length" and ids == free[i]
+
+
+def test_prefill_runs_on_its_own_threads_and_decode_on_the_models(
+        tiny_models: TinyModels) -> None:
+    """``prefill_threads`` 2: every target forward of phase 1 (newcomers' prompts, a chunk)
+    runs on 2 torch threads, every decode step's on the 1 the process has, and the tokens are
+    each request's own (chunk 4: a prompt of 12 is chunked)."""
+    want = _alone(tiny_models, "draft_same", 0.0)
+    dec = SpecDecoder(tiny_models.target, _proposer("draft_same", tiny_models))
+    sch = Scheduler(dec, 3, max_len=64, prefill_chunk=4, prefill_threads=2)
+    seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
+    phase = ["prefill"]
+    run, decode = dec.target.run, sch.runner.decode
+
+    def counted_run(*a: object, **kw: object) -> object:
+        seen[phase[0]].add(torch.get_num_threads())
+        return run(*a, **kw)  # type: ignore[arg-type]
+
+    def in_decode(plan: object) -> object:
+        phase[0] = "decode"
+        try:
+            return decode(plan)  # type: ignore[arg-type]
+        finally:
+            phase[0] = "prefill"
+
+    dec.target.run = counted_run  # type: ignore[method-assign]
+    sch.runner.decode = in_decode  # type: ignore[method-assign]
+    try:
+        handles = [sch.submit(p, _params(i, 0.0)) for i, p in enumerate(PROMPTS)]
+        sch.run_until_idle()
+    finally:
+        del dec.target.run
+    assert seen == {"prefill": {2}, "decode": {1}}
+    assert torch.get_num_threads() == 1
+    assert [h.result.token_ids for h in handles if h.result] == [w[0] for w in want]

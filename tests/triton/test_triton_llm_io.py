@@ -278,3 +278,14 @@ def test_model_params_refuse_what_is_not_served(params: dict[str, str], message:
     with pytest.raises(SpecserveError, match=message):
         ModelParams.from_config(_cfg(**params))
     assert ModelParams.from_config(_cfg(specserve_batching="inflight")).max_batch == 8
+
+
+def test_thread_counts_from_the_environment() -> None:
+    from specserve.triton.model_params import env_threads
+
+    assert env_threads("SPECSERVE_PREFILL_THREADS", 0, env={}) == 0
+    assert env_threads("SPECSERVE_PREFILL_THREADS", 0, env={"SPECSERVE_PREFILL_THREADS": "2"}) \
+        == 2
+    for bad, message in (("two", "must be an integer"), ("-1", "must be >= 0")):
+        with pytest.raises(SpecserveError, match=f"SPECSERVE_TORCH_THREADS {message}"):
+            env_threads("SPECSERVE_TORCH_THREADS", 1, env={"SPECSERVE_TORCH_THREADS": bad})

@@ -27,7 +27,6 @@ environment sets ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` / ``LRU_CACHE_CAPACITY``.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -40,7 +39,7 @@ from specserve.runtime.grammar import GuideCompiler
 from specserve.runtime.native_memory import cap_primitive_cache, trimmer
 from specserve.triton.llm_engine import engine_limits, load_decoder
 from specserve.triton.llm_io import admit
-from specserve.triton.model_params import ModelParams
+from specserve.triton.model_params import ModelParams, env_threads
 from specserve.triton.serving_loop import (
     Arrays,
     Pending,
@@ -154,7 +153,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         import torch
 
-        torch.set_num_threads(int(os.environ.get("SPECSERVE_TORCH_THREADS", "1")))
+        torch.set_num_threads(max(1, env_threads("SPECSERVE_TORCH_THREADS", 1)))
         cap_primitive_cache()  # before the first oneDNN primitive (runtime/native_memory.py)
         cfg = json.loads(args["model_config"])
         self.params = ModelParams.from_config(cfg)
@@ -168,7 +167,8 @@ class TritonPythonModel:
         self.queue: queue.Queue[Pending | None] = queue.Queue(maxsize=self.params.max_pending)
         inflight_cache, verify_cache = self.params.prefix_cache_bytes
         scheduler = make_scheduler(self.decoder, self.params.max_batch, self.limits.max_seq_len,
-                                   self.params.prefill_chunk, inflight_cache)
+                                   self.params.prefill_chunk, inflight_cache,
+                                   prefill_threads=env_threads("SPECSERVE_PREFILL_THREADS", 0))
         self.counters = spec_counters(args)
         self.loop = ServingLoop(scheduler, self.queue, self.params.max_pending,
                                 external_verify(self.decoder, self.limits.max_draft_len,
