@@ -60,7 +60,7 @@ def _timed(fn: Callable[..., Any], acc: list[float]) -> Callable[..., Any]:
 
 
 def profile(model: Path, draft: Path, mode: str, c: int, prompts: list[list[int]],
-            max_tokens: int, per_client: int) -> dict[str, Any]:
+            max_tokens: int, per_client: int, window: int = 0) -> dict[str, Any]:
     """One profiled closed-loop run at concurrency ``c``; shares of wall time per group."""
     import torch
     from torch.profiler import ProfilerActivity
@@ -72,7 +72,8 @@ def profile(model: Path, draft: Path, mode: str, c: int, prompts: list[list[int]
 
     torch.set_num_threads(1)
     dec = build_decoder(model, draft_dir=draft if mode == "draft" else None,
-                        ngram=mode == "ngram", max_draft_len=4)
+                        ngram=mode == "ngram", max_draft_len=4,
+                        draft_window=window if mode == "draft" else 0)
     sch = Scheduler(dec, c, max_len=max(map(len, prompts)) + max_tokens)
     proposer_s = [0.0]
     prop = dec.proposer
@@ -129,6 +130,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--dataset", type=Path,
                     help="prompts from this JSONL (e.g. benchmarks/peers.py --input-length's)")
+    ap.add_argument("--draft-window", type=int, default=0,
+                    help="--mode draft: the draft proposes from its last N keys (0: all)")
     args = ap.parse_args()
 
     from tokenizers import Tokenizer
@@ -141,7 +144,7 @@ def main() -> None:
              if args.dataset else [p.text for p in builtin_code_prompts(32, seed=0)])
     prompts = [tok.encode(t).ids for t in texts]
     results = [profile(model, args.draft.resolve(), args.mode, int(c), prompts,
-                       args.max_tokens, args.requests_per_client)
+                       args.max_tokens, args.requests_per_client, args.draft_window)
                for c in args.concurrency.split(",")]
     for r in results:
         print(f"{r['mode']} c={r['c']}: {r['ms_per_step']:.2f} ms/step, {r['steps']} steps, "
