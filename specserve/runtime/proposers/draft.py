@@ -95,8 +95,9 @@ class DraftModelProposer(ChainProposer):
         self.cache = self.pool.view(0, last)
         self.cache.lengths = lens[:last]
 
-    def _feed(self, rows: list[list[int]]) -> torch.Tensor | None:
-        """Feed per-row token lists; last hidden state per row [B, H] (None if all empty)."""
+    def _feed(self, rows: list[list[int]], window: int = 0) -> torch.Tensor | None:
+        """Feed per-row token lists (attending keys from the shortest row's length -
+        ``window`` on, 0: all); last hidden state per row [B, H] (None if all empty)."""
         assert self.cache is not None
         t = max(len(r) for r in rows)
         if t == 0:
@@ -104,7 +105,7 @@ class DraftModelProposer(ChainProposer):
         dev = self.model.device
         tokens = pad_drafts(rows, t, dev)  # [B, T]
         lens = self.cache.lengths
-        hidden = self.model.run(tokens, self.cache, window=self.window if t <= 2 else 0).hidden
+        hidden = self.model.run(tokens, self.cache, window=window).hidden  # [B, T, H]
         self.cache.lengths = [n + len(r) for n, r in zip(lens, rows, strict=True)]
         out: torch.Tensor
         if all(len(r) == t for r in rows):  # every row ends at T-1: a view, no gather
@@ -120,7 +121,8 @@ class DraftModelProposer(ChainProposer):
         k = max(limits)
         sampled = [i for i, p in enumerate(params) if p.temperature > 0 and limits[i] > 0]
         # 1. catch up: feed what the draft has not seen (the pending token, maybe one more)
-        hidden = self._feed([s[n:] for s, n in zip(seqs, self.cache.lengths, strict=True)])
+        hidden = self._feed([s[n:] for s, n in zip(seqs, self.cache.lengths, strict=True)],
+                            self.window)
         assert hidden is not None
         tokens, probs, counts = [], [], list(limits)
         for i in range(k):
