@@ -2,13 +2,14 @@
 soak's RSS growth once the primitive caches are capped; docs/reliability.md §3).
 
 Serves a repository (default ``reports/kv-soak/repo``, written by ``benchmarks/kv_soak.py``) and
-sends rounds of short streamed requests over gRPC from 4 threads, one client per thread:
+sends rounds of short streamed requests over gRPC from 4 threads, one client per thread, to the
+ensemble (text) and then straight to ``tensorrt_llm`` (token ids):
 ``complete`` (read to the final response, then ``stop_stream()``) or ``cancel`` (stop after the
 first response with ``stop_stream(cancel_requests=True)``, which is how a client cancels a
 stream). After each round it prints the tritonserver process's own RSS change per request (the
 Python stubs are other processes).
 
-    .venv/bin/python benchmarks/triton_cancel_leak.py [--repo DIR] [--requests 1000]
+    .venv/bin/python benchmarks/triton_cancel_leak.py [--repo DIR] [--requests 1000] [--minimal]
 """
 
 from __future__ import annotations
@@ -23,6 +24,44 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/helpers: the request arrays of the soak
+# --minimal: a decoupled Python model of a few lines (a thread sends up to N responses, checks
+# is_cancelled() before each, ends with the final flag), the control that is not ours
+ECHO_CONFIG = """name: "echo"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "request_output_len" data_type: TYPE_INT32 dims: [ 1, 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+ECHO_MODEL = """import threading, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            n = int(pb_utils.get_input_tensor_by_name(r, "request_output_len").as_numpy()[0, 0])
+            threading.Thread(target=self.serve, args=(r.get_response_sender(), n),
+                             daemon=True).start()
+
+    def serve(self, sender, n):
+        for i in range(n):
+            if sender.is_cancelled():
+                break
+            out = pb_utils.Tensor("OUT", np.array([i], dtype=np.int32))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+            time.sleep(0.005)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def minimal_repo(root: Path) -> Path:
+    (root / "echo" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
+    (root / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    return root
 
 
 def rss_mb(pid: int) -> float:
@@ -32,13 +71,29 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def one(client: Any, cancel: bool) -> None:
-    from tests.helpers.server import infer_inputs, request
+def arrays(model: str, n: int) -> dict[str, Any]:
+    """A streamed request of ``n`` tokens: text for the ensemble, token ids for tensorrt_llm."""
+    import numpy as np
+
+    from tests.helpers.server import request
+
+    if model == "ensemble":
+        return request("def f(x):", n, stream=True)
+    if model == "echo":
+        return {"request_output_len": np.array([[n]], dtype=np.int32)}
+    return {"input_ids": np.array([[5, 6, 7, 8]], dtype=np.int32),
+            "input_lengths": np.array([[4]], dtype=np.int32),
+            "request_output_len": np.array([[n]], dtype=np.int32),
+            "end_id": np.array([[-1]], dtype=np.int32),
+            "streaming": np.array([[True]], dtype=bool)}
+
+
+def one(client: Any, cancel: bool, model: str) -> None:
+    from tests.helpers.server import infer_inputs
 
     q: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)))
-    client.async_stream_infer("ensemble", infer_inputs(request("def f(x):", 32 if cancel else 4,
-                                                               stream=True)),
+    client.async_stream_infer(model, infer_inputs(arrays(model, 32 if cancel else 4)),
                               request_id="0", enable_empty_final_response=True)
     while True:
         result, error = q.get(timeout=60)
@@ -49,13 +104,13 @@ def one(client: Any, cancel: bool) -> None:
     client.stop_stream(cancel_requests=cancel)
 
 
-def run(url: str, pid: int, mode: str, n: int, threads: int = 4) -> float:
+def run(url: str, pid: int, mode: str, n: int, model: str, threads: int = 4) -> float:
     import tritonclient.grpc as grpcclient
 
     def worker(k: int) -> None:
         client = grpcclient.InferenceServerClient(url)
         for _ in range(k):
-            one(client, mode == "cancel")
+            one(client, mode == "cancel", model)
         client.close()
 
     pool = [threading.Thread(target=worker, args=(n // threads,)) for _ in range(threads)]
@@ -65,7 +120,7 @@ def run(url: str, pid: int, mode: str, n: int, threads: int = 4) -> float:
     for t in pool:
         t.join()
     per = (rss_mb(pid) - before) * 1024 / n
-    print(f"{mode}: {n} requests in {time.monotonic() - t0:.0f} s, tritonserver RSS "
+    print(f"{model}, {mode}: {n} requests in {time.monotonic() - t0:.0f} s, tritonserver RSS "
           f"{before:.1f} -> {rss_mb(pid):.1f} MB ({per:.2f} KB/request)", flush=True)
     return per
 
@@ -74,15 +129,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repo", type=Path, default=ROOT / "reports" / "kv-soak" / "repo")
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--models", default="ensemble,tensorrt_llm",
+                    help="sent to each in turn: the ensemble (text) and tensorrt_llm (ids)")
+    ap.add_argument("--minimal", action="store_true",
+                    help="serve a minimal decoupled Python model instead (model 'echo')")
     a = ap.parse_args()
+    import tempfile
+
     from specserve.triton.server import TritonServer
 
+    if a.minimal:
+        a.repo, a.models = minimal_repo(Path(tempfile.mkdtemp()) / "repo"), "echo"
     srv = TritonServer(a.repo, log_path=Path("/tmp/triton-cancel-leak.log")).start(timeout_s=300)
     try:
-        run(srv.grpc_url, srv.pid, "complete", 900)  # warm-up: the server's first allocations
-        for _ in range(2):
-            for mode in ("cancel", "complete"):
-                run(srv.grpc_url, srv.pid, mode, a.requests)
+        for model in a.models.split(","):
+            run(srv.grpc_url, srv.pid, "complete", 900, model)  # warm-up: first allocations
+            for _ in range(2):
+                for mode in ("cancel", "complete"):
+                    run(srv.grpc_url, srv.pid, mode, a.requests, model)
     finally:
         srv.stop()
 
