@@ -5,10 +5,11 @@ checked here; one the model does not serve is refused in one line, never ignored
 worker takes the same defaults (:mod:`specserve.frontends.dynamo_worker`).
 
 TensorRT-LLM's own ``enable_kv_cache_reuse`` is honoured as the switch of the prefix cache
-(tensorrtllm_backend ``inflight_batcher_llm/src/model_instance_state.cc`` reads it into
-``KvCacheConfig``'s ``enableBlockReuse``): "false" turns it off, "true" keeps it on with the
-``specserve_prefix_cache_mb`` budget; left empty (a template value not filled) it is on, the
-reference engine's default."""
+(tensorrtllm_backend ``inflight_batcher_llm/src/model_instance_state.cc`` reads it with
+``GetParameter<bool>`` into ``executor::KvCacheConfig``'s first argument, block reuse): "false"
+turns it off, "true" keeps it on with the ``specserve_prefix_cache_mb`` budget. Left empty (a
+template value not filled) it is on here, the reference engine's default; the C++ backend
+takes an unset value as false."""
 
 from __future__ import annotations
 
