@@ -36,13 +36,6 @@ VARIANTS = {"as before": ("", 0.0), "trim": ("", 10.0), "caps 0": ("0", 0.0),
             "caps 256 + trim": ("256", 10.0)}
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 class Counter:
     """A sender that counts tokens and cancels every 10th request after its first chunk."""
 
@@ -70,6 +63,7 @@ def child(a: argparse.Namespace) -> None:
     from specserve.triton.llm_engine import engine_limits, load_decoder
     from specserve.triton.llm_io import LlmRequest
     from specserve.triton.serving_loop import Pending, ServingLoop, external_verify, make_scheduler
+    from tests.helpers.soak import rss_bytes
 
     dec, tok, rec = load_decoder(str(a.engine), True)
     limits = engine_limits(rec, dec.target.cfg.vocab_size, tok.eos_token_id)
@@ -96,7 +90,7 @@ def child(a: argparse.Namespace) -> None:
         loop.run()
         wall = time.perf_counter() - t0
         tokens = sum(s.tokens for s in senders)
-        print(json.dumps({"round": r, "rss_mb": round(rss_mb(), 1),
+        print(json.dumps({"round": r, "rss_mb": round(rss_bytes() / 2**20, 1),
                           "tok_s": round(tokens / wall, 1)}), flush=True)
 
 

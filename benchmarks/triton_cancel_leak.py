@@ -65,10 +65,9 @@ def minimal_repo(root: Path) -> Path:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    from tests.helpers.soak import rss_bytes
+
+    return rss_bytes(pid) / 2**20
 
 
 def arrays(model: str, n: int) -> dict[str, Any]:

@@ -42,6 +42,14 @@ class StreamRecord:
     seconds: float
 
 
+def rss_bytes(pid: int | str = "self") -> int:
+    """VmRSS of one process (``"self"``: this one); OSError when it is gone."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def group_rss_bytes(pgid: int) -> int:
     """Sum of VmRSS over the processes of a process group (tritonserver + its stubs)."""
     total = 0
@@ -53,9 +61,7 @@ def group_rss_bytes(pgid: int) -> int:
             fields = stat[stat.rindex(")") + 2:].split()
             if int(fields[2]) != pgid:  # field 5 (pgrp), after pid and comm
                 continue
-            for line in (d / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+            total += rss_bytes(d.name)
         except (OSError, ValueError):
             continue
     return total

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes.util
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,13 +18,11 @@ from specserve.runtime.native_memory import (
     malloc_trim,
     trimmer,
 )
+from tests.helpers.soak import rss_bytes
 
 
 def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return rss_bytes() / 2**20
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None,
