@@ -402,7 +402,6 @@ class ServingLoop:
         return on_done
 
     def _finish(self, p: Pending, result: GenerationResult) -> None:
-        self._count(result)
         try:
             if p.done:
                 self.fail(p, "")  # client gone: only the final flag, once
@@ -413,6 +412,7 @@ class ServingLoop:
                 p.done = p.final_sent = True
         except Exception as e:
             self.fail(p, f"tensorrt_llm: {e}")
+        self._count(result)  # after the response: its counters never delay it
 
     def _count(self, result: GenerationResult) -> None:
         """The request's verify steps into the counters (their failure never fails it)."""

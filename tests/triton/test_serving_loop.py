@@ -282,33 +282,38 @@ def test_a_proposer_that_cannot_join_a_batch_is_refused(decoder: SpecDecoder) ->
 def test_finished_requests_reach_the_counters_and_a_failing_counter_costs_nothing(
         decoder: SpecDecoder) -> None:
     """``on_stats`` (the model's Prometheus counters, triton/spec_counters.py) gets every
-    finished request's AcceptanceStats before its final response; when it raises, the
-    responses still go out."""
+    finished request's AcceptanceStats after its final response (the counters' I/O never delays
+    it); when it raises, the responses still go out."""
     want = greedy(decoder, PROMPT, 4)
     wrong = (want[2] + 1) % decoder.target.cfg.vocab_size
     drafts = np.array([want[0], want[1], wrong], dtype=np.int32)
     for raising in (False, True):
         seen: list[dict[str, Any]] = []
+        finals_then: list[int] = []  # final responses sent when on_stats was called
+        ext = pending(decoder, PROMPT, 8, draft_input_ids=drafts)
+        plain = pending(decoder, PROMPT, 4)
+        senders = [p.sender for p in (ext, plain) if isinstance(p.sender, Recorder)]
 
         def on_stats(stats: dict[str, Any], raising: bool = raising,
-                     seen: list[dict[str, Any]] = seen) -> None:
+                     seen: list[dict[str, Any]] = seen, finals_then: list[int] = finals_then,
+                     senders: list[Recorder] = senders) -> None:
             seen.append(stats)
+            finals_then.append(sum(len(s.finals) for s in senders))
             if raising:
                 raise RuntimeError("metrics down")
 
         q: queue.Queue[Pending | None] = queue.Queue()
         loop = ServingLoop(make_scheduler(decoder, 2, 0, 256), q, 8, external_verify(decoder, 4),
                            lambda ids: "x" * len(ids), on_stats=on_stats)
-        ext = pending(decoder, PROMPT, 8, draft_input_ids=drafts)
-        plain = pending(decoder, PROMPT, 4)
         for p in (ext, plain, None):
             q.put(p)
         loop.run()
         by_drafted = sorted(seen, key=lambda s: s["draft_tokens"])
         assert [(s["draft_tokens"], s["accepted_tokens"]) for s in by_drafted] == [(0, 0), (3, 2)]
-        for p in (ext, plain):
-            assert isinstance(p.sender, Recorder) and len(p.sender.finals) == 1
-            assert p.sender.finals[0][1] is None
+        assert finals_then == [1, 2]  # each request counted after its final response
+        assert len(senders) == 2
+        for sender in senders:
+            assert len(sender.finals) == 1 and sender.finals[0][1] is None
 
 
 class Ticks:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from specserve.triton import spec_counters as sc
-from specserve.triton.spec_counters import SpecCounters
+from specserve.triton.spec_counters import DeferredCounters, SpecCounters
 from specserve.watch import run
 from specserve.watch.series import Totals, settled
 
@@ -58,6 +58,32 @@ def test_each_update_is_bracketed_by_begun_and_done() -> None:
     assert len(st.log) == 2 + 3 + 4
     c.observe({"steps": 0, "draft_tokens": 0})  # speculation off: no update at all
     assert len(st.log) == 9
+
+
+def test_deferred_counters_sum_requests_and_write_them_as_one_update_on_the_post_thread(
+        ) -> None:
+    """DeferredCounters (the reference model's: the serving loop adds, the sender thread
+    writes): a call makes no increment itself and posts at most one write at a time; the write
+    is one seqlocked update of the summed requests; a call after it posts again."""
+    st = Store()
+    posted: list[Any] = []
+    c = DeferredCounters(SpecCounters(st.factory, LABELS), posted.append)
+    start = len(st.log)
+    c(REQUEST)
+    c({"steps": 0, "draft_tokens": 0})  # speculation off: nothing to add
+    c(REQUEST)
+    assert len(st.log) == start and len(posted) == 1  # no I/O on the caller's thread
+    posted.pop()()
+    assert st.log[start:] == [(sc.UPDATES, "begun"), (sc.DRAFTS, ""), (sc.DRAFT_TOKENS, ""),
+                              (sc.ACCEPTED, ""), *[(sc.PER_POS, str(k)) for k in range(4)],
+                              (sc.UPDATES, "done")]
+    value = {n: v for (n, lb), v in st.values.items() if "position" not in dict(lb)}
+    assert value[sc.DRAFT_TOKENS] == 24 and value[sc.ACCEPTED] == 24 and value[sc.DRAFTS] == 6
+    assert value[sc.UPDATES] == 1  # begun; done likewise (the same name, other labels)
+    c(REQUEST)
+    assert len(posted) == 1  # the write above took the sum: the next request posts anew
+    posted.pop()()
+    assert st.values[(sc.DRAFT_TOKENS, tuple(sorted(LABELS.items())))] == 36
 
 
 def test_settled_needs_the_done_before_to_equal_the_begun_after() -> None:

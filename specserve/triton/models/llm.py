@@ -47,7 +47,7 @@ from specserve.triton.serving_loop import (
     external_verify,
     make_scheduler,
 )
-from specserve.triton.spec_counters import HELP, SpecCounters
+from specserve.triton.spec_counters import HELP, DeferredCounters, SpecCounters
 
 #: How long a request's "cancelled?" answer is reused. ``is_cancelled()`` is a round trip to
 #: tritonserver; asked for every live request at every step and before every streamed
@@ -169,13 +169,13 @@ class TritonPythonModel:
         scheduler = make_scheduler(self.decoder, self.params.max_batch, self.limits.max_seq_len,
                                    self.params.prefill_chunk, inflight_cache,
                                    prefill_threads=env_threads("SPECSERVE_PREFILL_THREADS", 0))
-        self.counters = spec_counters(args)
+        self.outbox = Outbox()
+        self.counters = DeferredCounters(spec_counters(args), self.outbox.put)
         self.loop = ServingLoop(scheduler, self.queue, self.params.max_pending,
                                 external_verify(self.decoder, self.limits.max_draft_len,
                                                 verify_cache),
-                                self._text, on_stats=self.counters.observe,
+                                self._text, on_stats=self.counters,
                                 trimmer=trimmer(self.params.malloc_trim_s))
-        self.outbox = Outbox()
         self.worker = threading.Thread(target=self.loop.run, name="specserve-llm", daemon=True)
         self.worker.start()
 
