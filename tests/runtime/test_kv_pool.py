@@ -11,6 +11,8 @@ its content changed); see the report of the change for the counts.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -27,7 +29,7 @@ from specserve.runtime.kv_pool import (
 )
 from specserve.runtime.proposers import ExternalDraftProposer
 from specserve.runtime.scheduler import Scheduler
-from specserve.runtime.verify_cache import VerifyPrefixCache
+from specserve.runtime.verify_cache import TailStore, VerifyPrefixCache
 from tests.runtime.conftest import TinyModels
 from tests.runtime.test_scheduler import _proposer
 
@@ -177,6 +179,7 @@ def test_the_bls_loop_verify_calls_reuse_the_context_and_verify_alike(
     m = tiny_models
     plane = m.target.new_cache(1, 1).plane("target")
     cache = VerifyPrefixCache(plane, 1 << 22, block_size=BLOCK)
+    restored = _spy_restore(cache)
     dec, drafter = SpecDecoder(m.target), SpecDecoder(m.target_copy)
     ctx = [7, 8, 9, 10, 11, 12, 13]
     lens = []
@@ -194,3 +197,53 @@ def test_the_bls_loop_verify_calls_reuse_the_context_and_verify_alike(
         ctx = ctx + runs[0].token_ids
     assert cache.pool.stats.hit >= 12
     assert any(n % BLOCK == 0 for n in lens)  # a context ending on a block boundary
+    # from the second call on, the whole context but its pending token is restored (the full
+    # blocks and the last call's tail): the call's only target forward is the verify step
+    assert restored == [0] + [n - 1 for n in lens[1:]]
+
+
+def _spy_restore(cache: VerifyPrefixCache) -> list[int]:
+    """The positions each ``cache.restore`` call restored (row 0), recorded as it runs."""
+    seen: list[int] = []
+    real = cache.restore
+
+    def restore(seqs: list[list[int]], kv: Any) -> list[int]:
+        out = real(seqs, kv)
+        seen.append(out[0])
+        return out
+    cache.restore = restore  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_tail_is_restored_only_after_the_same_blocks_and_the_same_tokens(
+        tiny_models: TinyModels) -> None:
+    """Contexts that share a tail's tokens after other full blocks (``B + T`` after ``A + T``),
+    or share the blocks but not the tail (``A + U``), restore no tail; ``A + T`` again restores
+    it. Every call's logits equal the call without a cache."""
+    m = tiny_models
+    cache = VerifyPrefixCache(m.target.new_cache(1, 1).plane("target"), 1 << 22,
+                              block_size=BLOCK)
+    restored = _spy_restore(cache)
+    dec = SpecDecoder(m.target)
+    a, b, t, u = [5, 6, 7, 8], [9, 10, 11, 12], [20, 21, 22], [20, 23, 22]
+    for ctx in (a + t, b + t, a + u, a + t, a + t + [3]):
+        p = SamplingParams(max_tokens=3)
+        runs = [dec.verify([ctx], p, ExternalDraftProposer([[1, 2]]), return_logits=True,
+                           prefix=pre)[0] for pre in (None, cache)]
+        assert runs[0].logits is not None and runs[1].logits is not None
+        assert torch.allclose(runs[0].logits, runs[1].logits, atol=1e-5), ctx
+    # a+t stores block a and its tail [20, 21, 22]; b+t: nothing of a's; a+u: block a only
+    # (its tail differs at the second token); a+t again: block a and the stored tail but its
+    # last token (the pending one); a+t+[3]: block a and the whole stored tail
+    assert restored == [0, 0, BLOCK, BLOCK + 2, BLOCK + 3]
+
+
+def test_tail_store_is_a_bounded_lru_found_by_its_longest_prefix() -> None:
+    store = TailStore(capacity=2)
+    x = torch.zeros(2, 1)
+    store.put(1, [4, 5], x)
+    store.put(1, [4], torch.ones(1, 1))
+    assert store.longest(1, [4, 5, 6]) is x  # the longest stored tail the tokens start with
+    assert store.longest(2, [4, 5]) is None  # another prefix
+    store.put(1, [7], torch.ones(1, 1))  # evicts the least recently used: [4]
+    assert store.longest(1, [4]) is None and store.longest(1, [4, 5]) is x
