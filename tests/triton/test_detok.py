@@ -46,8 +46,9 @@ def chunked(ids: list[int], cuts: list[int]) -> list[list[int]]:
     return [ids[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-def streamed(decode: Decode, chunks: list[list[int]]) -> list[str]:
-    d = IncrementalDetokenizer(decode)
+def streamed(decode: Decode, chunks: list[list[int]], many: bool = False) -> list[str]:
+    d = IncrementalDetokenizer(decode, (lambda lists: [decode(x) for x in lists]) if many
+                               else None)
     return [d.push(c) for c in chunks] + [d.flush()]
 
 
@@ -89,6 +90,7 @@ def test_random_ids_any_split_concatenate_to_the_whole_decode(
     def prop(ids: list[int], cuts: list[int]) -> None:
         chunks = chunked(ids, cuts)
         assert "".join(streamed(decode, chunks)) == decode(ids)
+        assert streamed(decode, chunks, many=True) == streamed(decode, chunks)
         released = held_back(decode, chunks)
         assert sum(released, []) == ids
         assert "".join(decode(c) for c in released) == decode(ids)
@@ -179,6 +181,25 @@ def test_cost_per_push_stays_bounded(tokenizers: dict[str, Any]) -> None:
         h.push(ids[i:i + 3])
     assert text + d.flush() == text_in
     assert max(seen) <= 12, max(seen)
+
+
+def test_decode_many_makes_one_call_per_push(tokenizers: dict[str, Any]) -> None:
+    """With ``decode_many`` (the BLS's batched postprocessing call) a push is one call, whether
+    it emits or holds back, and the pieces are those of two decodes per emit."""
+    tok = tokenizers["multilingual"]
+    decode = decoder(tok)
+    calls: list[int] = []
+
+    def many(lists: list[list[int]]) -> list[str]:
+        calls.append(len(lists))
+        return [decode(x) for x in lists]
+
+    ids = tok.encode(MULTILINGUAL_TEXT).ids[:60]
+    d = IncrementalDetokenizer(lambda x: (_ for _ in ()).throw(AssertionError("decode")), many)
+    chunks = [ids[i:i + 2] for i in range(0, len(ids), 2)]
+    pieces = [d.push(c) for c in chunks]
+    assert calls == [2] * len(chunks)
+    assert pieces == streamed(decode, chunks)[:-1]
 
 
 def test_flush_empties_the_detokenizer(tokenizers: dict[str, Any]) -> None:

@@ -245,6 +245,16 @@ class TritonPythonModel:
         v = out.reshape(-1)[0]
         return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
+    def _decode_many(self, lists: list[list[int]]) -> list[str]:
+        """postprocessing's texts of several id lists in one call (a batch, right-padded)."""
+        width = max(1, *(len(ids) for ids in lists))
+        ids = np.zeros((len(lists), 1, width), dtype=np.int32)
+        for b, x in enumerate(lists):
+            ids[b, 0, :len(x)] = x
+        lens = np.array([[len(x)] for x in lists], dtype=np.int32)
+        out = self._postprocess(ids, lens).reshape(-1)
+        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in out]
+
     def _exec(self, role: str, model: str, call: tuple[Arrays, list[str]],
               decoupled: bool) -> dict[str, Any]:
         """One draft or target call, its outputs merged over its responses
@@ -274,7 +284,8 @@ class TritonPythonModel:
         fast: list[Any] = [None]  # the last draft's fast-logits handle (spec_io.draft_logits)
         draft = self._ngram_draft if self.cfg.spec_mode == "ngram" else \
             self._model_draft(inputs, pre, opts, fast)
-        text = spec_io.TextStream(opts, self.cfg.accumulate, req.prompt, self._decode)
+        text = spec_io.TextStream(opts, self.cfg.accumulate, req.prompt, self._decode,
+                                  self._decode_many)
 
         def on_iteration(it: spec_loop.Iteration) -> None:
             values = text.iteration(it)

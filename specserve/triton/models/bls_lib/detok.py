@@ -15,7 +15,9 @@ real invalid byte sequence and is emitted like any other character. Hugging Face
 the whole cache until a newline and holds back by words; here the window restarts after every
 emit, which is what keeps a push cheap. Our own code, written from reading both.
 
-Cost of a push: one decode of the window (two when it emits). The window holds the ids of the
+Cost of a push: one decode of the window (two when it emits; one call with a ``decode_many``,
+which decodes the window and its would-be next window together: the BLS's postprocessing call
+is a Triton round trip, and a batch of two costs one). The window holds the ids of the
 previous emit (the context a decoder may need to place leading spaces, e.g. SentencePiece's
 Metaspace), the ids held back since then and the pushed ones -- O(window), not O(sequence).
 The window only grows while the text keeps ending in U+FFFD (a run of invalid bytes at the end),
@@ -43,10 +45,14 @@ class IncrementalDetokenizer:
 
     ``decode(ids) -> str`` decodes a list of ids (e.g. ``tokenizers.Tokenizer.decode`` with the
     postprocessing's ``skip_special_tokens``); it must be the decode the non-streamed text uses.
+    ``decode_many(lists) -> texts``, when given, is the same decode of several lists at once
+    (one call per push instead of two).
     """
 
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, decode: Callable[[list[int]], str],
+                 decode_many: Callable[[list[list[int]]], list[str]] | None = None) -> None:
         self._decode = decode
+        self._decode_many = decode_many
         self._ids: list[int] = []   # the window: ids from the prefix offset on
         self._read = 0              # ids[:read] were emitted (their text is _prefix_text)
         self._prefix_text = ""
@@ -61,10 +67,14 @@ class IncrementalDetokenizer:
         if not ids:
             return ""
         self._ids.extend(int(t) for t in ids)
-        text = self._decode(self._ids)
+        after = None  # the next window's text, when decoded with this one
+        if self._decode_many is None:
+            text = self._decode(self._ids)
+        else:
+            text, after = self._decode_many([self._ids, self._ids[self._read:]])
         if len(text) <= len(self._prefix_text) or text.endswith(REPLACEMENT):
             return ""  # nothing new yet, or possibly an unfinished multi-byte character
-        return self._emit(text)
+        return self._emit(text, after)
 
     def flush(self) -> str:
         """The text still held back (ends in U+FFFD when the sequence really ends mid-character,
@@ -76,14 +86,15 @@ class IncrementalDetokenizer:
         self._ids, self._read, self._prefix_text = [], 0, ""
         return out
 
-    def _emit(self, text: str) -> str:
-        """Return the window's new text and restart the window at the old read offset."""
+    def _emit(self, text: str, after: str | None = None) -> str:
+        """Return the window's new text and restart the window at the old read offset
+        (``after``: the new window's text, when already decoded)."""
         out = text[len(self._prefix_text):]
         del self._ids[:self._read]   # the new prefix offset is the old read offset
         self._read = len(self._ids)
         # Decoded again rather than taken from ``out``: without its context a decoder may
         # render the window differently (a leading space dropped).
-        self._prefix_text = self._decode(self._ids)
+        self._prefix_text = self._decode(self._ids) if after is None else after
         return out
 
 

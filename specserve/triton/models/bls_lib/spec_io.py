@@ -340,9 +340,10 @@ class TextStream:
     """The text of one request: per iteration (streaming) and at the end."""
 
     def __init__(self, opts: SpecOptions, accumulate: bool, prompt: Sequence[int],
-                 decode: Callable[[list[int]], str]) -> None:
+                 decode: Callable[[list[int]], str],
+                 decode_many: Callable[[list[list[int]]], list[str]] | None = None) -> None:
         self.opts, self.accumulate, self.prompt, self.decode = opts, accumulate, prompt, decode
-        self.detok = IncrementalDetokenizer(decode)
+        self.detok = IncrementalDetokenizer(decode, decode_many)
         self.streamed: list[str] = []
 
     def iteration(self, it: spec_loop.Iteration) -> dict[str, Any] | None:
