@@ -35,7 +35,11 @@ TAIL_SHARE = 16
 
 class TailStore:
     """Partial last blocks: ``(chain hash of the full blocks before it, its tokens) -> K/V``
-    [N, *plane] (N < block size), at most ``capacity`` of them, least recently used evicted."""
+    [N, *plane] (N < block size), at most ``capacity`` of them, least recently used evicted.
+    A tail is taken out when it is restored: the call that restores it stores its successor,
+    so a BLS loop holds one tail at a time and ``capacity`` loops keep theirs (an LRU that kept
+    every iteration's tail would evict exactly the ones the next round needs once more loops
+    than that take turns)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -50,12 +54,12 @@ class TailStore:
         while len(self.tails) > self.capacity:
             self.tails.popitem(last=False)
 
-    def longest(self, parent: int, tokens: list[int]) -> torch.Tensor | None:
-        """The K/V of the longest stored tail after ``parent`` that ``tokens`` starts with."""
+    def take(self, parent: int, tokens: list[int]) -> torch.Tensor | None:
+        """Remove and return the K/V of the longest stored tail after ``parent`` that
+        ``tokens`` starts with."""
         for n in range(len(tokens), 0, -1):
-            data = self.tails.get((parent, tuple(tokens[:n])))
+            data = self.tails.pop((parent, tuple(tokens[:n])), None)
             if data is not None:
-                self.tails.move_to_end((parent, tuple(tokens[:n])))
                 return data
         return None
 
@@ -81,7 +85,7 @@ class VerifyPrefixCache:
             parts = self.pool.read(ids) if ids else []
             parent = hashes[len(ids) - 1] if ids else ROOT_HASH
             start = len(ids) * bs
-            tail = self.tails.longest(parent, seq[start:start + bs - 1])  # the pending token
+            tail = self.tails.take(parent, seq[start:start + bs - 1])  # the pending token
             if tail is not None:  # may be in it (the same context again): not restored
                 tail = tail[:len(seq) - 1 - start]
                 parts.append(tail)

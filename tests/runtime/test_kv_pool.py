@@ -238,12 +238,36 @@ def test_a_tail_is_restored_only_after_the_same_blocks_and_the_same_tokens(
     assert restored == [0, 0, BLOCK, BLOCK + 2, BLOCK + 3]
 
 
-def test_tail_store_is_a_bounded_lru_found_by_its_longest_prefix() -> None:
+def test_tail_store_is_a_bounded_lru_taken_by_its_longest_prefix() -> None:
     store = TailStore(capacity=2)
-    x = torch.zeros(2, 1)
+    x, y = torch.zeros(2, 1), torch.ones(1, 1)
     store.put(1, [4, 5], x)
-    store.put(1, [4], torch.ones(1, 1))
-    assert store.longest(1, [4, 5, 6]) is x  # the longest stored tail the tokens start with
-    assert store.longest(2, [4, 5]) is None  # another prefix
-    store.put(1, [7], torch.ones(1, 1))  # evicts the least recently used: [4]
-    assert store.longest(1, [4]) is None and store.longest(1, [4, 5]) is x
+    store.put(1, [4], y)
+    assert store.take(2, [4, 5]) is None  # another prefix
+    assert store.take(1, [4, 5, 6]) is x  # the longest stored tail the tokens start with
+    assert store.take(1, [4, 5]) is y  # taken out: the next longest is left
+    assert store.take(1, [4, 5]) is None
+    store.put(1, [4], y)
+    store.put(1, [7], y)
+    store.put(1, [8], y)  # over capacity: the least recently stored goes
+    assert store.take(1, [4]) is None and store.take(1, [7]) is y and store.take(1, [8]) is y
+
+
+def test_as_many_interleaved_loops_as_tails_all_restore_their_tails(
+        tiny_models: TinyModels) -> None:
+    """Two BLS loops taking turns with room for two tails: each call finds its loop's tail
+    (a restored tail is taken out, so a loop holds one at a time)."""
+    m = tiny_models
+    cache = VerifyPrefixCache(m.target.new_cache(1, 1).plane("target"), 1 << 22,
+                              block_size=BLOCK)
+    cache.tails = TailStore(capacity=2)
+    restored = _spy_restore(cache)
+    dec = SpecDecoder(m.target)
+    loops, lens = [[7, 8, 9, 10, 11], [3, 1, 4, 1, 5, 9]], []
+    for _ in range(4):
+        for i, ctx in enumerate(loops):
+            lens.append(len(ctx))
+            out = dec.verify([ctx], SamplingParams(max_tokens=3),
+                             ExternalDraftProposer([[1, 2]]), prefix=cache)[0]
+            loops[i] = ctx + out.token_ids
+    assert restored[2:] == [n - 1 for n in lens[2:]]
