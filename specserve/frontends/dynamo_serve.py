@@ -37,7 +37,7 @@ from typing import Any
 from specserve.errors import ServerError, SpecserveError
 from specserve.processes import die_with_parent
 from specserve.triton.model_params import DEFAULT_PREFIX_CACHE_MB
-from specserve.triton.server import find_free_port
+from specserve.triton.server import find_free_ports
 
 ROUTERS = ("round-robin", "random", "kv")
 HOST = "127.0.0.1"
@@ -209,12 +209,14 @@ class DynamoDeployment:
         self.discovery = self._tmp / "discovery"
         self.discovery.mkdir()
         env = dynamo_env(self.discovery)
-        self.http_port = self.cfg.http_port or find_free_port(HOST)
+        ports = iter(find_free_ports(1 + len(self.cfg.models) * self.cfg.workers, HOST,
+                                     {self.cfg.http_port}))
+        self.http_port = self.cfg.http_port or next(ports)
         self.children = [Child("frontend", frontend_command(self.cfg, self.http_port),
                                self.log_dir / "frontend.log")]
         for model in self.cfg.models:
             for i in range(self.cfg.workers):
-                port = find_free_port(HOST)
+                port = next(ports)
                 self.children.append(Child(
                     f"worker {model.name} #{i}", worker_command(self.cfg, model, port),
                     self.log_dir / f"worker-{model.name}-{i}.log", port, model.name))

@@ -24,6 +24,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Collection
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -49,9 +51,24 @@ _HARMLESS = ("CudaDriverHelper has not been initialized", "Unable to allocate pi
 
 def find_free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return find_free_ports(1, host)[0]
+
+
+def find_free_ports(n: int, host: str = "127.0.0.1", avoid: Collection[int] = (),
+                    new_socket: Callable[[], socket.socket] = socket.socket) -> list[int]:
+    """``n`` distinct TCP ports free on ``host`` right now, none of them in ``avoid``. The
+    sockets are held bound until all are picked: ports picked one at a time, each socket closed
+    before the next bind, can come back equal (seen: tritonserver refused to start with HTTP and
+    metrics on the same port). ``new_socket``: a TCP socket (the tests give a model kernel)."""
+    with ExitStack() as stack:
+        got: list[int] = []
+        while len(got) < n:
+            s = stack.enter_context(new_socket())
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            if port not in avoid:
+                got.append(port)
+        return got
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -121,9 +138,11 @@ class TritonServer:
         repo = Path(self.repo).resolve()
         if not repo.is_dir():
             raise ServerError(f"{self.repo}: model repository not found")
-        self.http_port = self.http_port or find_free_port(self.host)
-        self.grpc_port = self.grpc_port or find_free_port(self.host)
-        self.metrics_port = self.metrics_port or find_free_port(self.host)
+        given = {self.http_port, self.grpc_port, self.metrics_port} - {0}
+        unset = [p for p in ("http_port", "grpc_port", "metrics_port") if not getattr(self, p)]
+        for name, port in zip(unset, find_free_ports(len(unset), self.host, given),
+                              strict=True):
+            setattr(self, name, port)
         for what, port in (("http", self.http_port), ("grpc", self.grpc_port),
                            ("metrics", self.metrics_port)):
             check_port_free(self.host, port, what)

@@ -12,13 +12,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from specserve.errors import ServerError
 from specserve.triton.launch import TritonInstall, build_command
-from specserve.triton.server import TritonServer, error_lines, find_free_port
+from specserve.triton.server import TritonServer, error_lines, find_free_ports
 
 BROKEN_CONFIG = """name: "broken"
 backend: "python"
@@ -91,7 +92,7 @@ def test_cli_serve_broken_repo_exits_nonzero(tmp_path: Path) -> None:
     from specserve.cli.main import cli
 
     repo = broken_repo(tmp_path)
-    ports = [str(find_free_port()) for _ in range(3)]
+    ports = [str(p) for p in find_free_ports(3)]
     before = set(descendants_of(os.getpid()))  # a run-wide server (tests/conftest.py) may be up
     res = CliRunner().invoke(cli, ["serve", "--repo", str(repo), "--http-port", ports[0],
                                    "--grpc-port", ports[1], "--metrics-port", ports[2],
@@ -100,6 +101,45 @@ def test_cli_serve_broken_repo_exits_nonzero(tmp_path: Path) -> None:
     assert "error:" in res.output and "deliberately broken model" in res.output
     assert "deliberately broken model" in (tmp_path / "serve.log").read_text()  # log kept
     assert set(descendants_of(os.getpid())) - before == set()
+
+
+class LowestFreeKernel:
+    """A model of the kernel's ``bind(port 0)``: the lowest port no open socket holds, so a
+    port comes back as soon as its socket is closed (the case that broke a server start)."""
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+
+    def socket(self) -> Any:
+        kernel = self
+
+        class Sock:
+            port = 0
+
+            def bind(self, addr: tuple[str, int]) -> None:
+                self.port = min(set(range(7000, 7100)) - kernel.held)
+                kernel.held.add(self.port)
+
+            def getsockname(self) -> tuple[str, int]:
+                return ("127.0.0.1", self.port)
+
+            def __enter__(self) -> Sock:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                kernel.held.discard(self.port)
+        return Sock()
+
+
+def test_free_ports_are_distinct_and_avoid_the_given_ones() -> None:
+    """Picked together (sockets held until all are bound), so never the same port twice even
+    from a kernel that hands a closed port straight back, and never one in ``avoid``."""
+    kernel = LowestFreeKernel()
+    assert find_free_ports(3, new_socket=kernel.socket) == [7000, 7001, 7002]
+    assert find_free_ports(2, avoid={7000, 7002}, new_socket=kernel.socket) == [7001, 7003]
+    assert kernel.held == set()  # every socket closed on return
+    ports = find_free_ports(3)  # the real kernel
+    assert len(set(ports)) == 3
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
@@ -156,7 +196,7 @@ def _serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[st
     """``specserve serve`` of the echo repository on free ports: the process, its first output
     line (printed once ready, or the failure) and the ports; killed if still running, and its
     output pipe closed, at the end."""
-    ports = [str(find_free_port()) for _ in range(3)]
+    ports = [str(p) for p in find_free_ports(3)]
     cmd = [sys.executable, "-m", "specserve.cli.main", "serve", "--repo",
            str(echo_repo(tmp_path)), "--http-port", ports[0], "--grpc-port", ports[1],
            "--metrics-port", ports[2], "--timeout", "60"]
