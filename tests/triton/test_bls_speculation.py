@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from specserve.triton.repository import RepoOptions, write_repository
 from tests.helpers.server import (
     TEARDOWN_STOP_S,
     StreamError,
+    grpc_responses,
     grpc_stream,
     grpc_stream_many,
     make_fake_trtllm_engine,
@@ -86,7 +88,8 @@ def test_bls_lib_is_copied_next_to_model_py(tiny_ckpt: TinyCheckpoint, tmp_path:
     repo = write_repository(engine, tmp_path / "repo")
     src = Path(bls_lib.__file__).parent
     expected = sorted(f.name for f in src.glob("*.py"))
-    assert {"spec_loop.py", "spec_io.py", "ngram.py", "detok.py", "__init__.py"} <= set(expected)
+    assert {"spec_loop.py", "spec_io.py", "ngram.py", "detok.py", "background.py",
+            "__init__.py"} <= set(expected)
     lib = repo / "tensorrt_llm_bls" / "1" / "lib"
     assert sorted(f.name for f in lib.iterdir()) == expected
     for name in expected:
@@ -94,7 +97,8 @@ def test_bls_lib_is_copied_next_to_model_py(tiny_ckpt: TinyCheckpoint, tmp_path:
     assert sorted(f.name for f in lib.parent.iterdir()) == ["lib", "model.py"]
     models = Path(bls_lib.__file__).parent.parent
     assert (lib.parent / "model.py").read_text() == (models / "bls.py").read_text()
-    assert "from lib import ngram, spec_io, spec_loop" in (lib.parent / "model.py").read_text()
+    assert "from lib import background, ngram, spec_io, spec_loop" in \
+        (lib.parent / "model.py").read_text()
 
 
 def test_ngram_repo_has_prompt_lookup_and_no_draft_model(tiny_ckpt: TinyCheckpoint,
@@ -335,6 +339,22 @@ def test_streaming_from_the_bls(served: Any) -> None:
         final = next(r for r in rs if "total_draft_tokens" in r)
         stats = json.loads(scalar(final, "spec_stats_json"))
         assert stats["steps"] == len(chunks)  # every iteration streamed its tokens
+
+
+@pytest.mark.server
+def test_streamed_loops_cancelled_mid_stream_leave_the_bls_serving(served: Any) -> None:
+    """Streamed loops whose client leaves after the first chunk (their text and sends run on a
+    thread of their own, lib/background.py) end; the stub lives and the next streamed request
+    is whole."""
+    url = served.grpc_url
+    streamed = request(PROMPTS[0], 24, num_draft_tokens=K, stream=True)
+    for _ in range(4):
+        with closing(grpc_responses(url, "tensorrt_llm_bls", [streamed])) as rs:
+            _, first = next(rs)
+            assert "error" not in first
+    whole = text_of(grpc_stream(url, "tensorrt_llm_bls", request(
+        PROMPTS[0], 24, num_draft_tokens=K, exclude_input_in_output=True)))
+    assert text_of(grpc_stream(url, "tensorrt_llm_bls", streamed)) == whole
 
 
 @pytest.mark.server

@@ -32,7 +32,8 @@ for ``exclude_input_in_output`` (only new tokens come back); a target whose para
 concatenated (``tensorrt_llm_draft_decoupled`` likewise; both default to false, upstream's
 setup). A decoupled BLS with ``stream`` sends one response per iteration holding that
 iteration's new text (incremental detokenization, ``lib/detok.py``; upstream refuses streaming
-with speculation), then a final one with the perf outputs. ``total_draft_tokens`` /
+with speculation), made and sent on a thread of the request's own while the loop goes on
+(``lib/background.py``), then a final one with the perf outputs. ``total_draft_tokens`` /
 ``total_accepted_draft_tokens`` are summed over the iterations (accepted: the leading target
 tokens equal to the drafts; the target is asked for no perf outputs, see ``_keep``),
 ``acceptance_rate`` = accepted / drafted; ``spec_stats_json`` (reference repositories) counts one
@@ -47,6 +48,7 @@ a draft vocabulary (the width of its ``generation_logits``, asked for only with
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import threading
 import time
@@ -56,22 +58,21 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 if TYPE_CHECKING:
-    from specserve.triton.models.bls_lib import ngram, spec_io, spec_loop
+    from specserve.triton.models.bls_lib import background, ngram, spec_io, spec_loop
     from specserve.triton.models.bls_lib import request as rq
 else:
     try:  # in a repository: tensorrt_llm_bls/1/lib/, next to model.py
-        from lib import ngram, spec_io, spec_loop
+        from lib import background, ngram, spec_io, spec_loop
         from lib import request as rq
     except ImportError:  # imported from the specserve package
-        from specserve.triton.models.bls_lib import ngram, spec_io, spec_loop
+        from specserve.triton.models.bls_lib import background, ngram, spec_io, spec_loop
         from specserve.triton.models.bls_lib import request as rq
 
 KEEP_ITERATORS = 4096  # decoupled BLS response iterators held after use (see _keep)
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
-class _Cancelled(Exception):
-    """The client went away: stop the loop, send nothing more."""
+_Cancelled = background.Cancelled  # the client went away: stop the loop, send nothing more
 
 
 class _CallError(RuntimeError):
@@ -286,14 +287,30 @@ class TritonPythonModel:
             self._model_draft(inputs, pre, opts, fast)
         text = spec_io.TextStream(opts, self.cfg.accumulate, req.prompt, self._decode,
                                   self._decode_many)
+        # streamed: each iteration's text and send on a thread of its own (lib/background.py)
+        bg = background.Background() if opts.streaming else None
 
-        def on_iteration(it: spec_loop.Iteration) -> None:
+        def stream(it: spec_loop.Iteration) -> None:
             values = text.iteration(it)
             if values is not None:
                 emit(self._response(values), False)
 
+        def on_iteration(it: spec_loop.Iteration) -> None:
+            if bg is None:
+                stream(it)
+            else:
+                bg.put(lambda: stream(it))
+
         scheduled = time.monotonic_ns()
-        result = spec_loop.run(req, draft, self._target(inputs, pre, fast), on_iteration)
+        try:
+            result = spec_loop.run(req, draft, self._target(inputs, pre, fast), on_iteration)
+        except BaseException:
+            if bg is not None:
+                with contextlib.suppress(BaseException):
+                    bg.close()  # its sends end before the caller's error or final flag
+            raise
+        if bg is not None:
+            bg.close()
         emit(self._response(text.final(result, arrival, scheduled)), False)
 
     def _model_draft(self, inputs: Arrays, pre: Arrays, opts: spec_io.SpecOptions,
