@@ -55,13 +55,13 @@ class KVCache:
         x = torch.stack([buf[row][:, positions] for buf in (*self.k, *self.v)])  # [2L, kv, N, D]
         return x.permute(2, 0, 1, 3).contiguous()
 
-    def restore(self, row: int, data: torch.Tensor) -> None:
-        """Positions 0..N-1 of row ``row`` take ``data`` [N, 2 * layers, n_kv, D] (an
+    def restore(self, row: int, data: torch.Tensor, at: int = 0) -> None:
+        """Positions at..at+N-1 of row ``row`` take ``data`` [N, 2 * layers, n_kv, D] (an
         :meth:`export`, from a prefix cache)."""
         x = data.permute(1, 2, 0, 3)  # [2L, kv, N, D]
         n = data.shape[0]
         for i, buf in enumerate((*self.k, *self.v)):
-            buf[row, :, :n] = x[i]
+            buf[row, :, at:at + n] = x[i]
 
     def keep_nodes(self, row: int, nodes: list[int]) -> None:
         """Move the K/V of tree nodes ``nodes`` (written at length+node) to length+0..n-1."""

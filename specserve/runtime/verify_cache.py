@@ -82,16 +82,15 @@ class VerifyPrefixCache:
         for b, seq in enumerate(seqs):
             hashes = chain_hashes(seq, bs, limit=(len(seq) - 1) // bs)
             ids = self.pool.match(hashes)
-            parts = self.pool.read(ids) if ids else []
+            if ids:
+                cache.restore(b, self.pool.read(ids)[0])
             parent = hashes[len(ids) - 1] if ids else ROOT_HASH
             start = len(ids) * bs
             tail = self.tails.take(parent, seq[start:start + bs - 1])  # the pending token
             if tail is not None:  # may be in it (the same context again): not restored
                 tail = tail[:len(seq) - 1 - start]
-                parts.append(tail)
-            if parts:
-                cache.restore(b, torch.cat(parts) if len(parts) > 1 else parts[0])
-            out.append(len(ids) * bs + (0 if tail is None else tail.shape[0]))
+                cache.restore(b, tail, at=start)
+            out.append(start + (0 if tail is None else tail.shape[0]))
         return out
 
     def keep(self, seqs: list[list[int]], cache: KVCache) -> None:
