@@ -24,7 +24,8 @@ The reference model updates them through :class:`DeferredCounters`: requests' in
 summed as they end and written by the model's sender thread after the response, one seqlocked
 update for all the requests that ended since the last one. Every increment is a round trip to
 tritonserver; made by the serving loop itself they held its thread ~0.4 ms for each request
-(~1.4 ms under load, py-spy: a quarter of the BLS loop's verify calls).
+(timestamps around the writes; py-spy, which slows them, put them at a quarter of the loop's
+busy time in the BLS loop's verify calls).
 
 Prometheus reads each series on its own: no scrape sees several series change together. A
 request's update is several increments (each one a message from the Python backend's stub to
