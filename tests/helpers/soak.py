@@ -98,6 +98,53 @@ def one_stream(url: str, index: int, text: str, max_tokens: int, cancel: bool,
         return record("error", f"{type(e).__name__}: {e}"[:300])
 
 
+def one_openai_stream(url: str, model: str, index: int, text: str, max_tokens: int,
+                      cancel: bool, timeout_s: float = 120.0) -> StreamRecord:
+    """:func:`one_stream` over the OpenAI protocol (a streamed greedy ``/v1/completions``, as
+    NVIDIA Dynamo's frontend serves it); ``cancel``: close the connection after the first
+    chunk with text (the frontend then cancels the request)."""
+    import http.client
+    from urllib.parse import urlparse
+
+    t0 = time.monotonic()
+    chunks, parts = 0, list[str]()
+
+    def record(status: str, error: str | None = None) -> StreamRecord:
+        return StreamRecord(index, status, chunks, "".join(parts), error, time.monotonic() - t0)
+
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+    body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            return record("error", f"HTTP {r.status}: {r.read()[:200]!r}")
+        for raw in r:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return record("completed")
+            event = json.loads(data)
+            if "error" in event:
+                return record("error", str(event["error"])[:300])
+            piece = "".join(c.get("text") or "" for c in event.get("choices", []))
+            if piece:
+                chunks += 1
+                parts.append(piece)
+            if cancel and chunks >= 1:
+                return record("cancelled")
+        return record("error", "the stream ended without [DONE]")
+    except Exception as e:  # noqa: BLE001 - every failure is recorded
+        return record("error", f"{type(e).__name__}: {e}"[:300])
+    finally:
+        conn.close()
+
+
 def soak_streams(server: Any, requests: int = 500, concurrency: int = 64,
                  cancel_every: int = 10, max_tokens: int = 32,
                  out: Path | None = None) -> dict[str, Any]:
