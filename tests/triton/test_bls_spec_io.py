@@ -40,6 +40,17 @@ def test_params_from_the_config_and_placeholders() -> None:
     assert BlsParams.from_params({}) == BlsParams()
 
 
+def test_drafting_ahead_only_with_a_draft_model_and_no_fast_logits() -> None:
+    """On by default for a draft model; off by parameter, for n-gram (nothing to overlap) and
+    with fast logits (the handle would show the target the extra guess)."""
+    draft = {"tensorrt_llm_draft_model_name": "d"}
+    assert BlsParams.from_params(draft).ahead
+    assert not BlsParams.from_params({**draft, "specserve_draft_ahead": "false"}).ahead
+    assert not BlsParams.from_params({**draft, "speculative_decoding_fast_logits": "1"}).ahead
+    assert not BlsParams.from_params({"speculative_mode": "ngram"}).ahead
+    assert not BlsParams.from_params({}).ahead
+
+
 @pytest.mark.parametrize(("cfg", "inputs", "k", "message"), [
     (BlsParams(spec_mode="ngram"), {}, -1, "num_draft_tokens must be >= 0"),
     (BlsParams(spec_mode="ngram", max_draft_len=3), {}, 4, "exceeds the target's max_draft_len 3"),

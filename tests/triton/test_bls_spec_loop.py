@@ -374,6 +374,104 @@ def test_iterations_stream_in_order_with_times() -> None:
     assert res.first_token_ns < res.last_token_ns
 
 
+# --- drafting ahead: the next draft call beside the target's ---
+
+class Ahead:
+    """An ``ahead`` that runs each job on a thread and records what it was asked and which
+    answers the loop waited for."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.waited = 0
+
+    def __call__(self, job: Callable[[], Any]) -> Callable[[], Any]:
+        import concurrent.futures
+
+        self.started += 1
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        future = pool.submit(job)
+        pool.shutdown(wait=False)
+
+        def wait() -> Any:
+            self.waited += 1
+            return future.result()
+        return wait
+
+
+WRONG = {"perfect": lambda i: False, "every-3rd-wrong": lambda i: i % 3 == 0,
+         "every-7th-wrong": lambda i: i % 7 == 0, "all-wrong": lambda i: True}
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+@pytest.mark.parametrize("wrong", list(WRONG.values()), ids=list(WRONG))
+def test_draft_ahead_changes_nothing_but_the_wait(k: int, wrong: Callable[[int], bool]) -> None:
+    """With ``ahead`` the tokens, the iterations (drafts, target tokens, counts) and every
+    target call equal the loop's without it, stops and end ids included; a draft call was
+    started ahead after every iteration with a guess, and used only where its context came
+    true (perfect drafts: every iteration after the first)."""
+    for prompt in PROMPTS:
+        full = greedy(prompt, 17)
+        for n, kw in ((1, {}), (5, {}), (17, {}), (17, {"stop_words": ((full[9],),)}),
+                      (17, {"end_id": full[12]})):
+            plain_t, ahead_t, ahead = Target(), Target(), Ahead()
+            want = run(request(prompt, n, k, **kw), Draft(wrong), plain_t)
+            got = run(request(prompt, n, k, **kw), Draft(wrong), ahead_t, ahead=ahead)
+            assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
+            strip = [(it.drafts, it.target_tokens, it.new_tokens, it.drafted, it.accepted)
+                     for it in want.iterations]
+            assert [(it.drafts, it.target_tokens, it.new_tokens, it.drafted, it.accepted)
+                    for it in got.iterations] == strip, (prompt, n, kw)
+            assert [c[:2] for c in ahead_t.calls] == [c[:2] for c in plain_t.calls]
+            if wrong is WRONG["perfect"] and not kw:
+                drafting = sum(1 for it in got.iterations if it.drafts)
+                assert ahead.waited == max(0, drafting - 1), (prompt, n)
+    # perfect drafts, 40 tokens, K 4: 8 iterations of 5 tokens, the last 7 drafted ahead and
+    # none started past the end; only the first draft call is on the loop's own path
+    ahead, draft = Ahead(), Draft()
+    res = run(request([1, 2, 3], 40, 4), draft, Target(), ahead=ahead)
+    assert len(res.iterations) == 8 and ahead.started == ahead.waited == 7
+    assert len(draft.calls) == 8
+
+
+def test_draft_ahead_asks_one_more_token_with_the_iterations_seed() -> None:
+    """Every draft call (in the loop or ahead) asks for k + 1 tokens with min_tokens k + 1 and
+    the seed of the iteration that uses it; the target gets the first k."""
+    draft, target = Draft(), Target()
+    res = run(request([1, 2], 21, 3, sampling=Sampling(temperature=1.0, seed=5)), draft,
+              target, ahead=Ahead())
+    by_len = {ctx_len: (asked, s) for ctx_len, asked, s in draft.calls}
+    produced = 0
+    for i, it in enumerate(res.iterations):
+        assert len(target.calls[i][1]) == max(0, min(3, 21 - produced - 1))
+        if it.drafts:
+            asked, s = by_len[2 + produced]
+            assert asked == len(it.drafts) + 1 and s.min_tokens == asked
+            assert s.seed == iteration_seed(5, i, "draft")
+        produced += len(it.new_tokens)
+
+
+def test_draft_ahead_errors_surface_only_when_used() -> None:
+    """A draft call started ahead that fails fails the request where its answer is used, and
+    is dropped unseen where the loop drafted afresh instead."""
+    class Failing(Draft):
+        def __init__(self, fail_at: int, wrong: Callable[[int], bool]) -> None:
+            super().__init__(wrong)
+            self.fail_at = fail_at
+
+        def __call__(self, ctx: list[int], k: int, s: Sampling) -> tuple[list[int], Any]:
+            if len(self.calls) == self.fail_at:
+                self.calls.append((len(ctx), k, s))
+                raise RuntimeError("draft model gone")
+            return super().__call__(ctx, k, s)
+
+    with pytest.raises(RuntimeError, match="draft model gone"):
+        run(request([1, 2, 3], 30, 4), Failing(1, lambda i: False), Target(), ahead=Ahead())
+    # wrong at every 5th position from 8 on: the ahead call after iteration 0 is dropped
+    wrong = lambda i: i >= 5 and i % 5 == 0  # noqa: E731
+    res = run(request([1, 2, 3], 30, 4), Failing(1, wrong), Target(), ahead=Ahead())
+    assert res.tokens == greedy([1, 2, 3], 30)
+
+
 # --- temperature 1: the loop's seeds keep speculative sampling lossless ---
 
 P_TABLE = [[0.2, 0.3, 0.5], [0.6, 0.3, 0.1], [0.1, 0.1, 0.8]]  # target p(next | last token)

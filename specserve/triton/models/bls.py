@@ -26,7 +26,11 @@ from the model named by ``tensorrt_llm_draft_model_name`` (``request_output_len`
 ``min_tokens`` = k, ``end_id`` -1, ``return_generation_logits`` when ``use_draft_logits``) or,
 with parameter ``speculative_mode: ngram``, from prompt lookup over the context
 (``lib/ngram.py``, ``ngram_max_size``); the target (``tensorrt_llm_model_name``) gets the context,
-``draft_input_ids`` (+ ``draft_logits``) and ``request_output_len`` = drafts + 1. Both calls ask
+``draft_input_ids`` (+ ``draft_logits``) and ``request_output_len`` = drafts + 1. With a draft
+model (parameter ``specserve_draft_ahead``, default true; not with fast logits) each draft call
+asks one token more, a guess of the target's, and the next iteration's draft call runs on a
+thread of the request's own while the target verifies (``lib/spec_loop.py``, "Drafting
+ahead"). Both calls ask
 for ``exclude_input_in_output`` (only new tokens come back); a target whose parameter
 ``tensorrt_llm_decoupled`` is true is called with ``exec(decoupled=True)`` and its responses are
 concatenated (``tensorrt_llm_draft_decoupled`` likewise; both default to false, upstream's
@@ -48,6 +52,7 @@ a draft vocabulary (the width of its ``generation_logits``, asked for only with
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import json
 import threading
@@ -301,14 +306,21 @@ class TritonPythonModel:
             else:
                 bg.put(lambda: stream(it))
 
+        # the next iteration's draft call beside the target's (spec_loop: "Drafting ahead")
+        pool = concurrent.futures.ThreadPoolExecutor(1, "bls-ahead") if self.cfg.ahead else None
         scheduled = time.monotonic_ns()
         try:
-            result = spec_loop.run(req, draft, self._target(inputs, pre, fast), on_iteration)
+            result = spec_loop.run(req, draft, self._target(inputs, pre, fast), on_iteration,
+                                   ahead=None if pool is None else
+                                   (lambda job: pool.submit(job).result))
         except BaseException:
             if bg is not None:
                 with contextlib.suppress(BaseException):
                     bg.close()  # its sends end before the caller's error or final flag
             raise
+        finally:
+            if pool is not None:  # a call started ahead and not used ends here, unseen
+                pool.shutdown(wait=True, cancel_futures=True)
         if bg is not None:
             bg.close()
         emit(self._response(text.final(result, arrival, scheduled)), False)

@@ -69,6 +69,16 @@ class BlsParams:
     llm_decoupled: bool = False
     draft_decoupled: bool = False
     max_inflight: int = DEFAULT_MAX_INFLIGHT
+    # draft the next iteration while the target verifies (spec_loop: "Drafting ahead");
+    # parameter specserve_draft_ahead, default true; never with fast logits (a handle to the
+    # draft request, whose extra guess token the target must not see)
+    draft_ahead: bool = True
+
+    @property
+    def ahead(self) -> bool:
+        """Whether a request drafts ahead: a draft model (not n-gram, whose drafts cost
+        nothing), the parameter on, and no fast-logits handle."""
+        return self.draft_ahead and self.spec_mode == "draft" and not self.fast_logits
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> BlsParams:
@@ -86,7 +96,9 @@ class BlsParams:
             llm_decoupled=flag(params, "tensorrt_llm_decoupled"),
             draft_decoupled=flag(params, "tensorrt_llm_draft_decoupled"),
             max_inflight=max(1, int(param(params, "specserve_max_inflight",
-                                          str(DEFAULT_MAX_INFLIGHT)))))
+                                          str(DEFAULT_MAX_INFLIGHT)))),
+            draft_ahead=param(params, "specserve_draft_ahead", "true").lower()
+            in ("true", "1", "yes"))
 
 
 @dataclass(frozen=True)

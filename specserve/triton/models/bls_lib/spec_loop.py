@@ -42,6 +42,17 @@ specserve's own rules on top (documented in docs/architecture.md, "Triton contra
 - The draft gets ``end_id = -1`` and no stop words (it always proposes k tokens); ``min_tokens``
   for the target is what is left of the request's ``min_tokens``, at most that call's
   ``request_output_len`` (``len(drafts) + 1``; the model refuses a larger one).
+- **Drafting ahead** (``ahead``, optional): each draft call asks for one token more than it
+  sends to the target, a guess of the target's own next token. While the target verifies, the
+  next iteration's draft call runs beside it on the context the loop would have if every
+  draft is accepted and the target's token equals the guess (PEARL's "post-verify", Liu et al.
+  2024, "PEARL: Parallel Speculative Decoding with Adaptive Draft Length"). The next
+  iteration uses that answer only when its context is exactly that one; otherwise it
+  drafts afresh and the answer is dropped. The drafts a target sees are then the ones a call
+  on that context would have made (the same call, seed included), so outputs and figures are
+  those of the loop without it, for a draft whose first k tokens do not depend on how many it
+  is asked for (a sequential sampler's do; greedy ones always): only the draft call's wait
+  leaves the critical path. Lossless either way: the target verifies whatever it is sent.
 """
 
 from __future__ import annotations
@@ -113,6 +124,10 @@ class SpecRequest:
 DraftFn = Callable[[list[int], int, Sampling], tuple[list[int], Any]]
 # target(context, drafts, draft logits or None, sampling) -> (new tokens, accepted, drafted)
 TargetFn = Callable[[list[int], list[int], Any, Sampling], tuple[list[int], int, int]]
+# ahead(job) -> wait: starts the draft call ``job`` beside the caller; ``wait()`` returns its
+# answer (or raises its error)
+DraftAnswer = tuple[list[int], Any]
+AheadFn = Callable[[Callable[[], DraftAnswer]], Callable[[], DraftAnswer]]
 
 
 @dataclass(frozen=True)
@@ -212,38 +227,68 @@ class _Output:
         return new
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """A draft call started ahead: the context it assumed (which also fixes its ``k``), and
+    its answer's wait."""
+
+    context: list[int]
+    wait: Callable[[], DraftAnswer]
+
+
+def _draft_sampling(req: SpecRequest, index: int, n: int) -> Sampling:
+    return replace(req.sampling, seed=iteration_seed(req.sampling.seed, index, "draft"),
+                   min_tokens=n)
+
+
+def _checked(answer: DraftAnswer, k: int, asked: int) -> tuple[list[int], Any, int | None]:
+    """(the first ``k`` drafts, their logits or None, the guess after them or None) of a draft
+    call asked for ``asked`` (k or k + 1) tokens."""
+    tokens, logits = [int(t) for t in answer[0]], answer[1]
+    if len(tokens) > asked:
+        raise SpecLoopError(f"draft returned {len(tokens)} tokens, asked for {asked}")
+    drafts, guess = tokens[:k], (tokens[k] if len(tokens) > k else None)
+    if not drafts:
+        return [], None, guess
+    if logits is not None and len(logits) < len(tokens):
+        raise SpecLoopError(f"draft returned logits for {len(logits)} positions and "
+                            f"{len(tokens)} tokens")
+    if logits is not None:
+        logits = logits[len(logits) - len(tokens):][:len(drafts)]
+    return drafts, logits, guess
+
+
 def run(req: SpecRequest, draft: DraftFn, target: TargetFn,
         on_iteration: Callable[[Iteration], None] | None = None,
-        clock: Callable[[], int] = time.monotonic_ns) -> LoopResult:
+        clock: Callable[[], int] = time.monotonic_ns, ahead: AheadFn | None = None
+        ) -> LoopResult:
     """Generate ``req`` by draft + verify rounds until a stop rule fires (see the module
-    docstring). ``on_iteration`` sees every iteration (streaming: its ``new_tokens``).
+    docstring). ``on_iteration`` sees every iteration (streaming: its ``new_tokens``);
+    ``ahead``: draft the next iteration while the target verifies (module docstring).
 
     Terminates: an iteration that does not end the loop added at least one token (the target's
     own token), and ``max_tokens`` ends it."""
     req.validate()
     out = _Output(req)
     result = LoopResult(tokens=out.tokens, finish_reason="", iterations=[])
-    index = 0
+    index, extra = 0, int(ahead is not None)
+    pending: _Ahead | None = None
     while True:
         context = [*req.prompt, *out.tokens]
         remaining = req.max_tokens - len(out.tokens)
         k = min(req.num_draft_tokens, remaining - 1)
         drafts: list[int] = []
         logits: Any = None
+        guess: int | None = None
         if k > 0:
-            draft_sampling = replace(req.sampling, seed=iteration_seed(req.sampling.seed, index,
-                                                                       "draft"), min_tokens=k)
-            drafts, logits = draft(context, k, draft_sampling)
-            drafts = [int(t) for t in drafts]
-            if len(drafts) > k:
-                raise SpecLoopError(f"draft returned {len(drafts)} tokens, asked for {k}")
-            if not drafts:
-                logits = None
-            elif logits is not None and len(logits) < len(drafts):
-                raise SpecLoopError(f"draft returned logits for {len(logits)} positions and "
-                                    f"{len(drafts)} tokens")
-            elif logits is not None:
-                logits = logits[len(logits) - len(drafts):]
+            if pending is not None and pending.context == context:
+                answer = pending.wait()
+            else:
+                answer = draft(context, k + extra, _draft_sampling(req, index, k + extra))
+            drafts, logits, guess = _checked(answer, k, k + extra)
+        pending = None
+        if ahead is not None and guess is not None:
+            pending = _start_ahead(req, draft, ahead, [*context, *drafts, guess], index + 1)
         # what is left of min_tokens, at most this call's output length (drafts + 1): a
         # prompt-lookup draft may propose fewer than k tokens, or none
         target_sampling = replace(req.sampling,
@@ -278,3 +323,14 @@ def run(req: SpecRequest, draft: DraftFn, target: TargetFn,
         index += 1
         if index >= req.max_tokens:  # cannot happen (see above): never spin on a broken rule
             raise SpecLoopError(f"{index} iterations without finishing {req.max_tokens} tokens")
+
+
+def _start_ahead(req: SpecRequest, draft: DraftFn, ahead: AheadFn, context: list[int],
+                 index: int) -> _Ahead | None:
+    """Iteration ``index``'s draft call on ``context`` (every draft accepted and the guess
+    right), started now; None when that iteration would draft nothing."""
+    k = min(req.num_draft_tokens, req.max_tokens - (len(context) - len(req.prompt)) - 1)
+    if k <= 0:
+        return None
+    sampling = _draft_sampling(req, index, k + 1)
+    return _Ahead(context, ahead(lambda: draft(context, k + 1, sampling)))
