@@ -408,7 +408,8 @@ def test_draft_ahead_changes_nothing_but_the_wait(k: int, wrong: Callable[[int],
     """With ``ahead`` the tokens, the iterations (drafts, target tokens, counts) and every
     target call equal the loop's without it, stops and end ids included; a draft call was
     started ahead after every iteration with a guess, and used only where its context came
-    true (perfect drafts: every iteration after the first)."""
+    true (perfect drafts: every iteration after the second; the first target call, which
+    prefills the prompt, runs alone)."""
     for prompt in PROMPTS:
         full = greedy(prompt, 17)
         for n, kw in ((1, {}), (5, {}), (17, {}), (17, {"stop_words": ((full[9],),)}),
@@ -424,18 +425,19 @@ def test_draft_ahead_changes_nothing_but_the_wait(k: int, wrong: Callable[[int],
             assert [c[:2] for c in ahead_t.calls] == [c[:2] for c in plain_t.calls]
             if wrong is WRONG["perfect"] and not kw:
                 drafting = sum(1 for it in got.iterations if it.drafts)
-                assert ahead.waited == max(0, drafting - 1), (prompt, n)
-    # perfect drafts, 40 tokens, K 4: 8 iterations of 5 tokens, the last 7 drafted ahead and
-    # none started past the end; only the first draft call is on the loop's own path
+                assert ahead.waited == max(0, drafting - 2), (prompt, n)
+    # perfect drafts, 40 tokens, K 4: 8 iterations of 5 tokens, the last 6 drafted ahead and
+    # none started past the end; only the first two draft calls are on the loop's own path
     ahead, draft = Ahead(), Draft()
     res = run(request([1, 2, 3], 40, 4), draft, Target(), ahead=ahead)
-    assert len(res.iterations) == 8 and ahead.started == ahead.waited == 7
+    assert len(res.iterations) == 8 and ahead.started == ahead.waited == 6
     assert len(draft.calls) == 8
 
 
 def test_draft_ahead_asks_one_more_token_with_the_iterations_seed() -> None:
-    """Every draft call (in the loop or ahead) asks for k + 1 tokens with min_tokens k + 1 and
-    the seed of the iteration that uses it; the target gets the first k."""
+    """Every draft call after the first (in the loop or ahead) asks for k + 1 tokens with
+    min_tokens k + 1, the first for k; each with the seed of the iteration that uses it; the
+    target gets the first k."""
     draft, target = Draft(), Target()
     res = run(request([1, 2], 21, 3, sampling=Sampling(temperature=1.0, seed=5)), draft,
               target, ahead=Ahead())
@@ -445,7 +447,7 @@ def test_draft_ahead_asks_one_more_token_with_the_iterations_seed() -> None:
         assert len(target.calls[i][1]) == max(0, min(3, 21 - produced - 1))
         if it.drafts:
             asked, s = by_len[2 + produced]
-            assert asked == len(it.drafts) + 1 and s.min_tokens == asked
+            assert asked == len(it.drafts) + (i > 0) and s.min_tokens == asked
             assert s.seed == iteration_seed(5, i, "draft")
         produced += len(it.new_tokens)
 
@@ -464,12 +466,16 @@ def test_draft_ahead_errors_surface_only_when_used() -> None:
                 raise RuntimeError("draft model gone")
             return super().__call__(ctx, k, s)
 
+    # call 2 is the first started ahead (beside iteration 1's target call)
     with pytest.raises(RuntimeError, match="draft model gone"):
-        run(request([1, 2, 3], 30, 4), Failing(1, lambda i: False), Target(), ahead=Ahead())
-    # wrong at every 5th position from 8 on: the ahead call after iteration 0 is dropped
-    wrong = lambda i: i >= 5 and i % 5 == 0  # noqa: E731
-    res = run(request([1, 2, 3], 30, 4), Failing(1, wrong), Target(), ahead=Ahead())
+        run(request([1, 2, 3], 30, 4), Failing(2, lambda i: False), Target(), ahead=Ahead())
+    # wrong at sequence positions 5 and 10: iteration 0 keeps 2 drafts (context 6), iteration
+    # 1's guess (position 10) is wrong, so the call started ahead beside it is dropped
+    wrong = lambda i: i in (5, 10)  # noqa: E731
+    ahead = Ahead()
+    res = run(request([1, 2, 3], 30, 4), Failing(2, wrong), Target(), ahead=ahead)
     assert res.tokens == greedy([1, 2, 3], 30)
+    assert ahead.started == ahead.waited + 1  # the failed one, dropped
 
 
 # --- temperature 1: the loop's seeds keep speculative sampling lossless ---

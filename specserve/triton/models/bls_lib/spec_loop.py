@@ -42,8 +42,10 @@ specserve's own rules on top (documented in docs/architecture.md, "Triton contra
 - The draft gets ``end_id = -1`` and no stop words (it always proposes k tokens); ``min_tokens``
   for the target is what is left of the request's ``min_tokens``, at most that call's
   ``request_output_len`` (``len(drafts) + 1``; the model refuses a larger one).
-- **Drafting ahead** (``ahead``, optional): each draft call asks for one token more than it
-  sends to the target, a guess of the target's own next token. While the target verifies, the
+- **Drafting ahead** (``ahead``, optional): from the second iteration on (the first target
+  call prefills the prompt and runs alone, so the time to the first token is the loop's
+  without it), each draft call asks for one token more than it sends to the target, a guess
+  of the target's own next token. While the target verifies, the
   next iteration's draft call runs beside it on the context the loop would have if every
   draft is accepted and the target's token equals the guess (PEARL's "post-verify", Liu et al.
   2024, "PEARL: Parallel Speculative Decoding with Adaptive Draft Length"). The next
@@ -271,7 +273,7 @@ def run(req: SpecRequest, draft: DraftFn, target: TargetFn,
     req.validate()
     out = _Output(req)
     result = LoopResult(tokens=out.tokens, finish_reason="", iterations=[])
-    index, extra = 0, int(ahead is not None)
+    index = 0
     pending: _Ahead | None = None
     while True:
         context = [*req.prompt, *out.tokens]
@@ -280,6 +282,8 @@ def run(req: SpecRequest, draft: DraftFn, target: TargetFn,
         drafts: list[int] = []
         logits: Any = None
         guess: int | None = None
+        # the first target call prefills the prompt: it runs alone (TTFT as without ``ahead``)
+        extra = int(ahead is not None and index > 0)
         if k > 0:
             if pending is not None and pending.context == context:
                 answer = pending.wait()
