@@ -113,7 +113,7 @@ def arrays(model: str, n: int) -> dict[str, Any]:
 
     from tests.helpers.server import request
 
-    if model == "ensemble":
+    if model.startswith("ensemble"):
         return request("def f(x):", n, stream=True)
     if model.startswith("echo"):
         return {"request_output_len": np.array([[n]], dtype=np.int32)}

@@ -277,9 +277,18 @@ def pre_mapping(batch: int, tokenizer: str, opts: RepoOptions) -> dict[str, str]
     }
 
 
-def post_mapping(batch: int, tokenizer: str, opts: RepoOptions) -> dict[str, str]:
+def post_mapping(batch: int, tokenizer: str, opts: RepoOptions,
+                 reference: bool = False) -> dict[str, str]:
+    """postprocessing's placeholders. ``dynamic_batching {}`` (upstream's) for TensorRT-LLM
+    engines only: on the tritonserver that serves reference (torch) engines here (2.51, the
+    ``nvidia-pytriton`` build), a dynamically batched step inside an ensemble keeps ~20 KB for
+    every ensemble request cancelled over a gRPC stream (``benchmarks/triton_cancel_leak.py``:
+    21.5 / 22.2 KB a request with it, 0.62 / 0.11 without; docs/reliability.md §3), and
+    postprocessing's streamed requests rarely share a shape to batch (c = 16 output tok/s was
+    the same without it)."""
     return {
         "triton_max_batch_size": str(batch), "tokenizer_dir": tokenizer,
         "skip_special_tokens": "true",
         "postprocessing_instance_count": str(opts.postprocessing_instance_count),
+        "postprocessing_dynamic_batching": "" if reference else "dynamic_batching {}",
     }

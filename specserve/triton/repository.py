@@ -72,7 +72,8 @@ def plan_repository(engine_dir: Path, cfg: EngineRecord, opts: RepoOptions) -> d
                                                 f"{model}/config.pbtxt")
 
     add("preprocessing", "preprocessing/config.pbtxt", pre_mapping(batch, str(tokenizer), opts))
-    add("postprocessing", "postprocessing/config.pbtxt", post_mapping(batch, str(tokenizer), opts))
+    add("postprocessing", "postprocessing/config.pbtxt",
+        post_mapping(batch, str(tokenizer), opts, reference))
     files["preprocessing/1/model.py"] = _python_model("preprocessing")
     files["postprocessing/1/model.py"] = _python_model("postprocessing")
     pipelines = [("ensemble", "tensorrt_llm", True)]

@@ -202,6 +202,10 @@ def test_reference_repo_shape(tmp_path: Path) -> None:
     assert [s.model_name for s in base.ensemble_scheduling.step] == [
         "preprocessing", "tensorrt_llm_baseline", "postprocessing"]
     assert "spec_stats_json" in {o.name for o in base.output}
+    # no dynamic batcher on postprocessing, the ensemble's step after the decoupled model:
+    # tritonserver 2.51 keeps ~20 KB for every cancelled ensemble request that passes one
+    # (benchmarks/triton_cancel_leak.py); TensorRT-LLM repositories keep upstream's (goldens)
+    assert not parse(repo / "postprocessing" / "config.pbtxt").HasField("dynamic_batching")
 
 
 def test_cli_repo_writes_and_reports(tmp_path: Path) -> None:
