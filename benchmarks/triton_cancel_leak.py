@@ -15,9 +15,7 @@ Python stubs are other processes).
 from __future__ import annotations
 
 import argparse
-import queue
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -124,37 +122,14 @@ def arrays(model: str, n: int) -> dict[str, Any]:
             "streaming": np.array([[True]], dtype=bool)}
 
 
-def one(client: Any, cancel: bool, model: str) -> None:
-    from tests.helpers.server import infer_inputs
-
-    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
-    client.async_stream_infer(model, infer_inputs(arrays(model, 32 if cancel else 4)),
-                              request_id="0", enable_empty_final_response=True)
-    while True:
-        result, error = q.get(timeout=60)
-        if error is not None or cancel:
-            break
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            break
-    client.stop_stream(cancel_requests=cancel)
-
-
 def run(url: str, pid: int, mode: str, n: int, model: str, threads: int = 4) -> float:
-    import tritonclient.grpc as grpcclient
+    from tests.helpers.server import infer_inputs
+    from tests.helpers.soak import stream_rounds
 
-    def worker(k: int) -> None:
-        client = grpcclient.InferenceServerClient(url)
-        for _ in range(k):
-            one(client, mode == "cancel", model)
-        client.close()
-
-    pool = [threading.Thread(target=worker, args=(n // threads,)) for _ in range(threads)]
+    cancel = mode == "cancel"
     before, t0 = rss_mb(pid), time.monotonic()
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    stream_rounds(url, model, lambda: infer_inputs(arrays(model, 32 if cancel else 4)), n,
+                  cancel, threads)
     per = (rss_mb(pid) - before) * 1024 / n
     print(f"{model}, {mode}: {n} requests in {time.monotonic() - t0:.0f} s, tritonserver RSS "
           f"{before:.1f} -> {rss_mb(pid):.1f} MB ({per:.2f} KB/request)", flush=True)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import asdict, dataclass
@@ -143,6 +144,45 @@ def one_openai_stream(url: str, model: str, index: int, text: str, max_tokens: i
         return record("error", f"{type(e).__name__}: {e}"[:300])
     finally:
         conn.close()
+
+
+def stream_rounds(url: str, model: str, inputs: Callable[[], list[Any]], n: int, cancel: bool,
+                  threads: int = 4) -> None:
+    """``n`` streamed requests from ``threads`` threads (a gRPC client each), each on its own
+    stream: read to the final response, or with ``cancel`` stopped after the first response
+    by ``stop_stream(cancel_requests=True)``, a client's cancel (``inputs()``: one request's
+    ``InferInput`` list)."""
+    import queue
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    def one(client: Any) -> None:
+        got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer(model, inputs(), request_id="0",
+                                  enable_empty_final_response=True)
+        while True:
+            result, error = got.get(timeout=60)
+            if error is not None or cancel:
+                break
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream(cancel_requests=cancel)
+
+    def work() -> None:
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            for _ in range(n // threads):
+                one(client)
+        finally:
+            client.close()
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
 
 
 def soak_streams(server: Any, requests: int = 500, concurrency: int = 64,

@@ -15,15 +15,12 @@ may add at most 6 KB each on average (3.5 MB). With the dynamic batcher planted 
 
 from __future__ import annotations
 
-import queue
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.helpers.server import infer_inputs, make_tiny_engine, request
-from tests.helpers.soak import rss_bytes
+from tests.helpers.soak import rss_bytes, stream_rounds
 from tests.helpers.tiny import TinyCheckpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
@@ -31,39 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.server]
 MAX_KB_PER_REQUEST = 6.0
 
 
-def _one(client: Any, cancel: bool) -> None:
-    """One streamed ensemble request on its own stream: read to the final response, or stop
-    after the first one with ``stop_stream(cancel_requests=True)`` (a client's cancel)."""
-    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: got.put((result, error)))
-    client.async_stream_infer("ensemble", infer_inputs(request("def f(x):", 24 if cancel else 4,
-                                                              stream=True)),
-                              request_id="0", enable_empty_final_response=True)
-    while True:
-        result, error = got.get(timeout=60)
-        if error is not None or cancel:
-            break
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            break
-    client.stop_stream(cancel_requests=cancel)
-
-
-def _rounds(url: str, n: int, cancel: bool, threads: int = 4) -> None:
-    import tritonclient.grpc as grpcclient
-
-    def work() -> None:
-        client = grpcclient.InferenceServerClient(url)
-        try:
-            for _ in range(n // threads):
-                _one(client, cancel)
-        finally:
-            client.close()
-
-    pool = [threading.Thread(target=work) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+def _rounds(url: str, n: int, cancel: bool) -> None:
+    stream_rounds(url, "ensemble", lambda: infer_inputs(request("def f(x):", 24 if cancel else 4,
+                                                                stream=True)), n, cancel)
 
 
 def test_cancelled_ensemble_requests_keep_no_memory(tiny_ckpt: TinyCheckpoint,
