@@ -452,6 +452,18 @@ def test_draft_ahead_asks_one_more_token_with_the_iterations_seed() -> None:
         produced += len(it.new_tokens)
 
 
+def test_draft_ahead_sends_the_logits_of_the_drafts_only() -> None:
+    """A draft call asked for k + 1 tokens answers k + 1 logit rows; the target gets the rows
+    of its k drafts, in order, never the guess's (planted: all k + 1 rows fails)."""
+    for wrong in (WRONG["perfect"], WRONG["every-3rd-wrong"]):
+        target, ahead = Target(), Ahead()
+        run(request([1, 2, 3], 23, 4), Draft(wrong, logits=True), target, ahead=ahead)
+        assert ahead.started > 0
+        for _, drafts, logits, _ in target.calls:
+            if drafts:
+                assert [row[0] for row in logits] == [float(t) for t in drafts]
+
+
 def test_draft_ahead_errors_surface_only_when_used() -> None:
     """A draft call started ahead that fails fails the request where its answer is used, and
     is dropped unseen where the loop drafted afresh instead."""
