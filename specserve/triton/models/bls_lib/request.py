@@ -48,8 +48,8 @@ def param(params: dict[str, str], key: str, default: str) -> str:
     return default if not value or value.startswith("${") else value
 
 
-def flag(params: dict[str, str], key: str) -> bool:
-    return param(params, key, "false").lower() in ("true", "1", "yes")
+def flag(params: dict[str, str], key: str, default: bool = False) -> bool:
+    return param(params, key, str(default).lower()).lower() in ("true", "1", "yes")
 
 
 def as_batch(a: Any) -> Any:

@@ -97,8 +97,7 @@ class BlsParams:
             draft_decoupled=flag(params, "tensorrt_llm_draft_decoupled"),
             max_inflight=max(1, int(param(params, "specserve_max_inflight",
                                           str(DEFAULT_MAX_INFLIGHT)))),
-            draft_ahead=param(params, "specserve_draft_ahead", "true").lower()
-            in ("true", "1", "yes"))
+            draft_ahead=flag(params, "specserve_draft_ahead", default=True))
 
 
 @dataclass(frozen=True)
