@@ -49,6 +49,12 @@ def test_drafting_ahead_only_with_a_draft_model_and_no_fast_logits() -> None:
     assert not BlsParams.from_params({**draft, "speculative_decoding_fast_logits": "1"}).ahead
     assert not BlsParams.from_params({"speculative_mode": "ngram"}).ahead
     assert not BlsParams.from_params({}).ahead
+    # and only under a light load: up to specserve_draft_ahead_max_inflight requests (4)
+    on = BlsParams.from_params(draft)
+    assert on.ahead_now(1) and on.ahead_now(4) and not on.ahead_now(5)
+    two = BlsParams.from_params({**draft, "specserve_draft_ahead_max_inflight": "2"})
+    assert two.ahead_now(2) and not two.ahead_now(3)
+    assert not BlsParams.from_params({"speculative_mode": "ngram"}).ahead_now(1)
 
 
 @pytest.mark.parametrize(("cfg", "inputs", "k", "message"), [

@@ -27,8 +27,9 @@ from the model named by ``tensorrt_llm_draft_model_name`` (``request_output_len`
 with parameter ``speculative_mode: ngram``, from prompt lookup over the context
 (``lib/ngram.py``, ``ngram_max_size``); the target (``tensorrt_llm_model_name``) gets the context,
 ``draft_input_ids`` (+ ``draft_logits``) and ``request_output_len`` = drafts + 1. With a draft
-model (parameter ``specserve_draft_ahead``, default true; not with fast logits) each draft call
-asks one token more, a guess of the target's, and the next iteration's draft call runs on a
+model (parameter ``specserve_draft_ahead``, default true; not with fast logits; only while at
+most ``specserve_draft_ahead_max_inflight`` requests are in the BLS) each draft call after the
+first asks one token more, a guess of the target's, and the next iteration's draft call runs on a
 thread of the request's own while the target verifies (``lib/spec_loop.py``, "Drafting
 ahead"). Both calls ask
 for ``exclude_input_in_output`` (only new tokens come back); a target whose parameter
@@ -107,6 +108,8 @@ class TritonPythonModel:
         # One thread per in-flight decoupled request, bounded: past the bound a request fails
         # at once with "server busy" and the server stays up.
         self.slots = threading.BoundedSemaphore(self.cfg.max_inflight)
+        self.inflight = 0  # requests in _serve now (drafting ahead is for a light load)
+        self.inflight_lock = threading.Lock()
         self.kept: collections.deque[Any] = collections.deque(maxlen=KEEP_ITERATORS)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
@@ -158,6 +161,16 @@ class TritonPythonModel:
 
     def _serve(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any, arrival: int,
                collected: list[Any] | None = None) -> None:
+        with self.inflight_lock:
+            self.inflight += 1
+        try:
+            self._serve_one(inputs, sender, arrival, collected)
+        finally:
+            with self.inflight_lock:
+                self.inflight -= 1
+
+    def _serve_one(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any, arrival: int,
+                   collected: list[Any] | None) -> None:
         def emit(resp: Any, final: bool) -> None:
             if collected is not None:  # non-decoupled: one response, the last one wins
                 collected[:] = [resp]
@@ -307,7 +320,8 @@ class TritonPythonModel:
                 bg.put(lambda: stream(it))
 
         # the next iteration's draft call beside the target's (spec_loop: "Drafting ahead")
-        pool = concurrent.futures.ThreadPoolExecutor(1, "bls-ahead") if self.cfg.ahead else None
+        pool = (concurrent.futures.ThreadPoolExecutor(1, "bls-ahead")
+                if self.cfg.ahead_now(self.inflight) else None)
         scheduled = time.monotonic_ns()
         try:
             result = spec_loop.run(req, draft, self._target(inputs, pre, fast), on_iteration,

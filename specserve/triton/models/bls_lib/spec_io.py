@@ -50,6 +50,7 @@ from .request import (
 
 Arrays = dict[str, Any]  # name -> numpy array
 DEFAULT_MAX_INFLIGHT = 256  # decoupled requests served at once (parameter specserve_max_inflight)
+DEFAULT_AHEAD_MAX_INFLIGHT = 4  # drafting ahead up to this many requests in the BLS
 OUTPUTS = ["output_ids", "sequence_length"]  # what every call asks for (see bls.py _keep)
 
 
@@ -73,12 +74,21 @@ class BlsParams:
     # parameter specserve_draft_ahead, default true; never with fast logits (a handle to the
     # draft request, whose extra guess token the target must not see)
     draft_ahead: bool = True
+    # ... while at most this many requests are in the BLS (parameter
+    # specserve_draft_ahead_max_inflight): under load the calls started ahead and dropped
+    # take cores the others need (docs/benchmarks.md: c = 8 lost 5% output tok/s; c = 4 was even)
+    ahead_max_inflight: int = DEFAULT_AHEAD_MAX_INFLIGHT
 
     @property
     def ahead(self) -> bool:
-        """Whether a request drafts ahead: a draft model (not n-gram, whose drafts cost
+        """Whether requests may draft ahead: a draft model (not n-gram, whose drafts cost
         nothing), the parameter on, and no fast-logits handle."""
         return self.draft_ahead and self.spec_mode == "draft" and not self.fast_logits
+
+    def ahead_now(self, inflight: int) -> bool:
+        """Whether a request that starts with ``inflight`` requests in the BLS (itself
+        included) drafts ahead."""
+        return self.ahead and inflight <= self.ahead_max_inflight
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> BlsParams:
@@ -97,7 +107,9 @@ class BlsParams:
             draft_decoupled=flag(params, "tensorrt_llm_draft_decoupled"),
             max_inflight=max(1, int(param(params, "specserve_max_inflight",
                                           str(DEFAULT_MAX_INFLIGHT)))),
-            draft_ahead=flag(params, "specserve_draft_ahead", default=True))
+            draft_ahead=flag(params, "specserve_draft_ahead", default=True),
+            ahead_max_inflight=int(param(params, "specserve_draft_ahead_max_inflight",
+                                         str(DEFAULT_AHEAD_MAX_INFLIGHT))))
 
 
 @dataclass(frozen=True)
