@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specserve.triton.models.bls_lib import spec_io
-from specserve.triton.models.bls_lib.spec_io import BlsParams, SpecOptions, TextStream
+from specserve.triton.models.bls_lib import spec_io, spec_text
+from specserve.triton.models.bls_lib.spec_io import BlsParams, SpecOptions
 from specserve.triton.models.bls_lib.spec_loop import Iteration, LoopResult, Sampling
+from specserve.triton.models.bls_lib.spec_text import TextStream
 
 
 def pre(ids: list[int], n: int | None = None, **extra: Any) -> dict[str, Any]:
@@ -258,7 +259,7 @@ def test_the_final_perf_outputs() -> None:
         [100, 250, 250, 250]  # no token times: the scheduled time
     stats = json.loads(values["spec_stats_json"])
     assert (stats["steps"], stats["draft_tokens"], stats["accepted_tokens"]) == (3, 9, 3)
-    arrays = spec_io.response_arrays(values, ["text_output", "total_draft_tokens",
+    arrays = spec_text.response_arrays(values, ["text_output", "total_draft_tokens",
                                               "spec_stats_json"])
     assert sorted(arrays) == ["spec_stats_json", "text_output", "total_draft_tokens"]
     assert arrays["text_output"].dtype == np.object_ and \
@@ -267,7 +268,7 @@ def test_the_final_perf_outputs() -> None:
 
 
 def test_response_arrays_keep_the_declared_outputs_as_triton_types() -> None:
-    out = spec_io.response_arrays({"text_output": "é", "num_output_tokens": 3, "x": 1},
+    out = spec_text.response_arrays({"text_output": "é", "num_output_tokens": 3, "x": 1},
                                   ["text_output", "num_output_tokens"])
     assert out["text_output"].tolist() == [["é".encode()]]
     assert out["num_output_tokens"].dtype == np.int32 and out["num_output_tokens"].shape == (1, 1)

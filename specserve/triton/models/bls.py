@@ -11,8 +11,8 @@ This file is the ``pb_utils`` half only, as upstream's ``lib/triton_decoder.py``
 ``lib/decode.py`` (triton-inference-server/tensorrtllm_backend
 ``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/`` @
 04d96ce8e635739babc0aedaac8a2ee10fa8f909): it converts Triton tensors to numpy dicts and back
-and makes the calls. What goes into each call and each response is built by ``lib/spec_io.py``
-(pure, unit tested), the loop itself is ``lib/spec_loop.py``.
+and makes the calls. What goes into each call is built by ``lib/spec_io.py``, each response by
+``lib/spec_text.py`` (both pure, unit tested); the loop itself is ``lib/spec_loop.py``.
 
 Without speculation the engine's responses are decoded one by one (or, with
 ``accumulate_tokens``, all tokens so far), and the perf and token-count outputs are forwarded.
@@ -64,14 +64,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 if TYPE_CHECKING:
-    from specserve.triton.models.bls_lib import background, ngram, spec_io, spec_loop
+    from specserve.triton.models.bls_lib import background, ngram, spec_io, spec_loop, spec_text
     from specserve.triton.models.bls_lib import request as rq
 else:
     try:  # in a repository: tensorrt_llm_bls/1/lib/, next to model.py
-        from lib import background, ngram, spec_io, spec_loop
+        from lib import background, ngram, spec_io, spec_loop, spec_text
         from lib import request as rq
     except ImportError:  # imported from the specserve package
-        from specserve.triton.models.bls_lib import background, ngram, spec_io, spec_loop
+        from specserve.triton.models.bls_lib import background, ngram, spec_io, spec_loop, spec_text
         from specserve.triton.models.bls_lib import request as rq
 
 KEEP_ITERATORS = 4096  # decoupled BLS response iterators held after use (see _keep)
@@ -303,7 +303,7 @@ class TritonPythonModel:
         fast: list[Any] = [None]  # the last draft's fast-logits handle (spec_io.draft_logits)
         draft = self._ngram_draft if self.cfg.spec_mode == "ngram" else \
             self._model_draft(inputs, pre, opts, fast)
-        text = spec_io.TextStream(opts, self.cfg.accumulate, req.prompt, self._decode,
+        text = spec_text.TextStream(opts, self.cfg.accumulate, req.prompt, self._decode,
                                   self._decode_many)
         # streamed: each iteration's text and send on a thread of its own (lib/background.py)
         bg = background.Background() if opts.streaming else None
@@ -368,4 +368,4 @@ class TritonPythonModel:
     def _response(self, values: dict[str, Any]) -> Any:
         """A response of the declared outputs among ``values``."""
         return pb_utils.InferenceResponse(
-            output_tensors=_tensors(spec_io.response_arrays(values, self.outputs)))
+            output_tensors=_tensors(spec_text.response_arrays(values, self.outputs)))

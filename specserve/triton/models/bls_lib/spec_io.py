@@ -8,8 +8,8 @@ the decoding logic as plain objects, ``lib/triton_decoder.py`` only converts the
 38e7c9d1a63604b46a43d4952675779565a8f3a8, ``triton_decoder.py`` @
 04d96ce8e635739babc0aedaac8a2ee10fa8f909, read, not copied). Here the BLS model (``bls.py``)
 turns the dicts of numpy arrays built below into ``pb_utils.Tensor`` lists and back; everything
-a request's answer depends on is in this module and in :mod:`spec_loop`, and the unit tests call
-it directly (``tests/triton/test_bls_spec_io.py``).
+a request's answer depends on is in this module, :mod:`spec_text` and :mod:`spec_loop`, and the
+unit tests call them directly (``tests/triton/test_bls_spec_io.py``).
 
 - :class:`BlsParams`: the model's parameters (``config.pbtxt``).
 - :func:`check_spec_request`, :func:`spec_request`, :func:`spec_options`: a request's checks and
@@ -20,13 +20,12 @@ it directly (``tests/triton/test_bls_spec_io.py``).
   :func:`merge_outputs` the outputs of a
   call over its responses; :func:`check_draft` the draft vocabulary and id checks;
   :func:`target_counts` the accepted drafts of a target answer.
-- :class:`TextStream`: the streamed per-iteration text and token counts, and the final response
-  with the perf outputs (:func:`perf_values`); :func:`response_arrays` the declared outputs.
+The responses (streamed text, the final response, perf outputs) are built in
+:mod:`spec_text`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from . import ngram, spec_loop
-from .detok import IncrementalDetokenizer
 from .request import (
     GUIDE_INPUTS,
     LLM,
@@ -193,7 +191,8 @@ def spec_options(inputs: Arrays, decoupled: bool) -> SpecOptions:
         perf=bool(scalar(inputs, "return_perf_metrics", False)))
 
 
-def _i32(v: int) -> Any:
+def i32(v: int) -> Any:
+    """An int as an INT32 [1, 1] array."""
     return np.array([[v]], dtype=np.int32)
 
 
@@ -208,11 +207,11 @@ def sampling_inputs(s: spec_loop.Sampling) -> Arrays:
     if s.temperature is not None:
         out["temperature"] = np.array([[s.temperature]], dtype=np.float32)
     if s.top_k is not None:
-        out["runtime_top_k"] = _i32(s.top_k)
+        out["runtime_top_k"] = i32(s.top_k)
     if s.top_p is not None:
         out["runtime_top_p"] = np.array([[s.top_p]], dtype=np.float32)
     if s.min_tokens > 0:
-        out["min_tokens"] = _i32(s.min_tokens)
+        out["min_tokens"] = i32(s.min_tokens)
     if s.seed is not None:
         out["seed"] = np.array([[s.seed]], dtype=np.uint64)
     return out
@@ -226,9 +225,9 @@ def call_inputs(inputs: Arrays, pre: Arrays, ctx: Sequence[int], s: spec_loop.Sa
     (:data:`SPEC_PASS`)."""
     out: Arrays = {
         "input_ids": np.array([list(ctx)], dtype=np.int32),
-        "input_lengths": _i32(len(ctx)),
-        "request_output_len": _i32(out_len),
-        "end_id": _i32(end_id),
+        "input_lengths": i32(len(ctx)),
+        "request_output_len": i32(out_len),
+        "end_id": i32(end_id),
         "exclude_input_in_output": np.array([[True]], dtype=bool),
         **sampling_inputs(s),
     }
@@ -342,81 +341,3 @@ def target_counts(drafts: Sequence[int], tokens: list[int]) -> tuple[list[int], 
     """(tokens, accepted, drafted) of a target answer: a rejected draft's position never holds
     the draft, so the accepted drafts are the prefix of the tokens equal to them."""
     return tokens, spec_loop.accepted_prefix(drafts, tokens), len(drafts)
-
-
-def perf_values(arrival: int, scheduled: int, result: spec_loop.LoopResult) -> Arrays:
-    """TensorRT-LLM's perf outputs of the request (and ``spec_stats_json``, one verify step per
-    iteration); token times fall back to the scheduled time when no token was added."""
-    return {
-        "arrival_time_ns": np.array([[arrival]], dtype=np.int64),
-        "first_scheduled_time_ns": np.array([[scheduled]], dtype=np.int64),
-        "first_token_time_ns": np.array([[result.first_token_ns or scheduled]], dtype=np.int64),
-        "last_token_time_ns": np.array([[result.last_token_ns or scheduled]], dtype=np.int64),
-        "acceptance_rate": np.array([[result.acceptance_rate]], dtype=np.float32),
-        "total_accepted_draft_tokens": _i32(result.accepted),
-        "total_draft_tokens": _i32(result.drafted),
-        "spec_stats_json": json.dumps(result.stats_dict(), sort_keys=True),
-    }
-
-
-class TextStream:
-    """The text of one request: per iteration (streaming) and at the end."""
-
-    def __init__(self, opts: SpecOptions, accumulate: bool, prompt: Sequence[int],
-                 decode: Callable[[list[int]], str],
-                 decode_many: Callable[[list[list[int]]], list[str]] | None = None) -> None:
-        self.opts, self.accumulate, self.prompt, self.decode = opts, accumulate, prompt, decode
-        self.detok = IncrementalDetokenizer(decode, decode_many)
-        self.streamed: list[str] = []
-
-    def iteration(self, it: spec_loop.Iteration) -> dict[str, Any] | None:
-        """The streamed response of an iteration (None: not streaming, or no new tokens):
-        its new text (all text so far with ``accumulate_tokens``) and token counts."""
-        if not self.opts.streaming or not it.new_tokens:
-            return None
-        piece = self.detok.push(it.new_tokens)
-        self.streamed.append(piece)
-        values: dict[str, Any] = {"text_output": "".join(self.streamed) if self.accumulate
-                                  else piece}
-        if self.opts.counts_out:
-            values["num_output_tokens"] = len(it.new_tokens)
-        if self.opts.counts_in:
-            values["num_input_tokens"] = len(self.prompt)
-        return values
-
-    def final(self, result: spec_loop.LoopResult, arrival: int, scheduled: int
-              ) -> dict[str, Any]:
-        """The final response: streamed, the text held back (0 output tokens); else the whole
-        text (after the prompt unless ``exclude_input_in_output``); counts and perf outputs."""
-        if self.opts.streaming:
-            rest = self.detok.flush()
-            self.streamed.append(rest)
-            values: dict[str, Any] = {"text_output": "".join(self.streamed) if self.accumulate
-                                      else rest}
-            n_out = 0
-        else:
-            ids = result.tokens if self.opts.exclude else [*self.prompt, *result.tokens]
-            values = {"text_output": self.decode(list(ids))}
-            n_out = len(ids)
-        if self.opts.counts_out:
-            values["num_output_tokens"] = n_out
-        if self.opts.counts_in:
-            values["num_input_tokens"] = len(self.prompt)
-        if self.opts.perf:
-            values.update(perf_values(arrival, scheduled, result))
-        return values
-
-
-def response_arrays(values: dict[str, Any], outputs: Sequence[str]) -> Arrays:
-    """The declared ``outputs`` among ``values`` as arrays (str -> BYTES [1, 1], int -> INT32
-    [1, 1], arrays as they are)."""
-    out: Arrays = {}
-    for name, v in values.items():
-        if name not in outputs:
-            continue
-        if isinstance(v, str):
-            v = np.array([[v.encode("utf-8")]], dtype=np.object_)
-        elif isinstance(v, int):
-            v = _i32(v)
-        out[name] = v
-    return out
