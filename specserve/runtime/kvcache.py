@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from specserve.errors import SpecserveError
+from specserve.runtime import cpu_attention
+from specserve.runtime.cpu_attention import KeyRows, key_rows
 from specserve.runtime.kv_pool import Plane
 from specserve.runtime.model_config import ModelConfig
 
@@ -100,6 +102,7 @@ class StepInputs:
     span: int  # keys attended: cache[:, :, start:span]
     mask: torch.Tensor | None  # [B, 1, T, span - start] bool, None when every key is visible
     start: int = 0  # keys before it are not attended (a windowed draft: Transformer.run)
+    rows: KeyRows | None = None  # set: the CPU kernel attends (runtime/cpu_attention.py), no mask
 
 
 class RopeModel(nn.Module):
@@ -157,6 +160,11 @@ class RopeModel(nn.Module):
         if not uniform:
             assert lengths is not None
             write = lengths[:, None] + torch.arange(t, device=tokens.device)  # [B, T]
+        start = max(0, min(lens) - window) if window > 0 else 0
+        if cpu_attention.usable(self.dtype, tokens.device, t):  # each row's own keys, no mask
+            node = node_mask if node_mask is not None else torch.ones(
+                t, t, dtype=torch.bool).tril()
+            return StepInputs(cos, sin, write, span, None, start, key_rows(lens, start, node))
         mask = None
         if causal and t > 1:  # new token i sees keys 0..L+i: one op instead of step_mask
             mask = torch.ones(t, span, dtype=torch.bool, device=tokens.device).tril_(lens[0])
@@ -166,7 +174,6 @@ class RopeModel(nn.Module):
             if node_mask is None:
                 node_mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
             mask = step_mask(lengths, node_mask, span)
-        start = max(0, min(lens) - window) if window > 0 else 0
         if start and mask is not None:
             mask = mask[..., start:]
         return StepInputs(cos, sin, write, span, mask, start)
@@ -183,16 +190,18 @@ class RopeModel(nn.Module):
             raise SpecserveError(f"sequence length {span} exceeds the KV cache ({cache.max_len})")
         cos_t, sin_t = self.rope_tables(span)
         dev, n = cos_t.device, lens[0]
+        rows = key_rows(lens, 0, visible) if cpu_attention.usable(self.dtype, dev, t) else None
         if all(x == n for x in lens):  # one offset: views and one mask for the batch
             cos, sin = cos_t[n + pos:n + pos + 1][None, :, None], \
                 sin_t[n + pos:n + pos + 1][None, :, None]  # [1, 1, 1, D]
             mask = None  # every key visible (a chain of inner nodes: a tree's spine)
-            if not bool(visible.all()):
+            if rows is None and not bool(visible.all()):
                 past = torch.ones(t, n, dtype=torch.bool, device=dev)
                 mask = torch.cat([past, visible.to(dev)], dim=1)[None, None]  # [1, 1, T, span]
-            return StepInputs(cos, sin, n + first_slot, span, mask)
+            return StepInputs(cos, sin, n + first_slot, span, mask, rows=rows)
         lengths = torch.tensor(lens, device=dev)  # [B]
         at = lengths + pos  # [B]
         cos, sin = cos_t[at][:, None, None], sin_t[at][:, None, None]  # [B, 1, 1, D]
         write = lengths[:, None] + first_slot + torch.arange(t, device=dev)  # [B, T]
-        return StepInputs(cos, sin, write, span, step_mask(lengths, visible.to(dev), span))
+        mask = None if rows is not None else step_mask(lengths, visible.to(dev), span)
+        return StepInputs(cos, sin, write, span, mask, rows=rows)

@@ -36,6 +36,7 @@ from torch import nn
 
 from specserve.checkpoint import load_state_dict
 from specserve.errors import SpecserveError
+from specserve.runtime import cpu_attention
 from specserve.runtime.checkpoint import load_target_config
 from specserve.runtime.cpu_linear import MULTI_ROW_MIN, Linear, lay_out, linear
 from specserve.runtime.kvcache import KVCache, RopeModel, StepInputs
@@ -144,6 +145,8 @@ def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Te
         rows = torch.arange(b, device=x.device)[:, None]
         kbuf[rows, :, st.write] = k
         vbuf[rows, :, st.write] = v
+    if st.rows is not None:  # each row over its own keys (runtime/cpu_attention.py)
+        return linear(cpu_attention.attend(q, kbuf, vbuf, st.rows), a.o)
     out = F.scaled_dot_product_attention(
         q, kbuf[:, :, st.start:st.span], vbuf[:, :, st.start:st.span], attn_mask=st.mask,
         enable_gqa=nh != nkv)  # [B, nh, T, D]
@@ -197,8 +200,10 @@ class Transformer(RopeModel):
                       multi_row_min: int = MULTI_ROW_MIN) -> Transformer:
         """Lay the CPU linear weights out for decoding (same values; a no-op on other devices):
         see :func:`specserve.runtime.cpu_linear.lay_out`. An embedding tied to the LM head
-        stays as it is."""
+        stays as it is. Also builds or loads the CPU attention kernel (cpu_attention.py) before
+        the first forward needs it."""
         if self.device.type == "cpu":
+            cpu_attention.prepare()
             lay_out([m for m in self.modules() if isinstance(m, Linear)
                      and m.weight is not self.embed.weight], self.dtype,
                     multi_row_limit_bytes, multi_row_min)
