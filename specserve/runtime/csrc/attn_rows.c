@@ -39,6 +39,37 @@ static void softmax(float* row, int64_t n) {
     for (int64_t j = 0; j < n; j++) row[j] *= inv;
 }
 
+/* One (row, KV head): R = g * T query rows (query head kv * g + r / T, new token r % T) over
+ * n = np + W keys; D a compile-time constant where the caller passes one. */
+static inline void one_head(const float* qp, int64_t qh, int64_t qt, const float* kp, int64_t ks,
+                            const float* vp, int64_t vs, const uint8_t* node, int W, int T,
+                            int R, int64_t np, float* sc, float* outp, int64_t ot, int64_t oh,
+                            int D, float scale) {
+    const int64_t n = np + W;
+    for (int r = 0; r < R; r++) {  /* scores [R, n]: one query row against every key */
+        const int hh = r / T, t = r % T;
+        const float* qr = qp + hh * qh + t * qt;
+        float* row = sc + r * n;
+        for (int64_t j = 0; j < np; j++) row[j] = dot(qr, kp + j * ks, D) * scale;
+        for (int w = 0; w < W; w++)
+            row[np + w] = node[t * W + w] ? dot(qr, kp + (np + w) * ks, D) * scale : MASKED;
+        softmax(row, n);
+    }
+    for (int r = 0; r < R; r++) {  /* out row r = probs[r] @ values */
+        const int hh = r / T, t = r % T;
+        const float* p = sc + r * n;
+        float* o = outp + t * ot + hh * oh;
+#pragma omp simd
+        for (int i = 0; i < D; i++) o[i] = 0.f;
+        for (int64_t j = 0; j < n; j++) {
+            const float pj = p[j];
+            const float* vr = vp + j * vs;
+#pragma omp simd
+            for (int i = 0; i < D; i++) o[i] += pj * vr[i];
+        }
+    }
+}
+
 /* q [B, H, T, D] (element strides qb, qh, qt), k and v [B, Hkv, S, D] (strides kb, kh, ks and
  * vb, vh, vs), out [B, T, H, D] (strides ob, ot, oh); D contiguous everywhere. Query head h
  * reads KV head h / (H / Hkv). max_past >= len[b] - start[b] for every b. Returns 0, or 1 when
@@ -52,46 +83,22 @@ int specserve_attn_rows_f32(
         int B, int H, int Hkv, int T, int D, int64_t max_past, float scale) {
     const int g = H / Hkv, R = g * T;  /* the query rows that share one KV head */
     float* sc = (float*)malloc(sizeof(float) * (size_t)R * (size_t)(max_past + W));
-    float* acc = (float*)malloc(sizeof(float) * (size_t)R * (size_t)D);
-    if (!sc || !acc) {
-        free(sc);
-        free(acc);
-        return 1;
-    }
+    if (!sc) return 1;
     for (int b = 0; b < B; b++) {
-        const int64_t s0 = start[b], np = len[b] - start[b], n = np + W;
+        const int64_t s0 = start[b], np = len[b] - start[b];
         for (int kv = 0; kv < Hkv; kv++) {
+            const float* qp = q + b * qb + (int64_t)kv * g * qh;
             const float* kp = k + b * kb + kv * kh + s0 * ks;
             const float* vp = v + b * vb + kv * vh + s0 * vs;
-            const float* qp = q + b * qb + (int64_t)kv * g * qh;
-            for (int64_t j = 0; j < n; j++) {  /* scores [R, n] */
-                const float* kr = kp + j * ks;
-                for (int r = 0; r < R; r++) {
-                    const int hh = r / T, t = r % T;
-                    sc[r * n + j] = (j < np || node[t * W + (j - np)])
-                        ? dot(qp + hh * qh + t * qt, kr, D) * scale : MASKED;
-                }
-            }
-            for (int r = 0; r < R; r++) softmax(sc + r * n, n);
-            memset(acc, 0, sizeof(float) * (size_t)R * (size_t)D);
-            for (int64_t j = 0; j < n; j++) {  /* acc [R, D] = probs @ values */
-                const float* vr = vp + j * vs;
-                for (int r = 0; r < R; r++) {
-                    const float p = sc[r * n + j];
-                    float* a = acc + r * D;
-                    if (p == 0.f) continue;
-#pragma omp simd
-                    for (int i = 0; i < D; i++) a[i] += p * vr[i];
-                }
-            }
-            for (int r = 0; r < R; r++) {
-                const int hh = r / T, t = r % T;
-                memcpy(out + b * ob + t * ot + (int64_t)(kv * g + hh) * oh, acc + r * D,
-                       sizeof(float) * (size_t)D);
-            }
+            float* op = out + b * ob + (int64_t)kv * g * oh;
+            if (D == 64)  /* constant D: the dot products unrolled into registers */
+                one_head(qp, qh, qt, kp, ks, vp, vs, node, W, T, R, np, sc, op, ot, oh, 64, scale);
+            else if (D == 128)
+                one_head(qp, qh, qt, kp, ks, vp, vs, node, W, T, R, np, sc, op, ot, oh, 128, scale);
+            else
+                one_head(qp, qh, qt, kp, ks, vp, vs, node, W, T, R, np, sc, op, ot, oh, D, scale);
         }
     }
     free(sc);
-    free(acc);
     return 0;
 }
