@@ -116,7 +116,7 @@ def _kernel() -> Callable[..., int] | None:
 def _load() -> Callable[..., int] | None:
     try:
         lib = ctypes.CDLL(str(build()))
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # (a compiler timing out)
         _log.warning("specserve: CPU attention kernel unavailable (%s); using "
                      "F.scaled_dot_product_attention", e)
         return None

@@ -178,3 +178,16 @@ def test_loading_it_keeps_denormals() -> None:
     assert cpu_attention._kernel() is not None  # loaded in this process
     assert float(torch.tensor(1e-40, dtype=torch.float32)) != 0.0
     assert float(torch.tensor(1e-310, dtype=torch.float64) * 1.0) != 0.0
+
+
+def test_a_compiler_that_fails_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A compiler that exits non-zero (here: ``false``) leaves SDPA in place, with the reason
+    logged, and no half-written library in the cache."""
+    monkeypatch.setattr(cpu_attention, "_loaded", [])
+    monkeypatch.setenv("CC", "false")
+    monkeypatch.setenv("SPECSERVE_CACHE_DIR", str(tmp_path))
+    with caplog.at_level("WARNING", logger="specserve"):
+        assert cpu_attention._kernel() is None
+    assert "failed" in caplog.text
+    assert not [p for p in (tmp_path / "kernels").iterdir()]
