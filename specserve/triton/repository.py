@@ -49,7 +49,8 @@ def _python_model(name: str) -> str:
 
 
 def _bls_lib() -> dict[str, str]:
-    """The BLS helpers (``specserve/triton/models/bls_lib/*.py``, stdlib and numpy) as
+    """The BLS helpers (``specserve/triton/models/bls_lib/*.py``: stdlib and numpy, and
+    ``pb_utils`` in ``triton_io.py``) as
     ``tensorrt_llm_bls/1/lib/*.py``: the Python backend puts the version folder on sys.path."""
     lib = resources.files("specserve.triton.models.bls_lib")
     return {f"tensorrt_llm_bls/1/lib/{f.name}": f.read_text("utf-8")

@@ -12,7 +12,8 @@ This file is the ``pb_utils`` half only, as upstream's ``lib/triton_decoder.py``
 ``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/`` @
 04d96ce8e635739babc0aedaac8a2ee10fa8f909): it converts Triton tensors to numpy dicts and back
 and makes the calls. What goes into each call is built by ``lib/spec_io.py``, each response by
-``lib/spec_text.py`` (both pure, unit tested); the loop itself is ``lib/spec_loop.py``.
+``lib/spec_text.py`` (both pure, unit tested); the loop itself is ``lib/spec_loop.py``; the
+tensor conversions and the postprocessing calls are ``lib/triton_io.py``.
 
 Without speculation the engine's responses are decoded one by one (or, with
 ``accumulate_tokens``, all tokens so far), and the perf and token-count outputs are forwarded.
@@ -66,16 +67,19 @@ import triton_python_backend_utils as pb_utils
 if TYPE_CHECKING:
     from specserve.triton.models.bls_lib import background, ngram, spec_io, spec_loop, spec_text
     from specserve.triton.models.bls_lib import request as rq
+    from specserve.triton.models.bls_lib import triton_io as tio
 else:
     try:  # in a repository: tensorrt_llm_bls/1/lib/, next to model.py
         from lib import background, ngram, spec_io, spec_loop, spec_text
         from lib import request as rq
+        from lib import triton_io as tio
     except ImportError:  # imported from the specserve package
         from specserve.triton.models.bls_lib import background, ngram, spec_io, spec_loop, spec_text
         from specserve.triton.models.bls_lib import request as rq
+        from specserve.triton.models.bls_lib import triton_io as tio
 
 KEEP_ITERATORS = 4096  # decoupled BLS response iterators held after use (see _keep)
-Arrays = dict[str, np.ndarray[Any, Any]]
+Arrays = tio.Arrays
 
 
 _Cancelled = background.Cancelled  # the client went away: stop the loop, send nothing more
@@ -83,19 +87,6 @@ _Cancelled = background.Cancelled  # the client went away: stop the loop, send n
 
 class _CallError(RuntimeError):
     """A draft or target call failed (the message names the model and its parameter)."""
-
-
-def _error(message: str) -> Any:
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
-
-
-def _tensors(arrays: Arrays) -> list[Any]:
-    return [pb_utils.Tensor(k, v) for k, v in arrays.items()]
-
-
-def _arrays(resp: Any) -> Arrays:
-    """A response's outputs as numpy copies (they outlive the response)."""
-    return {t.name(): t.as_numpy().copy() for t in resp.output_tensors()}
 
 
 class TritonPythonModel:
@@ -120,7 +111,7 @@ class TritonPythonModel:
             if self.decoupled:
                 sender = request.get_response_sender()
                 if not self.slots.acquire(blocking=False):
-                    sender.send(_error(f"tensorrt_llm_bls: server busy: {self.cfg.max_inflight} "
+                    sender.send(tio.error(f"tensorrt_llm_bls: server busy: {self.cfg.max_inflight} "
                                        "requests in flight (specserve_max_inflight); retry later"),
                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
@@ -130,7 +121,7 @@ class TritonPythonModel:
                 collected: list[Any] = []
                 self._serve(inputs, None, arrival, collected)
                 responses.append(collected[-1] if collected else
-                                 _error("tensorrt_llm_bls: no output"))
+                                 tio.error("tensorrt_llm_bls: no output"))
         return None if self.decoupled else responses
 
     def _keep(self, iterator: Any) -> Any:
@@ -195,8 +186,7 @@ class TritonPythonModel:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as e:
             try:
-                emit(pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")), True)
+                emit(tio.error(f"tensorrt_llm_bls: {e}"), True)
             except _Cancelled:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -227,59 +217,15 @@ class TritonPythonModel:
                 raise RuntimeError(resp.error().message())
             if not resp.output_tensors():
                 continue  # the empty final response of a decoupled exec
-            emit(self._text_response(resp, seen), False)
-
-    def _text_response(self, resp: Any, seen: dict[int, list[np.ndarray[Any, Any]]]) -> Any:
-        ids = pb_utils.get_output_tensor_by_name(resp, "output_ids").as_numpy()  # [1, beams, T]
-        lens = pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy()
-        if self.cfg.accumulate:  # all tokens so far of this response's sequence
-            index = pb_utils.get_output_tensor_by_name(resp, "sequence_index")
-            mine = seen[0 if index is None else int(index.as_numpy().reshape(-1)[0])]
-            mine.append(ids[:, :, : int(lens.reshape(-1)[0])])
-            ids = np.concatenate(mine, axis=2)
-            lens = np.array([[ids.shape[2]]], dtype=np.int32)
-        text = self._postprocess(ids, lens)
-        tensors = [pb_utils.Tensor("text_output", text)]
-        for name in rq.FORWARD:
-            t = pb_utils.get_output_tensor_by_name(resp, name)
-            if t is not None and name in self.outputs:
-                tensors.append(pb_utils.Tensor(name, t.as_numpy()))
-        return pb_utils.InferenceResponse(output_tensors=tensors)
-
-    def _postprocess(self, ids: np.ndarray[Any, Any], lens: np.ndarray[Any, Any]) -> Any:
-        post = pb_utils.InferenceRequest(
-            model_name="postprocessing", requested_output_names=["OUTPUT"],
-            inputs=[pb_utils.Tensor("TOKENS_BATCH", ids.astype(np.int32)),
-                    pb_utils.Tensor("SEQUENCE_LENGTH", lens.astype(np.int32))]).exec()
-        if post.has_error():
-            raise RuntimeError(post.error().message())
-        return pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy().copy()
-
-    def _decode(self, ids: list[int]) -> str:
-        """postprocessing's text of ``ids`` (the decode of the non-streamed text)."""
-        if not ids:
-            return ""
-        out = self._postprocess(np.array(ids, dtype=np.int32).reshape(1, 1, -1),
-                                np.array([[len(ids)]], dtype=np.int32))
-        v = out.reshape(-1)[0]
-        return v.decode("utf-8") if isinstance(v, bytes) else str(v)
-
-    def _decode_many(self, lists: list[list[int]]) -> list[str]:
-        """postprocessing's texts of several id lists in one call (a batch, right-padded)."""
-        width = max(1, *(len(ids) for ids in lists))
-        ids = np.zeros((len(lists), 1, width), dtype=np.int32)
-        for b, x in enumerate(lists):
-            ids[b, 0, :len(x)] = x
-        lens = np.array([[len(x)] for x in lists], dtype=np.int32)
-        out = self._postprocess(ids, lens).reshape(-1)
-        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in out]
+            emit(tio.text_response(resp, seen, self.cfg.accumulate, rq.FORWARD, self.outputs),
+                 False)
 
     def _exec(self, role: str, model: str, call: tuple[Arrays, list[str]],
               decoupled: bool) -> dict[str, Any]:
         """One draft or target call, its outputs merged over its responses
         (:func:`lib.spec_io.merge_outputs`)."""
         arrays, names = call
-        req = pb_utils.InferenceRequest(model_name=model, inputs=_tensors(arrays),
+        req = pb_utils.InferenceRequest(model_name=model, inputs=tio.tensors(arrays),
                                         requested_output_names=names)
         try:
             responses = self._keep(req.exec(decoupled=True)) if decoupled else [req.exec()]
@@ -287,7 +233,7 @@ class TritonPythonModel:
             for resp in responses:
                 if resp.has_error():
                     raise _CallError(spec_io.call_error(role, model, resp.error().message()))
-                got.append(_arrays(resp))
+                got.append(tio.arrays(resp))
         except _CallError:
             raise
         except Exception as e:  # exec itself failed (e.g. an unknown model)
@@ -303,8 +249,8 @@ class TritonPythonModel:
         fast: list[Any] = [None]  # the last draft's fast-logits handle (spec_io.draft_logits)
         draft = self._ngram_draft if self.cfg.spec_mode == "ngram" else \
             self._model_draft(inputs, pre, opts, fast)
-        text = spec_text.TextStream(opts, self.cfg.accumulate, req.prompt, self._decode,
-                                  self._decode_many)
+        text = spec_text.TextStream(opts, self.cfg.accumulate, req.prompt, tio.decode,
+                                    tio.decode_many)
         # streamed: each iteration's text and send on a thread of its own (lib/background.py)
         bg = background.Background() if opts.streaming else None
 
@@ -368,4 +314,4 @@ class TritonPythonModel:
     def _response(self, values: dict[str, Any]) -> Any:
         """A response of the declared outputs among ``values``."""
         return pb_utils.InferenceResponse(
-            output_tensors=_tensors(spec_text.response_arrays(values, self.outputs)))
+            output_tensors=tio.tensors(spec_text.response_arrays(values, self.outputs)))
