@@ -41,8 +41,10 @@ def _summary(data: dict[str, Any]) -> str:
 @click.option("--ttt-steps", type=click.IntRange(1, 16), default=3, show_default=True,
               help="Training-time-test steps (EAGLE-3 uses 7 at scale).")
 @click.option("--data", type=click.Path(path_type=Path), default=None,
-              help="Text or JSONL ('text' per line) whose windows prompt the target; default: "
-                   "prompts sampled from the target. Responses are always the target's own.")
+              help="Text or JSONL ('text' per line) whose windows prompt the target, or a chat "
+                   "set from `specserve prompts` (its prompts under the chat template); "
+                   "default: prompts sampled from the target. Responses are always the "
+                   "target's own.")
 @click.option("--samples", type=click.IntRange(1), default=256, show_default=True,
               help="Training sequences (the target's generations).")
 @click.option("--prompt-len", type=click.IntRange(1), default=16, show_default=True)

@@ -27,8 +27,9 @@ def _summary(data: dict[str, Any]) -> str:
 @click.option("--layers", type=click.IntRange(1, 8), default=1, show_default=True,
               help="ResBlocks per head.")
 @click.option("--data", type=click.Path(path_type=Path), default=None,
-              help="Text or JSONL ('text' per line) to train on; default: the model's own "
-                   "greedy generations (self-distillation).")
+              help="Text or JSONL ('text' per line) to train on, or a chat set from "
+                   "`specserve prompts` whose chat-templated prompts the model answers "
+                   "(self-distillation); default: the model's own greedy generations.")
 @click.option("--samples", type=click.IntRange(1), default=256, show_default=True,
               help="Training sequences.")
 @click.option("--prompt-len", type=click.IntRange(1), default=16, show_default=True)

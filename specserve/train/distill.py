@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specserve.errors import SpecserveError
 
 if TYPE_CHECKING:
     import torch
@@ -79,3 +82,48 @@ def sampled_prompts(model: torch.nn.Module, bos_id: int, n: int, prompt_len: int
             nxt = torch.multinomial(probs, 1, generator=g)  # [n, 1]
             x = torch.cat([x, nxt], dim=1)
     return x
+
+
+def is_chat_dataset(path: Path) -> bool:
+    """Whether ``path`` is a JSONL chat set (its first record has ``messages``, as
+    ``specserve prompts`` writes): its prompts are then chat-templated, not text windows."""
+    import json
+
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    return False
+                return isinstance(obj, dict) and "messages" in obj
+    return False
+
+
+def chat_prompts(tok: Any, path: Path, n: int, prompt_len: int,
+                 g: torch.Generator) -> torch.Tensor:
+    """``n`` prompts [n, prompt_len] from a chat set: each record's messages rendered with the
+    tokenizer's chat template and the assistant's turn opened (``add_generation_prompt``), cut
+    to its last ``prompt_len`` tokens so every prompt ends where the model starts answering;
+    records shorter than that are skipped; drawn without replacement while they last."""
+    import torch
+
+    from specserve.client.datasets import load_dataset
+
+    if getattr(tok, "chat_template", None) is None:
+        raise SpecserveError(f"{path}: a chat set needs a tokenizer with a chat template")
+    rows = []
+    for p in load_dataset(path):
+        msgs = [{"role": r, "content": c} for r, c in p.messages] or [
+            {"role": "user", "content": p.text}]
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                      return_dict=True)["input_ids"]
+        if len(ids) >= prompt_len:
+            rows.append(torch.tensor(list(ids)[-prompt_len:], dtype=torch.int64))
+    if not rows:
+        raise SpecserveError(f"{path}: no chat prompt has {prompt_len} tokens (lower "
+                             "--prompt-len)")
+    order = torch.randperm(len(rows), generator=g).tolist()
+    return torch.stack([rows[order[i % len(rows)]] for i in range(n)])

@@ -3,7 +3,8 @@ the draft vocabulary over them, and per batch the frozen target's captured state
 
 Data: the target's own generations, as SpecForge and vLLM speculators regenerate responses with
 the target: prompts sampled from the model after BOS (or, with ``--data``, windows of a text /
-JSONL file), then the target's greedy continuations (:mod:`specserve.train.distill`, as
+JSONL file, or the chat-templated prompts of a chat set from ``specserve prompts``), then the
+target's greedy continuations (:mod:`specserve.train.distill`, as
 :mod:`specserve.train.medusa_train` does for Medusa). The last ``heldout_fraction`` of them is
 kept out of training for the evaluation.
 
@@ -33,12 +34,20 @@ from specserve.train.progress import Reporter
 def make_sequences(cfg: Eagle3TrainConfig, g: torch.Generator, rep: Reporter) -> torch.Tensor:
     """The target's own generations [samples, prompt_len + gen_len]: sampled (or ``--data``)
     prompts, greedy continuations."""
-    from specserve.train.distill import greedy_continue, sample_prompts, sampled_prompts
+    from specserve.train.distill import (
+        chat_prompts,
+        greedy_continue,
+        is_chat_dataset,
+        sample_prompts,
+        sampled_prompts,
+    )
     from specserve.train.medusa_train import load_causal_lm, read_data_file
     from specserve.train.tokenizer import concat_with_eos, encode_documents
 
     model, tok = load_causal_lm(cfg.model, cfg.device)
-    if cfg.data is not None:
+    if cfg.data is not None and is_chat_dataset(Path(cfg.data)):
+        prompts = chat_prompts(tok, Path(cfg.data), cfg.samples, cfg.prompt_len, g)
+    elif cfg.data is not None:
         stream = concat_with_eos(encode_documents(tok, read_data_file(Path(cfg.data))),
                                  tok.eos_token_id if tok.eos_token_id is not None else 0)
         if stream.numel() <= cfg.prompt_len:

@@ -180,21 +180,30 @@ def make_sequences(cfg: MedusaTrainConfig, model: Any, tok: Any, g: torch.Genera
                    rep: Reporter) -> tuple[torch.Tensor, int]:
     """Training sequences [N, prompt_len + gen_len] and the first position whose token is a
     trustworthy label (the start of the model's own continuation; 0 for a data file)."""
-    from specserve.train.distill import greedy_continue, sample_prompts, sampled_prompts
+    from specserve.train.distill import (
+        chat_prompts,
+        greedy_continue,
+        is_chat_dataset,
+        sample_prompts,
+        sampled_prompts,
+    )
     from specserve.train.tokenizer import concat_with_eos, encode_documents
 
     length = cfg.prompt_len + cfg.gen_len
-    if cfg.data is not None:
+    if cfg.data is not None and is_chat_dataset(Path(cfg.data)):
+        prompts = chat_prompts(tok, Path(cfg.data), cfg.samples, cfg.prompt_len, g)
+    elif cfg.data is not None:
         stream = concat_with_eos(encode_documents(tok, read_data_file(Path(cfg.data))),
                                  tok.eos_token_id if tok.eos_token_id is not None else 0)
         if stream.numel() <= length:
             raise SpecserveError(f"{cfg.data}: {stream.numel()} tokens, need more than {length}")
         return sample_prompts(stream, cfg.samples, length, g), 0
-    bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-    if bos is None:
-        raise SpecserveError(f"{cfg.model}: tokenizer has neither a BOS nor an EOS token")
+    else:
+        bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        if bos is None:
+            raise SpecserveError(f"{cfg.model}: tokenizer has neither a BOS nor an EOS token")
+        prompts = sampled_prompts(model, bos, cfg.samples, cfg.prompt_len, g)  # [N, P]
     rep.start("self-distill", cfg.samples)
-    prompts = sampled_prompts(model, bos, cfg.samples, cfg.prompt_len, g)  # [N, P]
     seqs = greedy_continue(model, prompts, cfg.gen_len,
                            on_batch=lambda d, _t: rep.update(d))
     return seqs, cfg.prompt_len

@@ -65,8 +65,8 @@ def test_a_truncated_sharegpt_file_gives_its_complete_entries(tmp_path: Path) ->
 def _humaneval(path: Path, n: int) -> Path:
     with gzip.open(path, "wt") as f:
         for i in range(n):
-            f.write(json.dumps({"task_id": f"HumanEval/{i}",
-                                "prompt": f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n"}) + "\n")
+            prompt = f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n"
+            f.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": prompt}) + "\n")
     return path
 
 
