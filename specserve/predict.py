@@ -69,7 +69,7 @@ class PredictConfig:
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("--dtype", self.dtype, P.DTYPE_BYTES),
-                                     ("--gpu", self.gpu, P.GPUS),
+                                     ("--gpu", P.gpu_name(self.gpu), P.GPUS),
                                      ("--proposer", self.proposer, PROPOSERS),
                                      ("--stat", self.stat, STATS)):
             if value not in allowed:
@@ -128,7 +128,7 @@ def hardware(gpu: str, dtype: str, tp: int, bandwidth: float | None,
     """The GPU's roofline figures for ``dtype`` under TP ``tp`` (TB/s, TFLOP/s overrides)."""
     if tp < 1:
         raise SpecserveError(f"--tp {tp}: must be >= 1")
-    spec = P.GPUS[gpu]
+    spec = P.GPUS[P.gpu_name(gpu)]
     hw = P.hardware_for(spec, dtype, tp)
     if bandwidth is not None or flops is not None:
         hw = P.Hardware(bandwidth * 1e12 if bandwidth else hw.bandwidth_bytes_per_s,

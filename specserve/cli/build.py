@@ -16,9 +16,10 @@ from specserve.errors import SpecserveError
 EXAMPLES = """
 \b
 Examples:
-  # reference engine on this machine (what `make engine` does)
+  # a reference engine on this machine, Medusa heads (dtype auto: float32 or bfloat16 by
+  # this CPU; `make engine` / `specserve engine` pick the demo's measured-fastest method)
   specserve build --model checkpoints/demo/target --medusa checkpoints/demo/medusa \\
-      --backend torch --out engines/demo
+      --backend torch --out engines/medusa
   # print the exact TensorRT-LLM 1.2.1 commands for FP8 Medusa on 2 GPUs, touch nothing
   specserve build --model llama-3-8b --medusa medusa-heads --backend trtllm \\
       --quantize fp8 --kv-cache-dtype fp8 --tp 2 --out engines/l3 --dry-run --format json
@@ -119,7 +120,8 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--draft", type=click.Path(), help="Draft model directory (same tokenizer).")
 @click.option("--ngram", is_flag=True, help="Prompt-lookup (n-gram) speculation, no draft.")
 @click.option("--eagle", type=click.Path(), help="EAGLE draft-head directory (trtllm only).")
-@click.option("--eagle3", type=click.Path(), help="EAGLE-3 head directory (--flow pytorch).")
+@click.option("--eagle3", type=click.Path(), help="EAGLE-3 head directory (--backend torch, "
+              "or TensorRT-LLM's --flow pytorch).")
 @click.option("--mtp", is_flag=True, help="The checkpoint's MTP layers (--flow pytorch; needs "
               "num_nextn_predict_layers > 0 in config.json).")
 @click.option("--lookahead", metavar="W,N,G", help="Lookahead decoding (trtllm engine flow): "

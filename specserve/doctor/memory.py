@@ -30,7 +30,6 @@ MIB = 1 << 20
 GIB = 1 << 30
 GPU_MEMORY_BYTES: dict[str, int] = {"h100-sxm": 81559 * MIB, "h200": 143771 * MIB,
                                     "a100-80g": 81920 * MIB}
-GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80g"}
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                "half": 2, "fp8": 1, "float8_e4m3fn": 1, "int8": 1}
 LOGIT_BYTES = 4
