@@ -241,8 +241,9 @@ def bls_spec_mapping(cfg: EngineRecord, engine_dir: Path, *,
                      target_decoupled: bool) -> dict[str, str]:
     """The BLS loop's parameters (specserve's BLS model.py; NVIDIA's ignores them):
     ``speculative_mode`` (draft | ngram | ""), the target's ``max_draft_len``,
-    ``ngram_max_size``, whether ``tensorrt_llm`` / ``tensorrt_llm_draft`` are decoupled, and the
-    target's vocabulary size (checked against the draft's generation logits)."""
+    ``ngram_max_size``, whether ``tensorrt_llm`` / ``tensorrt_llm_draft`` are decoupled, the
+    target's vocabulary size (checked against the draft's generation logits) and whether the
+    draft's logits may go to the target at all (``use_draft_logits``)."""
     mode = cfg.spec_mode if cfg.spec_mode in ("draft", "ngram") else ""
     ngram = cfg.get("ngram_max_size") or DEFAULT_NGRAM_MAX_SIZE
     return {
@@ -252,6 +253,10 @@ def bls_spec_mapping(cfg: EngineRecord, engine_dir: Path, *,
         "tensorrt_llm_decoupled": _b(target_decoupled),
         "tensorrt_llm_draft_decoupled": "false",
         "tensorrt_llm_vocab_size": target_vocab_size(engine_dir) if mode == "draft" else "",
+        # false for a draft padded to another vocab_size (build_config.json draft_logits):
+        # its drafts are accepted by token ids and the BLS refuses use_draft_logits
+        "specserve_draft_logits": ("false" if cfg.get("draft_logits") is False else "true")
+        if mode == "draft" else "",
     }
 
 
