@@ -8,7 +8,7 @@ then), and returns the JSON-ready report ``specserve predict`` prints. The math 
 :mod:`specserve.spec.predictor` (peers.md §3). Bad input raises :class:`SpecserveError` naming
 the option (``--rates``, ``--summary``, ...) or the file.
 
-Context length (issue 33; field-2026-late.md §1 row 6: verification cost grows with context,
+Context length (verification cost grows with context,
 e.g. one verify step at 5.2x a decode step at 16k in kekzl/imp #964): ``kv_len`` is the context
 each step attends over, and ``T(n)`` depends on it through the KV bytes read (roofline) or the
 attention of the timed forward (``measure``). ``context_lengths`` predicts T(1), T(verify), their

@@ -1,5 +1,5 @@
 """``specserve predict --sweep``: the served step predicted against a measured ``specserve bench
---sweep --input-lengths`` summary, cell by cell (issue 33 item 2).
+--sweep --input-lengths`` summary, cell by cell.
 
 The measured step is what a request sees, ``(E2E - TTFT) / steps``
 (:func:`specserve.client.context.step_ms`), at concurrency ``c``, input length ``L`` and ``M``

@@ -8,7 +8,7 @@ upper-bound ``draft_len_schedule`` keys, the renamed acceptance pair, no ``eagle
 ``speculative_model``). For 1.2.1: its ``tensorrt_llm/llmapi/llm_args.py`` (``TorchLlmArgs``,
 ``KvCacheConfig``, ``CudaGraphConfig`` and the decoding configs); the field set the goldens are
 checked against is ``tests/build/data/llmapi_fields_1.2.1.json`` (its ``source`` names the
-copy read). Facts and hazards: ``../shared/reference/llmapi-route.md`` §1-2, §4, §6. Choices
+copy read). Choices
 made here:
 
 - ``speculative_config.decoding_type``: ``Eagle`` for EAGLE-3 on 1.2.1 (``Eagle3`` on 1.3),

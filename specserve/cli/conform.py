@@ -1,5 +1,5 @@
 """``specserve conform``: the same requests to a speculative server and a no-speculation
-baseline; a dated compatibility matrix (issue 32). Parses the options into a
+baseline; a dated compatibility matrix. Parses the options into a
 :class:`specserve.conform.run.ConformConfig`, calls :func:`specserve.conform.run.run_conform`
 and prints the one-screen summary (exit 1 when a check failed or is broken)."""
 

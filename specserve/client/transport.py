@@ -38,7 +38,7 @@ INPUT_DTYPES: dict[str, str] = {
     # sent only through GenParams.extra (specserve conform): stops, min_tokens, log-probs, n
     "stop_words": "BYTES", "min_tokens": "INT32", "return_log_probs": "BOOL",
     "num_return_sequences": "INT32", "return_num_input_tokens": "BOOL",
-    "num_top_log_probs": "INT32",   # the reference tensorrt_llm model's own (issue 31)
+    "num_top_log_probs": "INT32",   # the reference tensorrt_llm model's own
     "guided_decoding_guide_type": "BYTES", "guided_decoding_guide": "BYTES",
 }
 # outputs kept whole (flattened, in order), not reduced to their first element: log-probs of

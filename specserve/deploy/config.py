@@ -5,7 +5,7 @@ alphanumerics or ``-``, starting and ending alphanumeric; kubernetes.io/docs/con
 working-with-objects/names). The world size of a replica (TP x PP from ``build_config.json``)
 must be a multiple of the GPUs per node: a replica spans ``world_size / gpus_per_node`` nodes,
 one pod per node, as the LeaderWorkerSet TensorRT-LLM example and Dynamo's ``multinode.nodeCount``
-lay it out (``../shared/reference/peers-2026.md`` section 5).
+lay it out.
 """
 
 from __future__ import annotations

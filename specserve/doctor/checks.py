@@ -1,8 +1,8 @@
 """The doctor's static checks: pure functions over parsed :class:`~specserve.doctor.sides.Side`
 objects, each returning :class:`~specserve.doctor.findings.Finding` lines.
 
-What each guards against (``../shared/reference/field-2026-late.md`` §1 row 7 and §3.3: silent
-acceptance collapse, where the pairing serves without an error and acceptance falls):
+What each guards against (silent acceptance collapse, where the pairing serves without an error and
+acceptance falls):
 
 - ``tokenizer-mismatch``: vocabulary, merges or special tokens differ (a hash of each, never
   just ``vocab_size``): the draft's ids mean other strings; vLLM's Token-Level Intersection

@@ -1,8 +1,8 @@
 """KV-cache budget of a pairing on one GPU (pure arithmetic): the KV token capacity with and
 without the draft, plus an estimate of the verify workspace, against the batch x context the
-deployment must hold (``../shared/reference/field-2026-late.md`` §1 row 8: sgl-project/sglang
-#38341 passes start-up and OOMs mid-traffic with "no upfront capacity check";
-NVIDIA/TensorRT-LLM #9279: the draft's KV config copies the target's).
+deployment must hold (field reports: sgl-project/sglang #38341 passes start-up and OOMs mid-traffic
+with "no upfront capacity check"; NVIDIA/TensorRT-LLM #9279: the draft's KV config copies the
+target's).
 
 - KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes of the KV dtype
   (:meth:`specserve.spec.predictor.ModelShape.kv_elements_per_token`).

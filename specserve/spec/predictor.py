@@ -1,6 +1,6 @@
 """Speedup model for speculative decoding: decode roofline and expected speedup (pure).
 
-Implements the model of ``../shared/reference/peers.md`` §3:
+The model:
 
 - Decode roofline (Williams et al. 2009, "Roofline"): one target forward that scores ``n`` tokens
   for each of ``B`` sequences takes ``T(n) = max(bytes / bandwidth, flops / peak)``, where

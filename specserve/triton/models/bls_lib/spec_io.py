@@ -210,7 +210,7 @@ def sampling_inputs(s: spec_loop.Sampling) -> Arrays:
     input the client did not set stays unset (upstream's ``triton_decoder.py``
     ``create_triton_tensors`` skips ``None``), so the executor keeps its greedy default: sending
     ``temperature`` 0 instead runs top-p sampling over logits scaled by ``1/(T + 1e-6)``, which
-    is not the greedy path (``../shared/reference/trtllm-audit-2.md`` #5). ``min_tokens`` 0 (a
+    is not the greedy path. ``min_tokens`` 0 (a
     target call with none left) is unset too."""
     out: Arrays = {}
     if s.temperature is not None:
