@@ -1,4 +1,4 @@
-"""``specserve doctor`` (issue 33 item 3): the healthy pair is clean, and each of the issue's
+"""``specserve doctor``: the healthy pair is clean, and each of the
 eight planted mispairings is found with exactly one error/warning line of its own code.
 
 The healthy pair is the tiny target with a copy of itself as the draft (acceptance 1 under

@@ -51,8 +51,8 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 @click.option("--baseline-model", default=None,
               help="The baseline's model name (same server unless --baseline-url).")
 @click.option("--checks", default=None,
-              help="Comma-separated check names, run in this order (default: all, in the "
-              "issue's order).")
+              help="Comma-separated check names, run in this order (default: all, in their "
+              "numbered order).")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=1800.0, show_default=True,
               help="Time budget of the whole run; checks left are 'not run'.")
 @click.option("--method", default="unknown", show_default=True,

@@ -1,4 +1,4 @@
-"""``specserve deploy``: golden manifests for the issue's four cases (plus Slurm), every YAML
+"""``specserve deploy``: golden manifests for four cases (plus Slurm), every YAML
 object checked offline against the Kubernetes API schema or its CRD's upstream schema
 (``tests/deploy/schemas.py``), the checks shown to catch violations, and bad input refused with
 one line, exit 2 and nothing written.

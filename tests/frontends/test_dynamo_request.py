@@ -1,5 +1,5 @@
-"""specserve.frontends.dynamo_request: Dynamo's preprocessed request (fields as seen in
-../shared/reference/dynamo-cpu.md) -> the Triton model's request checks; no Dynamo needed."""
+"""specserve.frontends.dynamo_request: Dynamo's preprocessed request (the fields ai-dynamo
+1.6.1's frontend sends) -> the Triton model's request checks; no Dynamo needed."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ CheckFn = Callable[[Context], Awaitable[Outcome]]
 
 @dataclass(frozen=True)
 class Check:
-    """One registered check: ``group`` is the issue's numbering (1..9)."""
+    """One registered check: ``group`` is the check's number (1..9)."""
 
     name: str
     group: int
