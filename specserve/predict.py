@@ -5,7 +5,7 @@ defaults), reads ``config.json`` / a ``specserve bench`` ``summary.json``, takes
 roofline of :mod:`specserve.spec.predictor` or, with ``measure``, from timing the reference
 decoder's forward on this machine (:mod:`specserve.runtime.timing`; torch is imported only
 then), and returns the JSON-ready report ``specserve predict`` prints. The math is
-:mod:`specserve.spec.predictor` (peers.md §3). Bad input raises :class:`SpecserveError` naming
+:mod:`specserve.spec.predictor`. Bad input raises :class:`SpecserveError` naming
 the option (``--rates``, ``--summary``, ...) or the file.
 
 Context length (verification cost grows with context,

@@ -177,7 +177,7 @@ def absolute_paths(cfg: BuildConfig) -> BuildConfig:
     """The PyTorch route's paths made absolute: the YAML, ``model.yaml`` and the manifests are
     read from other working directories (a pod, a Slurm task, Triton's Python stub), where a
     relative ``speculative_model`` that does not exist is taken for a Hugging Face Hub id
-    (llm_args.py: "accepts a HuggingFace Hub model ID ... or a local path"; trtllm-audit-2 #25)."""
+    (llm_args.py: "accepts a HuggingFace Hub model ID ... or a local path")."""
     def absolute(path: str | None) -> str | None:
         return None if path is None else os.path.abspath(path)
 

@@ -47,7 +47,7 @@ _METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 #: Eagle3 fields 1.2.1 has and the 1.3.0rc27 Eagle3DecodingConfig page does not.
 EAGLE3_12_ONLY = ("greedy_sampling", "posterior_threshold", "eagle3_one_model")
-#: Keys users meet in newer docs that TensorRT-LLM 1.2.1 does not have (llmapi-route.md §1.2).
+#: Keys users meet in newer docs that TensorRT-LLM 1.2.1 does not have.
 LATER_KEYS = {
     "use_rejection_sampling": "#14745/#15775, June 2026",
     "acceptance_rate_window_size": "#12905, April 2026 (1.2.1 has acceptance_window)",

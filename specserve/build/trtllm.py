@@ -5,8 +5,7 @@ Pinned: **TensorRT-LLM 1.2.1** (PyPI 2026-04-20), shipped in
 ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``. It is the newest stable release that
 still ships ``trtllm-build``, ``examples/medusa/convert_checkpoint.py``, the Medusa arguments of
 ``examples/quantization/quantize.py`` and the C++ ``tensorrtllm`` Triton backend (all removed
-from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.md`` §2 and
-``trtllm-facts.md`` §1-2. Choices made here:
+from main in June/July 2026). Choices made here:
 
 - Medusa: ``--num_medusa_heads``/``--num_medusa_layers`` always explicit (the converter ignores
   the heads' config.json); ``max_draft_len`` = tree nodes on both the converter
@@ -21,7 +20,7 @@ from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.
   ``tensorrt_llm/models/qwen/config.py`` and ``convert.py`` @
   0428c18828880e7c60c13cc5cc0794bbbc05c0a3 (qwen_type qwen3, ``q_norm``/``k_norm`` converted),
   the converter's argparse @ 0df9aaf38338424867a1ca1faa71173501205001; the v1.2.1 tag itself
-  could not be read (trtllm-pinned.md §0). Qwen3 with Medusa (the Medusa converter asserts
+  could not be read. Qwen3 with Medusa (the Medusa converter asserts
   ``--model_type`` llama, mixtral or qwen2), EAGLE (Llama targets only) or FP8 (``quantize.py``'s
   Qwen3 export not verified) is refused with a pointer to the PyTorch route (``--flow pytorch``).
 - Draft-target: each model through its family's converter (a Llama draft for a Llama target as
@@ -87,7 +86,7 @@ _PLAIN_ONLY = {"qwen3": {
 
 #: What to do instead, per refused option: only FP8 has a PyTorch-route path; the PyTorch
 #: backend has no Medusa (MedusaDecodingConfig.supports_backend excludes pytorch) and serves
-#: EAGLE-3 heads, not EAGLE-1/2 ones (trtllm-audit-2.md #39).
+#: EAGLE-3 heads, not EAGLE-1/2 ones.
 _INSTEAD = {
     "--medusa": "TensorRT-LLM 1.2.1 has no Qwen3 Medusa path on either route (the PyTorch "
                 "backend has no Medusa); use --backend torch, or train an EAGLE-3 head "

@@ -29,7 +29,7 @@ from specserve.client.acceptance import EngineAcceptance
 from specserve.client.metrics import PERF_OUTPUTS
 from specserve.errors import ServerError
 
-# Ensemble inputs of the pinned release (trtllm-pinned.md section 3.3): name -> Triton dtype.
+# Ensemble inputs of the pinned release (TensorRT-LLM 1.2.1): name -> Triton dtype.
 INPUT_DTYPES: dict[str, str] = {
     "text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
     "top_k": "INT32", "top_p": "FP32", "seed": "UINT64", "end_id": "INT32",

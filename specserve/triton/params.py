@@ -5,7 +5,7 @@ Every placeholder of the pinned TensorRT-LLM 1.2.1 templates gets a value, becau
 an empty string: the C++ backend's ``ModelState::GetParameter`` then fails to parse them
 (``std::stoi("")``, "Cannot convert  to a boolean", empty device lists) and falls back to its
 default with a warning, exactly as for an unfilled ``${...}``. Values we do set follow
-``trtllm-pinned.md`` §3.6 / ``trtllm-facts.md`` §3.3, and for two-model TensorRT-LLM repositories
+the pinned release's ``inflight_batcher_llm`` configs, and for two-model TensorRT-LLM repositories
 upstream's draft-target recipe (tensorrtllm_backend
 ``examples/draft_target_model/README.md`` fills both models with ``decoupled_mode:False``,
 ``enable_kv_cache_reuse:True``, ``kv_cache_free_gpu_mem_fraction:0.5`` and their own

@@ -43,7 +43,7 @@ from specserve.triton.launch import (
 )
 
 _ERROR_PREFIXES = ("E", "error:", "Error:")
-# Error-level lines tritonserver always prints on a CPU-only machine (triton-on-cpu.md §3).
+# Error-level lines tritonserver always prints on a CPU-only machine.
 _HARMLESS = ("CudaDriverHelper has not been initialized", "Unable to allocate pinned system memory",
              "unable to create stream", "Failed to initialize NVML", "DCGM")
 

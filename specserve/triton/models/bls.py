@@ -5,7 +5,7 @@ and n-gram loop (``num_draft_tokens`` > 0).
 Self-contained (copied into the repository as ``tensorrt_llm_bls/1/model.py``, its helpers as
 ``tensorrt_llm_bls/1/lib/*.py``: the Python backend puts the version folder on ``sys.path``, as
 NVIDIA's BLS relies on for ``lib.decode``). Decoupled: one thread per request, inputs copied in
-``execute()`` first (``triton-on-cpu.md`` §2).
+``execute()`` first.
 
 This file is the ``pb_utils`` half only, as upstream's ``lib/triton_decoder.py`` is for its
 ``lib/decode.py`` (triton-inference-server/tensorrtllm_backend
