@@ -10,8 +10,8 @@ leaf module: it imports nothing of the package, so ``build.config``, ``build.llm
   ``eagle3_one_model``; the dynamic-tree fields exist but ``validate_eagle_config`` overwrites
   ``max_total_draft_tokens`` and the PyTorch dynamic-tree runtime lands after the 1.2 branch
   (NVIDIA/TensorRT-LLM #12062, #13081), so they are refused. EAGLE-3 is written
-  ``decoding_type: Eagle``: the L1 layout converts it to Eagle3 (with a warning) and the older
-  ``from_dict`` layout accepts only ``Eagle``, so it parses either way.
+  ``decoding_type: Eagle``: the Dec-2025 layout of ``llm_args.py`` converts it to Eagle3 (with a
+  warning) and the older ``from_dict`` layout accepts only ``Eagle``, so it parses either way.
 - **1.3** (the 1.3.0 release-candidate line that NVIDIA Dynamo's ``tensorrtllm-runtime`` images
   ship: ai-dynamo/dynamo ``container/context.yaml`` @001eacbe pins ``1.3.0rc16``; Dynamo
   0.9.0 moved to 1.3.0rc1, ai-dynamo/dynamo #5811). Field set: the TensorRT-LLM API page
