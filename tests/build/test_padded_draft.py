@@ -120,3 +120,14 @@ def test_the_bls_refuses_use_draft_logits_for_a_padded_draft() -> None:
     check_spec_request(padded, {"use_draft_logits": np.array([False])}, 4)
     check_spec_request(padded, {}, 4)
     check_spec_request(BlsParams.from_params(base), {"use_draft_logits": np.array([True])}, 4)
+
+
+def test_a_wider_padded_draft_is_cut_at_an_id_the_target_lacks() -> None:
+    from specserve.triton.models.bls_lib.spec_io import BlsParams, within_target_vocab
+
+    base = {"tensorrt_llm_draft_model_name": "tensorrt_llm_draft", "tensorrt_llm_vocab_size": "8"}
+    padded = BlsParams.from_params({**base, "specserve_draft_logits": "false"})
+    assert within_target_vocab(padded, [1, 7, 9, 2]) == [1, 7]  # 9: a padding row of the draft
+    assert within_target_vocab(padded, [1, 2]) == [1, 2]
+    # a draft of the target's width keeps every id (check_draft refuses a bad one)
+    assert within_target_vocab(BlsParams.from_params(base), [1, 9]) == [1, 9]

@@ -294,8 +294,9 @@ class TritonPythonModel:
             out = self._exec("draft", cfg.draft, spec_io.draft_call(inputs, pre, ctx, n, s, opts),
                              cfg.draft_decoupled)
             logits, fast[0] = spec_io.draft_logits(cfg, out, opts)
-            spec_io.check_draft(cfg, out["output_ids"], logits)
-            return out["output_ids"], logits
+            tokens = spec_io.within_target_vocab(cfg, out["output_ids"])
+            spec_io.check_draft(cfg, tokens, logits)
+            return tokens, logits
         return draft
 
     def _target(self, inputs: Arrays, pre: Arrays, fast: list[Any]) -> spec_loop.TargetFn:

@@ -325,6 +325,17 @@ def call_error(role: str, model: str, message: str) -> str:
     return f"{role} model '{model}' (parameter {param_name}): {message}"
 
 
+def within_target_vocab(cfg: BlsParams, tokens: list[int]) -> list[int]:
+    """A padded draft's tokens up to the first one the target's vocabulary lacks (parameter
+    ``specserve_draft_logits`` false: the draft's rows are wider than the target's, and its
+    padding rows are ids the target can never produce, so that draft and every one after it
+    would be rejected anyway); any other draft's tokens as they are (:func:`check_draft`)."""
+    if cfg.draft_logits or cfg.vocab is None:
+        return tokens
+    cut = next((i for i, t in enumerate(tokens) if not 0 <= t < cfg.vocab), len(tokens))
+    return tokens[:cut]
+
+
 def check_draft(cfg: BlsParams, tokens: Sequence[int], logits: Any) -> bool:
     """ValueError unless the draft's vocabulary (the width of its ``generation_logits``, sent
     with ``use_draft_logits`` only) is the target's and its ids are inside it; True when the
