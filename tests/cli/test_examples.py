@@ -25,6 +25,14 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 PROMPT = re.compile(r"^\s*(?:\$\s+)?(?:[A-Z_][A-Z0-9_]*=\S*\s+)*"
                     r"(specserve (?:[a-z][a-z0-9-]*|-h|--help|--version)(?:\s.*)?)$")
 ELISION = "..."  # a document's "the rest as above"
+# an inline code span of prose that starts `specserve NAME`: a command, or a mention of one of its
+# options (`specserve predict --summary`); usage syntax ([--x], A|B, <arg>, ...) is not checked
+SPAN = re.compile(r"`(specserve [a-z][^`]*)`")
+USAGE_SYNTAX = re.compile(r"[\[\]<>|]|\.\.\.")
+
+
+class UnknownName(click.UsageError):
+    """A command, or an option value outside its Choice, that the CLI does not have."""
 
 
 def _commands() -> dict[str, click.Command]:
@@ -81,7 +89,7 @@ def check(line: str) -> None:
         return
     commands = _commands()
     if words[1] not in commands:
-        raise click.UsageError(f"no such command {words[1]!r}")
+        raise UnknownName(f"no such command {words[1]!r}")
     cmd = commands[words[1]]
     ctx = click.Context(cmd, info_name=words[1])  # the parser alone: no callbacks run
     parser = cmd.make_parser(ctx)
@@ -93,8 +101,8 @@ def check(line: str) -> None:
         if isinstance(param.type, click.Choice) and value is not None:
             for v in value if isinstance(value, (list, tuple)) else [value]:
                 if v not in param.type.choices:
-                    raise click.UsageError(f"{param.opts[0]} {v!r}: not one of "
-                                           f"{list(param.type.choices)}")
+                    raise UnknownName(f"{param.opts[0]} {v!r}: not one of "
+                                      f"{list(param.type.choices)}")
 
 
 def _help(name: str | None) -> str:
@@ -154,6 +162,24 @@ def test_document_command_lines_parse(doc: Path) -> None:
             check(line)
         except click.ClickException as e:
             bad.append(f"{line!r}: {e.format_message()}")
+    assert not bad, f"{doc.name}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+def test_document_inline_commands_name_real_options(doc: Path) -> None:
+    """Inline spans may mention an option without its value, but every command, option and
+    choice they name exists."""
+    bad = []
+    for m in SPAN.finditer(doc.read_text()):
+        line = m.group(1).replace("\\|", "|")
+        if USAGE_SYNTAX.search(line):
+            continue
+        try:
+            check(line)
+        except (click.NoSuchOption, UnknownName) as e:
+            bad.append(f"{line!r}: {e.format_message()}")
+        except click.UsageError:  # a mention: an option without its value, a placeholder
+            pass
     assert not bad, f"{doc.name}:\n" + "\n".join(bad)
 
 
