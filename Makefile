@@ -38,6 +38,8 @@ help:
 	@echo "make demo   - install, build the demo model + engine, serve on Triton, benchmark, report"
 	@echo "make test   - install and run the test suite"
 	@echo "make lint   - ruff + mypy"
+	@echo "make engine / repo / serve / bench - the pipeline step by step; inside NVIDIA's"
+	@echo "             TensorRT-LLM container (or BACKEND=trtllm) they use its Python, no .venv"
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
