@@ -21,8 +21,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU 
 
 
 def _plan(tmp_path: Path, *args: str, fake_trtllm: bool) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
-    env.pop("PYTHONPATH", None)
+    # the plan of a make run from a clean shell: no parent make's flags, no variables the
+    # Makefile reads from the environment
+    drop = {"MFLAGS", "PYTHONPATH", "BACKEND", "CONTAINER", "PY", "VENV", "REPO", "REPO_ARGS"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k not in drop}
     if fake_trtllm:
         pkg = tmp_path / "site" / "tensorrt_llm"
         pkg.mkdir(parents=True)
