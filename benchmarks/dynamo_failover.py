@@ -1,6 +1,6 @@
 """Kill one of two specserve workers behind NVIDIA Dynamo's frontend in the middle of a
 200-request ``specserve bench`` run with 48 in flight, with and without ``--migration-limit``
-(issue 30 item 4; harness and upstream citations: :mod:`tests.helpers.dynamo_failover`;
+(harness and upstream citations: :mod:`tests.helpers.dynamo_failover`;
 figures: docs/reliability.md section 8).
 
 For each migration limit: start the frontend and two workers (round-robin router), run the bench

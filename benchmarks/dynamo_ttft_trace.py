@@ -1,4 +1,4 @@
-"""Where a request's first-token time goes behind NVIDIA Dynamo's frontend (issue 30, TTFT target).
+"""Where a request's first-token time goes behind NVIDIA Dynamo's frontend.
 
 Starts Dynamo's frontend and one specserve worker (``DynamoDeployment``) with the worker's trace
 on (``SPECSERVE_DYNAMO_TRACE``: wall times of a request's arrival at the handler, the serving

@@ -4,7 +4,7 @@ Serves the tiny reference engine (n-gram speculation) on a real tritonserver and
 ``--rounds`` rounds on that one server, runs in turn (order rotated each round so drift in the
 machine's load hits all alike):
 
-- genai-perf (its own venv, see ``../shared/reference/triton-on-cpu.md`` section 4), synthetic
+- genai-perf (in its own venv), synthetic
   32-token prompts, concurrency 1;
 - ``specserve bench`` on the very prompts genai-perf sent (read from its ``inputs.json``), as
   shipped (asks for perf outputs and per-response token counts);

@@ -1,5 +1,5 @@
 """In-flight engine throughput, this tree against an earlier revision, side by side in one run
-(issue 29: the plan / execute / update scheduler against the one it replaced).
+(the plan / execute / update scheduler against the one it replaced).
 
 In-process, no server: a :class:`~specserve.runtime.scheduler.Scheduler` over the demo pair
 (``--model``/``--draft``, or n-gram with ``--mode ngram``), ``c`` closed-loop clients (each

@@ -1,6 +1,6 @@
-"""A timed mixed soak of the paged prefix KV cache through Triton or NVIDIA Dynamo (issue 29
-target: "KV memory bounded by its budget ... a 10-minute mixed soak (long and short prompts,
-shared prefixes, cancellations) loses nothing and its RSS stays flat"; figures in
+"""A timed mixed soak of the paged prefix KV cache through Triton or NVIDIA Dynamo (the
+goal: KV memory bounded by its budget, and a 10-minute mixed soak of long and short prompts,
+shared prefixes and cancellations loses nothing and keeps its RSS flat; figures in
 ``docs/reliability.md``).
 
 Serves an engine (default ``engines/demo-draft``: the demo target and draft, K = 4) from a

@@ -1,5 +1,5 @@
 """Multi-turn chat through the in-flight engine with and without the prefix cache, side by side
-in one run (issue 29: "each turn resends the conversation"; runtime/kv_pool.py).
+in one run (each turn resends the conversation; runtime/kv_pool.py).
 
 In-process, no server: two :class:`~specserve.runtime.scheduler.Scheduler` s over two copies of
 the demo pair (``--model``/``--draft``, or n-gram with ``--mode ngram``), one with a prefix

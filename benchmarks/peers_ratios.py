@@ -1,5 +1,5 @@
 """Ours against vLLM-CPU from alternated ``benchmarks/peers.py`` runs: each of our cells over the
-mean of the vLLM runs of the same method and concurrency (issue 29's bar: output and per-user
+mean of the vLLM runs of the same method and concurrency (the bar: output and per-user
 tok/s >= vLLM's at c = 8 and 16).
 
 On a noisy machine, one vLLM run beside one of ours is not a ratio worth quoting. Alternate them

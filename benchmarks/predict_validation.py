@@ -1,5 +1,5 @@
 """Check ``specserve predict`` against the reference decoder, and a tuned Medusa tree against
-the default one (issue 6).
+the default one.
 
 For each proposer (draft chain, Medusa tree) the same prompts are decoded at T=0 with and
 without speculation, interleaved prompt by prompt so machine load hits both alike. Measured

@@ -1,4 +1,4 @@
-"""Predicted Outputs on the code-edit set (issue 31 item 3; docs/benchmarks.md "Predicted
+"""Predicted Outputs on the code-edit set (docs/benchmarks.md "Predicted
 Outputs"): per-user tokens/s at concurrency 1 of the demo target with and without each
 request's ``prediction``, in one process (the reference engine, no server: what the
 prediction changes is the decoder's steps, which this isolates).

@@ -1,4 +1,4 @@
-"""Where one in-flight step's time goes at batch 8 and 16 (issue 29 item 4): attention, matmuls,
+"""Where one in-flight step's time goes at batch 8 and 16: attention, matmuls,
 gathers and copies, other ATen ops, Python outside ATen, and the proposer's share.
 
 In-process, no server: the same closed-loop load as ``benchmarks/inflight.py`` (``c`` clients,

@@ -1,8 +1,8 @@
-"""Reference decoder benchmark (issue 9): tokens/s side by side in one run.
+"""Reference decoder benchmark: tokens/s side by side in one run.
 
 Workload (a), "oracle": a random-init Llama in ``--oracle-dtype`` (default ``auto``: bfloat16
 where this CPU has bf16 instructions, else float32; :mod:`specserve.cpu_dtype`), ``--oracle-size``
-(``1b`` is the issue's
+(``1b`` is a
 ~1.1B model, the default ``small`` ~190M keeps the run practical on a shared 2-core machine).
 HF ``generate()`` plain, ours plain, ours with an oracle proposer that proposes the target's own
 greedy continuation (chain K=4 and K=8): this isolates the machinery from acceptance.

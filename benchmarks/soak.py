@@ -1,4 +1,4 @@
-"""``make soak``: load and fault injection on loopback (issue 7; checks in
+"""``make soak``: load and fault injection on loopback (checks in
 :mod:`tests.helpers.soak`, figures in ``docs/reliability.md``).
 
 Builds a tiny reference engine (draft model = target) and its repository in a temp dir, serves

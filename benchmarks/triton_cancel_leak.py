@@ -1,4 +1,4 @@
-"""tritonserver's own RSS per request, by how the request ends (issue 29: what is left of the kv
+"""tritonserver's own RSS per request, by how the request ends (what is left of the kv
 soak's RSS growth once the primitive caches are capped; docs/reliability.md §3).
 
 Serves a repository (default ``reports/kv-soak/repo``, written by ``benchmarks/kv_soak.py``) and

@@ -1,4 +1,4 @@
-"""``make trtllm-check``: the PyTorch route's container check (``llmapi-route.md`` §7).
+"""``make trtllm-check``: the PyTorch route's container check.
 
 Where ``tensorrt_llm`` imports (NVIDIA's ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``,
 or a Dynamo ``tensorrtllm-runtime`` image for ``--trtllm-version 1.3``):
@@ -54,7 +54,7 @@ def _names(cls: Any) -> set[str]:
 
 
 def declared_decoding_type(cls: Any) -> Any:
-    """The spelling a decoding config declares: a pydantic field's default (the L1 layout) or a
+    """The spelling a decoding config declares: a pydantic field's default (Dec-2025 layout) or a
     class attribute (the older ``from_dict`` layout keeps it a ``ClassVar``, no field: #42)."""
     info = (getattr(cls, "model_fields", {}) or {}).get("decoding_type")
     if info is not None:

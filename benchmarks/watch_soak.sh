@@ -1,5 +1,5 @@
 #!/bin/bash
-# specserve watch on the healthy demo server (issue 33 item 4; docs/reliability.md section 7):
+# specserve watch on the healthy demo server (docs/reliability.md section 7):
 # serve ENGINE, a bench run for the baseline, two client threads as load, then a watch of
 # DURATION seconds (30-s intervals). Usage: benchmarks/watch_soak.sh ENGINE OUT [DURATION]
 set -u

@@ -6,17 +6,17 @@ check the measured tokens per step (tau) against the checkpoint's offline ``eval
 The prompts (written to ``OUT/prompts.jsonl``, so ``specserve bench --dataset`` replays them):
 the ``builtin-code`` prompts ``eval.json``'s served tau was measured on, first and in the same
 order, then a few ``builtin-prose`` and ``builtin-json`` (structured) prompts with a shorter
-answer, so the report splits tau and speedup by category (issue 33) for a few seconds more;
+answer, so the report splits tau and speedup by category for a few seconds more;
 the tau check reads the ``code`` category, the prompts the offline figure is for.
 
 The server is stopped on success, on failure and on Ctrl-C/SIGTERM (a context manager around
 :class:`specserve.triton.server.TritonServer`).
 
-``frontend="dynamo"`` (``specserve demo --frontend dynamo``, ``make demo-dynamo``; issue 30
-item 5) runs the same benchmark and report through NVIDIA Dynamo's OpenAI frontend instead: the
-engine served twice by specserve workers (:mod:`specserve.frontends.dynamo_serve`), with
-speculation as :data:`DYNAMO_SPEC` and without as :data:`DYNAMO_BASELINE`, the bench over
-``/v1/completions`` reading tau from the workers' Prometheus counters (``--metrics-url``).
+``frontend="dynamo"`` (``specserve demo --frontend dynamo``, ``make demo-dynamo``) runs the
+same benchmark and report through NVIDIA Dynamo's OpenAI frontend instead: the engine served twice
+by specserve workers (:mod:`specserve.frontends.dynamo_serve`), with speculation as
+:data:`DYNAMO_SPEC` and without as :data:`DYNAMO_BASELINE`, the bench over ``/v1/completions``
+reading tau from the workers' Prometheus counters (``--metrics-url``).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ defaults), reads ``config.json`` / a ``specserve bench`` ``summary.json``, takes
 roofline of :mod:`specserve.spec.predictor` or, with ``measure``, from timing the reference
 decoder's forward on this machine (:mod:`specserve.runtime.timing`; torch is imported only
 then), and returns the JSON-ready report ``specserve predict`` prints. The math is
-:mod:`specserve.spec.predictor` (peers.md §3). Bad input raises :class:`SpecserveError` naming
+:mod:`specserve.spec.predictor`. Bad input raises :class:`SpecserveError` naming
 the option (``--rates``, ``--summary``, ...) or the file.
 
-Context length (issue 33; field-2026-late.md §1 row 6: verification cost grows with context,
+Context length (verification cost grows with context,
 e.g. one verify step at 5.2x a decode step at 16k in kekzl/imp #964): ``kv_len`` is the context
 each step attends over, and ``T(n)`` depends on it through the KV bytes read (roofline) or the
 attention of the timed forward (``measure``). ``context_lengths`` predicts T(1), T(verify), their
@@ -69,7 +69,7 @@ class PredictConfig:
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("--dtype", self.dtype, P.DTYPE_BYTES),
-                                     ("--gpu", self.gpu, P.GPUS),
+                                     ("--gpu", P.gpu_name(self.gpu), P.GPUS),
                                      ("--proposer", self.proposer, PROPOSERS),
                                      ("--stat", self.stat, STATS)):
             if value not in allowed:
@@ -128,7 +128,7 @@ def hardware(gpu: str, dtype: str, tp: int, bandwidth: float | None,
     """The GPU's roofline figures for ``dtype`` under TP ``tp`` (TB/s, TFLOP/s overrides)."""
     if tp < 1:
         raise SpecserveError(f"--tp {tp}: must be >= 1")
-    spec = P.GPUS[gpu]
+    spec = P.GPUS[P.gpu_name(gpu)]
     hw = P.hardware_for(spec, dtype, tp)
     if bandwidth is not None or flops is not None:
         hw = P.Hardware(bandwidth * 1e12 if bandwidth else hw.bandwidth_bytes_per_s,

@@ -1,5 +1,5 @@
 """``specserve predict --sweep``: the served step predicted against a measured ``specserve bench
---sweep --input-lengths`` summary, cell by cell (issue 33 item 2).
+--sweep --input-lengths`` summary, cell by cell.
 
 The measured step is what a request sees, ``(E2E - TTFT) / steps``
 (:func:`specserve.client.context.step_ms`), at concurrency ``c``, input length ``L`` and ``M``
@@ -10,8 +10,8 @@ new tokens. Its model, for a verify step of ``n`` tokens per row (``n = 1``: the
 - ``T(n; c, ctx)``: one forward of ``n`` new tokens per row at batch ``c`` over
   ``ctx = L + M // 2`` cached tokens (the mean context over the answer). The context term: the
   forward is timed at the sweep's shortest and longest context and interpolated linearly in
-  between (:class:`ContextFit`; attention reads every cached key, so its cost grows with ``ctx``;
-  field-2026-late.md §1 row 6). Without ``--measure``: the roofline at each context.
+  between (:class:`ContextFit`; attention reads every cached key, so its cost grows with
+  ``ctx``). Without ``--measure``: the roofline at each context.
 - ``K * T_d(c, ctx)``, the propose term of a draft model (``--proposer draft``): the draft runs
   K forwards per step, one after another (a catch-up of the pending token, then one per draft;
   ``runtime/proposers/draft.py``; Leviathan et al. 2023 §3.4 count the draft's cost as ``c``

@@ -9,9 +9,9 @@ lower bounds, are the schedule (:class:`specserve.spec.schedule.DraftSchedule`).
 Written for three consumers:
 
 - specserve: ``specserve build --draft-len-schedule`` (lower bounds, key 1);
-- TensorRT-LLM's PyTorch route in the pinned 1.2 semantics (``llmapi-route.md`` §1.4, hazard 1:
-  each key a lower bound, key 1 required and equal to ``max_draft_len``; two-model paths only),
-  and the upper-bound form of later releases (#10860, #12262) labelled as such;
+- TensorRT-LLM's PyTorch route in the pinned 1.2 semantics (each key a lower bound, key 1
+  required and equal to ``max_draft_len``; two-model paths only), and the upper-bound form of
+  later releases (NVIDIA/TensorRT-LLM #10860, #12262) labelled as such;
 - vLLM 0.32: ``speculative_config.num_speculative_tokens_per_batch_size``, inclusive
   ``(range_start, range_end, num_speculative_tokens)`` batch-size ranges from 1, K >= 0, the last
   K carried past the last range (``vllm/config/speculative.py`` and

@@ -1,4 +1,4 @@
-"""``specserve demo`` reports several categories (issue 33): the code prompts eval.json's served
+"""``specserve demo`` reports several categories: the code prompts eval.json's served
 tau is for come first and unchanged, prose and structured prompts follow, and the tau check
 reads the code category."""
 

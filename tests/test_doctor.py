@@ -1,4 +1,4 @@
-"""``specserve doctor`` (issue 33 item 3): the healthy pair is clean, and each of the issue's
+"""``specserve doctor``: the healthy pair is clean, and each of the
 eight planted mispairings is found with exactly one error/warning line of its own code.
 
 The healthy pair is the tiny target with a copy of itself as the draft (acceptance 1 under
@@ -203,9 +203,21 @@ def test_special_token_ids_that_differ(pair: tuple[Path, Path]) -> None:
 
 
 def test_draft_vocab_of_another_width(pair: tuple[Path, Path]) -> None:
+    # the same tokenizer, embeddings padded to another width (Qwen2.5-0.5B for Qwen2.5-7B):
+    # served by token-id acceptance, so a warning, not an error
     target, draft = pair
     _edit_json(draft / "config.json", vocab_size=300)
-    assert problems(run(target, probe=False, draft=str(draft))) == ["vocab-mismatch"]
+    r = run(target, probe=False, draft=str(draft))
+    assert problems(r) == ["vocab-mismatch"] and r["exit_code"] == 0
+    (f,) = [f for f in r["findings"] if f["code"] == "vocab-mismatch"]
+    assert f["severity"] == "warning" and "accepted by token ids" in f["message"]
+
+
+def test_a_head_of_another_vocab_width_is_an_error() -> None:
+    target = _side("target", config={"hidden_size": 64, "vocab_size": 260})
+    draft = _side("draft", config={"vocab_size": 300})
+    (f,) = check_shapes(target, draft)  # the tokenizers not known to match
+    assert (f.severity, f.code) == ("error", "vocab-mismatch")
 
 
 def _side(kind: Kind, **kw: Any) -> Side:

@@ -1,4 +1,4 @@
-"""``--force`` replaces only what specserve wrote (specserve/outputs.py; issue 14 "Safety").
+"""``--force`` replaces only what specserve wrote (specserve/outputs.py).
 
 Each command that writes a directory is pointed with ``--force`` at a directory holding a user's
 file: it must exit 2 with one line and leave the directory byte for byte as it was. Its own

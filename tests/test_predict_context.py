@@ -1,4 +1,4 @@
-"""``specserve predict`` and context length (issue 33 item 2): the verify step's cost depends on
+"""``specserve predict`` and context length: the verify step's cost depends on
 the context (roofline KV bytes; the timed forward's attention with --measure), a table per
 context, and the check of the predicted verify step against a measured
 ``bench --sweep --input-lengths`` summary, cell by cell."""

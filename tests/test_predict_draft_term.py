@@ -1,4 +1,4 @@
-"""The draft model's propose term in ``specserve predict --sweep`` (issue 33 target 1): a
+"""The draft model's propose term in ``specserve predict --sweep``: a
 draft-model step runs K sequential one-token draft forwards before the verify forward, so the
 predicted speculative step is ``T(K + 1) + K * T_d(c, ctx) + o + prefill share``."""
 

@@ -53,6 +53,7 @@ class Prepared:
     target_cfg: dict[str, Any]
     medusa: MedusaInfo | None
     plan: BuildPlan
+    trtllm_inputs: trtllm.PlanInputs | None = None  # the engine flow's facts of the inputs
 
 
 def resolve_backend(name: str) -> str:
@@ -64,6 +65,14 @@ def resolve_backend(name: str) -> str:
     import torch
 
     return "trtllm" if torch.cuda.is_available() else "torch"
+
+
+def default_dtype(backend: str) -> str:
+    """``specserve build`` without ``--dtype``: ``auto`` on the torch engine (float32 or
+    bfloat16 by this CPU: float16 is emulated on a CPU, slow and off the float32 answer by
+    ~2e-3 in log-probabilities between a verify and a one-token step), float16 on TensorRT-LLM
+    (its converters' usual dtype)."""
+    return "auto" if backend == "torch" else "float16"
 
 
 def resolve_dtype(name: str, backend: str) -> tuple[str, DtypeChoice | None]:
@@ -112,10 +121,13 @@ def validate_inputs(cfg: BuildConfig) -> tuple[dict[str, Any], MedusaInfo | None
     elif cfg.spec_mode == "draft":
         assert cfg.draft is not None
         draft_cfg = validate_target(cfg.draft)
-        check_tokenizers_match(cfg.model, cfg.draft, why=(
-            "the engine flow's draft sends draft_logits (use_draft_logits), which need equal "
-            "widths; --flow pytorch accepts by token ids and needs only the same tokenizer")
-            if cfg.backend == "trtllm" else "")
+        # TensorRT-LLM's engine flow accepts a draft padded to another vocab_size by token ids
+        # (use_draft_logits false); the torch engine compares the draft's distribution with
+        # the target's row for row, so it needs equal widths
+        trtllm_flow = cfg.backend == "trtllm"
+        check_tokenizers_match(cfg.model, cfg.draft, same_vocab_size=not trtllm_flow, why=(
+            "the torch engine compares the draft's probabilities with the target's row for row; "
+            "--backend trtllm serves such a pair (acceptance by token ids)"))
         _check_llama_converter(cfg, draft_cfg, cfg.draft)
     elif cfg.spec_mode == "eagle":
         assert cfg.eagle is not None
@@ -165,7 +177,7 @@ def absolute_paths(cfg: BuildConfig) -> BuildConfig:
     """The PyTorch route's paths made absolute: the YAML, ``model.yaml`` and the manifests are
     read from other working directories (a pod, a Slurm task, Triton's Python stub), where a
     relative ``speculative_model`` that does not exist is taken for a Hugging Face Hub id
-    (llm_args.py: "accepts a HuggingFace Hub model ID ... or a local path"; trtllm-audit-2 #25)."""
+    (llm_args.py: "accepts a HuggingFace Hub model ID ... or a local path")."""
     def absolute(path: str | None) -> str | None:
         return None if path is None else os.path.abspath(path)
 
@@ -182,6 +194,7 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
     if resolved.flow == "pytorch":
         resolved = absolute_paths(resolved)
     validate_for_route(resolved)
+    inputs: trtllm.PlanInputs | None = None
     if resolved.flow == "pytorch":
         plan = llmapi_plan.make_pytorch_plan(resolved)
     elif resolved.backend == "trtllm":
@@ -190,12 +203,34 @@ def prepare(cfg: BuildConfig, *, force: bool = False) -> Prepared:
             num_medusa_heads=medusa.num_heads if medusa else 0,
             num_medusa_layers=medusa.num_layers if medusa else 0,
             examples_dir=trtllm.examples_dir(),
-            draft_model_type=str(read_json(Path(resolved.draft) / "config.json").get(
-                "model_type")) if resolved.spec_mode == "draft" and resolved.draft else None)
+            **_draft_facts(resolved, target_cfg))
         plan = trtllm.make_trtllm_plan(resolved, inputs)
     else:
         plan = _torch_plan(resolved)
-    return Prepared(resolved, target_cfg, medusa, plan)
+    return Prepared(resolved, target_cfg, medusa, plan, inputs)
+
+
+def _draft_facts(cfg: BuildConfig, target_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The draft's model_type and both vocab sizes (:class:`trtllm.PlanInputs`), draft-target
+    only."""
+    if cfg.spec_mode != "draft" or not cfg.draft:
+        return {}
+    draft_cfg = read_json(Path(cfg.draft) / "config.json")
+    return {"draft_model_type": str(draft_cfg.get("model_type")),
+            "target_vocab_size": target_cfg.get("vocab_size"),
+            "draft_vocab_size": draft_cfg.get("vocab_size")}
+
+
+def draft_target_summary(inputs: trtllm.PlanInputs | None) -> dict[str, Any] | None:
+    """How a TensorRT-LLM draft-target engine accepts drafts (``build_config.json`` and the
+    dry run's summary): by token ids always, with the draft's logits (``use_draft_logits``)
+    only where the draft's vocab_size is the target's."""
+    if inputs is None or inputs.draft_vocab_size is None:
+        return None
+    return {"acceptance": "token_ids or draft_logits" if inputs.draft_logits else "token_ids",
+            "draft_logits": inputs.draft_logits,
+            "target_vocab_size": inputs.target_vocab_size,
+            "draft_vocab_size": inputs.draft_vocab_size}
 
 
 def _torch_plan(cfg: BuildConfig) -> BuildPlan:
@@ -221,6 +256,9 @@ def build_engine(cfg: BuildConfig, *, dry_run: bool = False, force: bool = False
                                "config": prep.cfg.to_dict(), "plan": prep.plan.to_dict()}
     if prep.cfg.flow == "pytorch":
         summary["llm_api"] = _llm_api_summary(prep.cfg)
+    draft_target = draft_target_summary(prep.trtllm_inputs)
+    if draft_target is not None:
+        summary["draft_target"] = draft_target
     if dry_run:
         return summary
     if prep.cfg.flow == "pytorch" and prep.plan.steps:
@@ -306,6 +344,8 @@ def _build_trtllm(prep: Prepared, stage: Path, console: Console | None) -> dict[
     if prep.medusa is not None:
         extra["medusa"] = {"num_heads": prep.medusa.num_heads,
                            "num_layers": prep.medusa.num_layers}
-    if prep.cfg.spec_mode == "draft":
-        extra.update({"draft_world_size": 1, "draft_logits": True})
+    draft_target = draft_target_summary(prep.trtllm_inputs)
+    if draft_target is not None:
+        extra.update({"draft_world_size": 1, "draft_logits": draft_target["draft_logits"],
+                      "draft_target": draft_target})
     return make_record(prep.cfg, [cli_argv(prep.cfg), *prep.plan.commands()], extra)

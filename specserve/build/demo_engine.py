@@ -1,7 +1,7 @@
 """``specserve engine`` (what ``make engine`` runs): the engine for a ``specserve demo-model``
 checkpoint, built with the method its ``eval.json`` measured fastest, and reused when up to date.
 
-This was a program in Make functions (the Makefile's ``engine`` target before issue 27); the
+This was a program in Make functions (the Makefile's old ``engine`` target); the
 same rules, as plain functions:
 
 - Method: ``method`` when given; else draft / EAGLE-3 / Medusa when that directory is given, or

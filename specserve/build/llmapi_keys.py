@@ -8,7 +8,7 @@ upper-bound ``draft_len_schedule`` keys, the renamed acceptance pair, no ``eagle
 ``speculative_model``). For 1.2.1: its ``tensorrt_llm/llmapi/llm_args.py`` (``TorchLlmArgs``,
 ``KvCacheConfig``, ``CudaGraphConfig`` and the decoding configs); the field set the goldens are
 checked against is ``tests/build/data/llmapi_fields_1.2.1.json`` (its ``source`` names the
-copy read). Facts and hazards: ``../shared/reference/llmapi-route.md`` §1-2, §4, §6. Choices
+copy read). Choices
 made here:
 
 - ``speculative_config.decoding_type``: ``Eagle`` for EAGLE-3 on 1.2.1 (``Eagle3`` on 1.3),
@@ -47,7 +47,7 @@ _METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 #: Eagle3 fields 1.2.1 has and the 1.3.0rc27 Eagle3DecodingConfig page does not.
 EAGLE3_12_ONLY = ("greedy_sampling", "posterior_threshold", "eagle3_one_model")
-#: Keys users meet in newer docs that TensorRT-LLM 1.2.1 does not have (llmapi-route.md §1.2).
+#: Keys users meet in newer docs that TensorRT-LLM 1.2.1 does not have.
 LATER_KEYS = {
     "use_rejection_sampling": "#14745/#15775, June 2026",
     "acceptance_rate_window_size": "#12905, April 2026 (1.2.1 has acceptance_window)",

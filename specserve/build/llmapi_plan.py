@@ -110,8 +110,9 @@ def make_pytorch_plan(cfg: BuildConfig) -> BuildPlan:
         notes.insert(0, f"FP8 weights: {cfg.model} is a ModelOpt checkpoint ({HF_QUANT_CONFIG}); "
                         "loaded as is")
     if cfg.spec_mode == "eagle3" and cfg.quantize == "fp8":
-        notes.append("FP8 target + BF16 EAGLE-3 head: check on the device (issue #7842: "
-                     "one-model EAGLE-3 asserts with an FP8 target); `make trtllm-check`")
+        notes.append("FP8 target + BF16 EAGLE-3 head: check on the device "
+                     "(NVIDIA/TensorRT-LLM#7842: one-model EAGLE-3 asserts with an FP8 target); "
+                     "`make trtllm-check`")
     return BuildPlan(backend="trtllm", out=cfg.out, staging=staging_dir(cfg.out),
                      steps=(step,) if step else (), world_size=cfg.world_size,
                      notes=tuple(notes),

@@ -3,15 +3,15 @@ leaf module: it imports nothing of the package, so ``build.config``, ``build.llm
 ``build.trtllm`` and ``deploy`` can all read it without an import cycle).
 
 - **1.2.1** (PyPI 2026-04-20), in ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``: the
-  engine flow's pin (``shared/reference/trtllm-pinned.md`` §0) and the PyTorch route's default.
+  engine flow's pin and the PyTorch route's default.
   LLM-API field set: ``tests/build/data/llmapi_fields_1.2.1.json``. ``draft_len_schedule`` keys
   are batch-size lower bounds (key 1 = ``max_draft_len``); acceptance pair
   ``acceptance_window``/``acceptance_length_threshold``; ``Eagle3DecodingConfig`` has
   ``eagle3_one_model``; the dynamic-tree fields exist but ``validate_eagle_config`` overwrites
   ``max_total_draft_tokens`` and the PyTorch dynamic-tree runtime lands after the 1.2 branch
   (NVIDIA/TensorRT-LLM #12062, #13081), so they are refused. EAGLE-3 is written
-  ``decoding_type: Eagle``: the L1 layout converts it to Eagle3 (with a warning) and the older
-  ``from_dict`` layout accepts only ``Eagle`` (trtllm-audit-2.md #14), so it parses either way.
+  ``decoding_type: Eagle``: the Dec-2025 layout of ``llm_args.py`` converts it to Eagle3 (with a
+  warning) and the older ``from_dict`` layout accepts only ``Eagle``, so it parses either way.
 - **1.3** (the 1.3.0 release-candidate line that NVIDIA Dynamo's ``tensorrtllm-runtime`` images
   ship: ai-dynamo/dynamo ``container/context.yaml`` @001eacbe pins ``1.3.0rc16``; Dynamo
   0.9.0 moved to 1.3.0rc1, ai-dynamo/dynamo #5811). Field set: the TensorRT-LLM API page
@@ -62,8 +62,8 @@ RELEASES = {
 DEFAULT_RELEASE = "1.2.1"
 
 #: Image -> the TensorRT-LLM version it ships. Dynamo tags: ai-dynamo/dynamo
-#: ``docs/pages/reference/release-artifacts.md`` @196b75f2 (0.6.0-0.8.1.post1) and the audit's
-#: reading of the 1.3 images (trtllm-audit-2.md #35: they ship 1.3.0 release candidates).
+#: ``docs/pages/reference/release-artifacts.md`` @196b75f2 (0.6.0-0.8.1.post1) and the 1.3
+#: images (they ship 1.3.0 release candidates).
 IMAGE_RELEASES = {
     TRTLLM_IMAGE: "1.2.1",
     f"{DYNAMO_RUNTIME}:1.3.1": "1.3.0rc16",

@@ -5,8 +5,7 @@ Pinned: **TensorRT-LLM 1.2.1** (PyPI 2026-04-20), shipped in
 ``nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3``. It is the newest stable release that
 still ships ``trtllm-build``, ``examples/medusa/convert_checkpoint.py``, the Medusa arguments of
 ``examples/quantization/quantize.py`` and the C++ ``tensorrtllm`` Triton backend (all removed
-from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.md`` §2 and
-``trtllm-facts.md`` §1-2. Choices made here:
+from main in June/July 2026). Choices made here:
 
 - Medusa: ``--num_medusa_heads``/``--num_medusa_layers`` always explicit (the converter ignores
   the heads' config.json); ``max_draft_len`` = tree nodes on both the converter
@@ -21,12 +20,13 @@ from main in June/July 2026). Flags and traps: ``shared/reference/trtllm-pinned.
   ``tensorrt_llm/models/qwen/config.py`` and ``convert.py`` @
   0428c18828880e7c60c13cc5cc0794bbbc05c0a3 (qwen_type qwen3, ``q_norm``/``k_norm`` converted),
   the converter's argparse @ 0df9aaf38338424867a1ca1faa71173501205001; the v1.2.1 tag itself
-  could not be read (trtllm-pinned.md §0). Qwen3 with Medusa (the Medusa converter asserts
+  could not be read. Qwen3 with Medusa (the Medusa converter asserts
   ``--model_type`` llama, mixtral or qwen2), EAGLE (Llama targets only) or FP8 (``quantize.py``'s
   Qwen3 export not verified) is refused with a pointer to the PyTorch route (``--flow pytorch``).
 - Draft-target: each model through its family's converter (a Llama draft for a Llama target as
   upstream's draft-target README does); target built with ``draft_tokens_external``; both
-  with paged context FMHA; the draft gathers generation logits so ``use_draft_logits`` works.
+  with paged context FMHA; the draft gathers generation logits so ``use_draft_logits`` works
+  (not for a draft padded to another vocab_size: acceptance by token ids only).
   The draft is one rank (tp=pp=1), served as its own ``tensorrt_llm_draft`` model.
 - Qwen2 + Medusa needs tp = pp = 1 (or the FP8 ``quantize.py`` path): the qwen2 branch of
   ``examples/medusa/convert_checkpoint.py`` builds the base model with
@@ -86,7 +86,7 @@ _PLAIN_ONLY = {"qwen3": {
 
 #: What to do instead, per refused option: only FP8 has a PyTorch-route path; the PyTorch
 #: backend has no Medusa (MedusaDecodingConfig.supports_backend excludes pytorch) and serves
-#: EAGLE-3 heads, not EAGLE-1/2 ones (trtllm-audit-2.md #39).
+#: EAGLE-3 heads, not EAGLE-1/2 ones.
 _INSTEAD = {
     "--medusa": "TensorRT-LLM 1.2.1 has no Qwen3 Medusa path on either route (the PyTorch "
                 "backend has no Medusa); use --backend torch, or train an EAGLE-3 head "
@@ -106,6 +106,17 @@ class PlanInputs:
     num_medusa_layers: int = 0
     examples_dir: str = DEFAULT_EXAMPLES_DIR
     draft_model_type: str | None = None  # the draft's HF model_type (None: the target's)
+    # draft-target: the target's and the draft's config.json vocab_size. Equal widths let the
+    # draft's logits go to the target (use_draft_logits); a draft whose embeddings are padded to
+    # another width (same tokenizer: Qwen2.5-0.5B's 151936 rows for Qwen2.5-7B's 152064) is
+    # accepted by token ids, as upstream's tensorrt_llm_bls does with use_draft_logits false
+    target_vocab_size: int | None = None
+    draft_vocab_size: int | None = None
+
+    @property
+    def draft_logits(self) -> bool:
+        """Whether the draft's logits can go to the target (their widths match)."""
+        return self.draft_vocab_size == self.target_vocab_size
 
 
 def pin() -> dict[str, str]:
@@ -166,7 +177,10 @@ def make_trtllm_plan(cfg: BuildConfig, inputs: PlanInputs) -> BuildPlan:
         draft_ckpt = os.path.join(ckpt, "draft")
         steps.insert(1, _convert_plain(cfg, inputs, cfg.draft, draft_ckpt, "draft", 1, 1,
                                        inputs.draft_model_type or inputs.model_type))
-        steps.append(_build(cfg, draft_ckpt, os.path.join(stage, "draft"), target=False))
+        steps.append(_build(cfg, draft_ckpt, os.path.join(stage, "draft"), target=False,
+                            gather_logits=inputs.draft_logits))
+        if not inputs.draft_logits:
+            notes.append(_token_id_note(inputs))
         notes.append("the draft is one rank; `specserve repo` writes tensorrt_llm and "
                      "tensorrt_llm_draft non-decoupled with KV reuse and "
                      "kv_cache_free_gpu_mem_fraction 0.5 each on a shared GPU, and `specserve "
@@ -192,6 +206,14 @@ def make_trtllm_plan(cfg: BuildConfig, inputs: PlanInputs) -> BuildPlan:
                      "a Hopper (sm90) or newer GPU")
     return BuildPlan(backend="trtllm", out=cfg.out, staging=stage, steps=tuple(steps),
                      world_size=cfg.world_size, notes=tuple(notes), pin=pin())
+
+
+def _token_id_note(inputs: PlanInputs) -> str:
+    return (f"the draft's vocab_size {inputs.draft_vocab_size} differs from the target's "
+            f"{inputs.target_vocab_size} (same tokenizer, padded embeddings): drafts are accepted "
+            "by token ids (use_draft_logits false, as upstream's tensorrt_llm_bls); the draft "
+            "engine gathers no generation logits and `specserve repo` tells the BLS to refuse "
+            "use_draft_logits")
 
 
 def _script(inputs: PlanInputs, key: str) -> str:
@@ -260,7 +282,8 @@ def _convert_medusa(cfg: BuildConfig, inputs: PlanInputs, out: str) -> BuildStep
                      cfg.world_size)
 
 
-def _build(cfg: BuildConfig, ckpt: str, out: str, *, target: bool) -> BuildStep:
+def _build(cfg: BuildConfig, ckpt: str, out: str, *, target: bool,
+           gather_logits: bool = True) -> BuildStep:
     argv = [TRTLLM_BUILD, "--checkpoint_dir", ckpt, "--output_dir", out,
             "--gemm_plugin", cfg.dtype]
     if cfg.quantize == "fp8":  # the Medusa README's FP8 recipe: attention plugin in the dtype
@@ -275,8 +298,9 @@ def _build(cfg: BuildConfig, ckpt: str, out: str, *, target: bool) -> BuildStep:
     if target:
         argv += ["--speculative_decoding_mode", mode, "--max_draft_len", str(cfg.max_draft_len)]
         world = cfg.world_size
-    else:
-        argv += ["--gather_generation_logits"]
+    else:  # the draft: its generation logits are what use_draft_logits sends the target
+        if gather_logits:
+            argv += ["--gather_generation_logits"]
         world = 1
     if world > 1:
         argv += ["--workers", str(world)]

@@ -5,6 +5,10 @@ from __future__ import annotations
 import click
 
 from specserve.cpu_dtype import REQUESTS
+from specserve.spec.predictor import GPU_ALIASES, GPUS
+
+# every command that takes --gpu accepts the same names: the GPUs' own and their short aliases
+GPU_CHOICES = click.Choice(sorted([*GPUS, *GPU_ALIASES]))
 
 TRAIN_DTYPE_OPTION = click.option(
     "--dtype", "dtype", type=click.Choice(REQUESTS), default="auto", show_default=True,

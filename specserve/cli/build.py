@@ -16,9 +16,10 @@ from specserve.errors import SpecserveError
 EXAMPLES = """
 \b
 Examples:
-  # reference engine on this machine (what `make engine` does)
+  # a reference engine on this machine, Medusa heads (dtype auto: float32 or bfloat16 by
+  # this CPU; `make engine` / `specserve engine` pick the demo's measured-fastest method)
   specserve build --model checkpoints/demo/target --medusa checkpoints/demo/medusa \\
-      --backend torch --out engines/demo
+      --backend torch --out engines/medusa
   # print the exact TensorRT-LLM 1.2.1 commands for FP8 Medusa on 2 GPUs, touch nothing
   specserve build --model llama-3-8b --medusa medusa-heads --backend trtllm \\
       --quantize fp8 --kv-cache-dtype fp8 --tp 2 --out engines/l3 --dry-run --format json
@@ -119,7 +120,8 @@ def _text(summary: dict[str, Any]) -> str:
 @click.option("--draft", type=click.Path(), help="Draft model directory (same tokenizer).")
 @click.option("--ngram", is_flag=True, help="Prompt-lookup (n-gram) speculation, no draft.")
 @click.option("--eagle", type=click.Path(), help="EAGLE draft-head directory (trtllm only).")
-@click.option("--eagle3", type=click.Path(), help="EAGLE-3 head directory (--flow pytorch).")
+@click.option("--eagle3", type=click.Path(), help="EAGLE-3 head directory (--backend torch, "
+              "or TensorRT-LLM's --flow pytorch).")
 @click.option("--mtp", is_flag=True, help="The checkpoint's MTP layers (--flow pytorch; needs "
               "num_nextn_predict_layers > 0 in config.json).")
 @click.option("--lookahead", metavar="W,N,G", help="Lookahead decoding (trtllm engine flow): "
@@ -134,9 +136,10 @@ def _text(summary: dict[str, Any]) -> str:
               "trtllm-bench and Triton's llmapi model. [default: pytorch for --eagle3/--mtp "
               "with --backend trtllm (they have no engine-flow path), else engine]")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32", "auto"]),
-              default="float16", show_default=True, help="Weights and compute dtype. auto: "
-              "torch backend: bfloat16 where this CPU has bf16 instructions, else float32 "
-              "(recorded with its evidence in build_config.json, dtype_choice); trtllm: bfloat16.")
+              default=None, help="Weights and compute dtype [default: auto on the torch "
+              "backend, float16 on trtllm]. auto: torch backend: bfloat16 where this CPU has "
+              "bf16 instructions, else float32 (float16 is emulated on a CPU; the choice and "
+              "its evidence go to build_config.json, dtype_choice); trtllm: bfloat16.")
 @click.option("--quantize", type=click.Choice(["fp8"]), help="FP8 weights (Hopper+ for trtllm; "
               "emulated e4m3 + per-channel scales for torch).")
 @click.option("--kv-cache-dtype", type=click.Choice(["fp8"]), help="FP8 KV cache (trtllm).")
@@ -191,7 +194,7 @@ def _text(summary: dict[str, Any]) -> str:
 @FORMAT_OPTION
 def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagle: str | None,
             eagle3: str | None, mtp: bool, lookahead: str | None, backend: str,
-            flow: str | None, dtype: str,
+            flow: str | None, dtype: str | None,
             quantize: str | None, kv_cache_dtype: str | None,
             tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
             max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
@@ -205,14 +208,19 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
             dry_run: bool, force: bool, fmt: str) -> None:
     """Validate a checkpoint and its speculation inputs, then build engines into --out
     (written to a sibling temp dir and renamed on success; nothing is left on failure)."""
-    from specserve.build.builder import build_engine, resolve_backend, resolve_dtype
+    from specserve.build.builder import (
+        build_engine,
+        default_dtype,
+        resolve_backend,
+        resolve_dtype,
+    )
     from specserve.build.config import BuildConfig
 
     if flow == "pytorch" and backend == "auto":
         backend = "trtllm"  # the PyTorch route is TensorRT-LLM's; plans need no GPU here
     mode = _spec_mode(medusa, draft, ngram, eagle, eagle3, mtp, lookahead)
     resolved = resolve_backend(backend)
-    dtype, dtype_choice = resolve_dtype(dtype, resolved)
+    dtype, dtype_choice = resolve_dtype(dtype or default_dtype(resolved), resolved)
     if flow is None:  # EAGLE-3 and MTP exist only on TensorRT-LLM's PyTorch route
         flow = "pytorch" if resolved == "trtllm" and mode in ("eagle3", "mtp") else "engine"
     cfg = BuildConfig(

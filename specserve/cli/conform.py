@@ -1,5 +1,5 @@
 """``specserve conform``: the same requests to a speculative server and a no-speculation
-baseline; a dated compatibility matrix (issue 32). Parses the options into a
+baseline; a dated compatibility matrix. Parses the options into a
 :class:`specserve.conform.run.ConformConfig`, calls :func:`specserve.conform.run.run_conform`
 and prints the one-screen summary (exit 1 when a check failed or is broken)."""
 
@@ -51,8 +51,8 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 @click.option("--baseline-model", default=None,
               help="The baseline's model name (same server unless --baseline-url).")
 @click.option("--checks", default=None,
-              help="Comma-separated check names, run in this order (default: all, in the "
-              "issue's order).")
+              help="Comma-separated check names, run in this order (default: all, in their "
+              "numbered order).")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=1800.0, show_default=True,
               help="Time budget of the whole run; checks left are 'not run'.")
 @click.option("--method", default="unknown", show_default=True,

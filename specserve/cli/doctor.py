@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
+from specserve.cli._options import GPU_CHOICES
 from specserve.cli._output import FORMAT_OPTION, emit
-from specserve.doctor.memory import GPU_ALIASES, GPU_MEMORY_BYTES
 from specserve.doctor.run import DoctorConfig, doctor
 
 EXAMPLES = """
@@ -60,8 +60,8 @@ def _text(r: dict[str, Any]) -> str:
               help="EAGLE-3 head directory (portable layout).")
 @click.option("--engine", type=click.Path(file_okay=False), default=None,
               help="Engine directory (build_config.json): its paths and sizes fill the rest.")
-@click.option("--gpu", type=click.Choice(sorted([*GPU_MEMORY_BYTES, *GPU_ALIASES])),
-              default="h100-sxm", show_default=True)
+@click.option("--gpu", type=GPU_CHOICES, default="h100-sxm", show_default=True,
+              help="h100 = h100-sxm, a100 = a100-80g.")
 @click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Override the GPU's memory (GiB).")
 @click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.9,

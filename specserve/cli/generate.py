@@ -76,7 +76,7 @@ def command(model_dir: str | None, engine_dir: str | None, medusa_dir: str | Non
           --max-tokens 64 --format json
       specserve generate --model ckpt/target --medusa ckpt/medusa --prompt "import os"
       specserve generate --model ckpt/target --eagle3 ckpt/eagle3 --prompt "def add("
-      specserve generate --model ckpt/target --eagle3 ckpt/eagle3 \
+      specserve generate --model ckpt/target --eagle3 ckpt/eagle3 \\
           --eagle-choices "{0}, {1}, {0, 0}, {0, 0, 0}" --prompt "def add("
       specserve generate --model ckpt/target --draft ckpt/draft --num-draft-tokens 32 \\
           --draft-min-confidence 0.6 --prompt "class Stack:"

@@ -12,11 +12,12 @@ from typing import Any
 
 import click
 
+from specserve.cli._options import GPU_CHOICES
 from specserve.cli._output import FORMAT_OPTION, emit
 from specserve.predict import PROPOSERS, PredictConfig
 from specserve.predict_sweep import predict_report
 from specserve.runtime.timing import STATS
-from specserve.spec.predictor import DTYPE_BYTES, GPUS
+from specserve.spec.predictor import DTYPE_BYTES
 
 EXAMPLES = """
 \b
@@ -101,7 +102,8 @@ def _text(r: dict[str, Any]) -> str:
               show_default=True, help="Weight dtype (bytes per weight).")
 @click.option("--kv-dtype", type=click.Choice(sorted(DTYPE_BYTES)), default=None,
               help="KV-cache dtype [default: dtype; fp16 for fp8 weights].")
-@click.option("--gpu", type=click.Choice(sorted(GPUS)), default="h100-sxm", show_default=True)
+@click.option("--gpu", type=GPU_CHOICES, default="h100-sxm", show_default=True,
+              help="h100 = h100-sxm, a100 = a100-80g.")
 @click.option("--bandwidth", type=float, default=None, help="Override: HBM TB/s.")
 @click.option("--flops", type=float, default=None, help="Override: dense TFLOP/s.")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")

@@ -24,11 +24,15 @@ tensorrt_llm_draft non-decoupled (the BLS calls them step by step; the BLS may s
 on, kv_cache_free_gpu_mem_fraction 0.5 each on a shared GPU; `specserve serve` starts them in
 TensorRT-LLM's orchestrator mode (TRTLLM_ORCHESTRATOR=1), as launch_triton_server.py
 --multi-model does:
+
+\b
   specserve repo --engine engines/dt --out repo --gpu-device-ids 0 --draft-gpu-device-ids 1
 
 Engines built with `specserve build --flow pytorch` get Triton's llmapi Python model instead
 (tensorrt_llm/config.pbtxt + 1/model.yaml = the build's extra_llm_api_options.yaml keys + model
 + triton_config; upstream's model.py from a TensorRT-LLM v1.2.1 clone):
+
+\b
   specserve repo --engine engines/l3-eagle3 --out repo \\
       --llmapi-model-dir TensorRT-LLM/triton_backend/all_models/llmapi/tensorrt_llm/1
 """

@@ -85,7 +85,7 @@ def command(model_dir: Path, out: Path, draft_vocab: int | None,
       specserve train-eagle3 --model checkpoints/demo/target --out heads/eagle3
       specserve train-eagle3 --model ./my-llama --out e3/ --minutes 30 --draft-vocab 32000
       specserve train-eagle3 --model ./my-llama --out e3/ --data prompts.jsonl --ttt-steps 7
-      specserve train-eagle3 --model checkpoints/demo/target --out e3-slim/ \
+      specserve train-eagle3 --model checkpoints/demo/target --out e3-slim/ \\
           --intermediate-size 256 --num-heads 2 --draft-vocab 1024
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

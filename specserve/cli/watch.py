@@ -87,6 +87,10 @@ def _printer(fmt: str) -> Any:
 @FORMAT_OPTION
 def command(fmt: str, urls: tuple[str, ...], emit_rules: str | None, selector: str,
             tolerance: float, consecutive: int, min_activity: float, **opts: Any) -> None:
+    """Poll the served speculation counters (Prometheus metrics of specserve, vLLM,
+    TensorRT-LLM or SGLang workers) every --interval seconds and raise an alarm when the
+    acceptance rate or tokens per step stays below the --baseline's; or, with --emit-rules,
+    write the same rule as Prometheus alerting rules."""
     from specserve.watch.rule import Rule
 
     rule = Rule(tolerance=tolerance, consecutive=consecutive, min_activity=min_activity)

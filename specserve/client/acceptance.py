@@ -14,7 +14,7 @@ Sources, named in the report by the strings in :data:`SOURCES`:
   steps = round(completion tokens / it), accepted = tokens - steps;
 - TensorRT-LLM, per finished request: ``GET /perf_metrics`` entries'
   ``perf_metrics.speculative_decoding`` {``acceptance_rate``, ``total_accepted_draft_tokens``,
-  ``total_draft_tokens``} (``trtllm-serve`` with ``return_perf_metrics``; llmapi-route.md).
+  ``total_draft_tokens``} (``trtllm-serve`` with ``return_perf_metrics``).
 - Prometheus counters, their delta over the measured phase: vLLM
   ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
   ``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total{position}``;

@@ -2,7 +2,7 @@
 
 Acceptance falls and verification cost rises with context length, so a schedule keyed on batch
 size alone is wrong at long context in both directions (vLLM RFC #48627, speculators PR #684:
-EAGLE-3 tau 2.30 at 2k -> 1.08 at 20k; ``../shared/reference/field-2026-late.md`` §1 row 6).
+EAGLE-3 tau 2.30 at 2k -> 1.08 at 20k).
 SPEED-Bench's throughput split (arXiv 2604.09557) buckets prompts by input length with real
 text, since random-token prompts overstate speculative throughput.
 

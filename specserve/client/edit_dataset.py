@@ -1,4 +1,4 @@
-"""A code-edit dataset for Predicted Outputs (OpenAI's ``prediction``; issue 31 item 3): each
+"""A code-edit dataset for Predicted Outputs (OpenAI's ``prediction``): each
 record asks for a function again with one small edit, and its ``prediction`` is the unedited
 function, the situation Predicted Outputs are for (an editor re-sends a file it expects back
 almost unchanged).

@@ -1,7 +1,7 @@
 """Prometheus counters of the servers under test, scraped around the measured phase (I/O).
 
-vLLM and SGLang expose ``GET /metrics``; ``trtllm-serve`` exposes ``GET /prometheus/metrics``
-(llmapi-route.md). The difference of two scrapes of one server gives the run's acceptance
+vLLM and SGLang expose ``GET /metrics``; ``trtllm-serve`` exposes ``GET /prometheus/metrics``.
+The difference of two scrapes of one server gives the run's acceptance
 (:func:`specserve.client.acceptance.counter_acceptance`), whichever engine it is. Counters are
 updated as outputs are processed, so the closing scrape waits until two reads agree.
 ``trtllm-serve``'s ``GET /perf_metrics`` (per finished request, drained on read) is read before
@@ -63,7 +63,7 @@ async def scrape_settled(tr: TextGetter, tries: int = 10, gap_s: float = 0.2) ->
 
 class MetricsEndpoint:
     """A server's metrics endpoint named by URL alone (``--metrics-url``): each worker behind a
-    frontend that does not pass its counters on (NVIDIA Dynamo; dynamo-cpu.md). ``GET`` of the
+    frontend that does not pass its counters on (NVIDIA Dynamo). ``GET`` of the
     URL's own path when it has one, else of ``path``."""
 
     def __init__(self, url: str) -> None:

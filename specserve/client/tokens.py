@@ -1,7 +1,7 @@
 """Tokens per streamed chunk (pure).
 
 The server's count is the truth: TensorRT-LLM >= 0.20 returns ``num_output_tokens`` when the
-request sets ``return_num_output_tokens`` (trtllm-pinned.md section 3.2). In streaming mode each
+request sets ``return_num_output_tokens``. In streaming mode each
 response carries the tokens of one step; whether its ``num_output_tokens`` counts that response
 (``per_response``) or the request so far (``cumulative``) is fixed in ``docs/architecture.md``
 ("Extensions of the contract"). Only when the server sends no count do we re-tokenize the text

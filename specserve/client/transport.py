@@ -29,7 +29,7 @@ from specserve.client.acceptance import EngineAcceptance
 from specserve.client.metrics import PERF_OUTPUTS
 from specserve.errors import ServerError
 
-# Ensemble inputs of the pinned release (trtllm-pinned.md section 3.3): name -> Triton dtype.
+# Ensemble inputs of the pinned release (TensorRT-LLM 1.2.1): name -> Triton dtype.
 INPUT_DTYPES: dict[str, str] = {
     "text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
     "top_k": "INT32", "top_p": "FP32", "seed": "UINT64", "end_id": "INT32",
@@ -38,7 +38,7 @@ INPUT_DTYPES: dict[str, str] = {
     # sent only through GenParams.extra (specserve conform): stops, min_tokens, log-probs, n
     "stop_words": "BYTES", "min_tokens": "INT32", "return_log_probs": "BOOL",
     "num_return_sequences": "INT32", "return_num_input_tokens": "BOOL",
-    "num_top_log_probs": "INT32",   # the reference tensorrt_llm model's own (issue 31)
+    "num_top_log_probs": "INT32",   # the reference tensorrt_llm model's own
     "guided_decoding_guide_type": "BYTES", "guided_decoding_guide": "BYTES",
 }
 # outputs kept whole (flattened, in order), not reduced to their first element: log-probs of

@@ -1,4 +1,4 @@
-"""``specserve conform``: does speculation change what the API returns? (issue 32)
+"""``specserve conform``: does speculation change what the API returns?
 
 The same requests go to a speculative server and to a no-speculation baseline; each check ends
 in pass, fail (with the smallest request that shows it), refused (the server said no) or broken

@@ -5,7 +5,7 @@ A check speaks only in probes; a target adapter (``targets.py``) maps a probe on
 (OpenAI ``/v1/completions`` / ``/v1/chat/completions`` fields, or the Triton ensemble's input
 tensors) or raises :class:`NotExpressible` naming what the protocol lacks.
 
-Classification (issue 32): an HTTP 4xx, or an error whose text says the feature is not
+Classification: an HTTP 4xx, or an error whose text says the feature is not
 supported, is a clean refusal; a 5xx, a timeout, a cut connection, a stream without its end, or
 a body of the wrong shape is broken. Triton's gRPC errors carry no usable status (a Python
 model's errors are all INTERNAL): there an error answer is a refusal unless its text is one of

@@ -1,5 +1,5 @@
 """``specserve conform`` as a library call: :func:`run_conform` opens both targets, runs the
-chosen checks in the order given (default: the issue's) within a time budget (a check that
+chosen checks in the order given (default: their numbered order) within a time budget (a check that
 would start with no budget left is "not run"), writes each non-pass check's evidence to
 ``OUT/evidence/CHECK.json`` and the matrix to ``OUT/matrix.json`` / ``OUT/matrix.md``, and
 returns the report."""

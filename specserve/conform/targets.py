@@ -8,7 +8,7 @@ are ``specserve.client``'s (``AiohttpClient``, ``error_text``; the Triton transp
   ``ignore_eos``, ``stop_token_ids``, ``structured_outputs.regex``: ``vllm/entrypoints/openai/
   protocol.py``, ``vllm/sampling_params.py`` ``StructuredOutputsParams``); ``--extra-body``
   adds any others (``{"return_token_ids": true}`` gives vLLM's per-choice ``token_ids``).
-- ``grpc`` / ``http``: the Triton ensemble's inputs (``trtllm-pinned.md`` section 3.3, our
+- ``grpc`` / ``http``: the Triton ensemble's inputs (TensorRT-LLM 1.2.1's, our
   ``specserve/triton/templates/ensemble/config.pbtxt``) through ``GrpcTransport`` /
   ``HttpTransport``: ``stop`` -> ``stop_words``, ``stop_token_ids`` [t] -> ``end_id`` t,
   ``ignore_eos`` -> ``end_id`` -1, ``n`` -> ``num_return_sequences``, ``logprobs`` ->

@@ -5,7 +5,7 @@ alphanumerics or ``-``, starting and ending alphanumeric; kubernetes.io/docs/con
 working-with-objects/names). The world size of a replica (TP x PP from ``build_config.json``)
 must be a multiple of the GPUs per node: a replica spans ``world_size / gpus_per_node`` nodes,
 one pod per node, as the LeaderWorkerSet TensorRT-LLM example and Dynamo's ``multinode.nodeCount``
-lay it out (``../shared/reference/peers-2026.md`` section 5).
+lay it out.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from specserve.config import JsonConfig, read_json
 from specserve.engine_record import RECORD_FILE, read_engine_record
 from specserve.errors import SpecserveError
 
-#: The pinned engine-flow image (trtllm-pinned.md section 0: TensorRT-LLM 1.2.1).
+#: The pinned engine-flow image (TensorRT-LLM 1.2.1).
 ENGINE_IMAGE = TRTLLM_IMAGE
 #: Dynamo's TensorRT-LLM runtime image as its examples name it
 #: (ai-dynamo/dynamo examples/backends/trtllm/deploy/disagg.yaml @04521f47); it ships a 1.3.0
-#: release candidate (trtllm-audit-2.md #35), so it serves ``--trtllm-version 1.3`` YAMLs only.
+#: release candidate, so it serves ``--trtllm-version 1.3`` YAMLs only.
 DYNAMO_IMAGE = RELEASES["1.3"].image
 #: release line -> the Dynamo image that ships it (none ships 1.2.1: release-artifacts.md
 #: @196b75f2 lists 1.1.0rc5 ... 1.2.0rc6.post2, then the 1.3.0 rcs).
@@ -208,7 +208,7 @@ def spec_model_dir(text: str | None) -> str | None:
 
 def pod_path(cfg: DeployConfig, value: str, what: str) -> str:
     """Where a build-host path is inside the pods: under ``--mount``, through ``--host-root``
-    (the host directory the PVC holds); a path outside both is refused (trtllm-audit-2 #36)."""
+    (the host directory the PVC holds); a path outside both is refused."""
     host = local_path(value)
     if host is None:
         return value  # a Hub id: the pod downloads it

@@ -11,9 +11,9 @@ multinode.nodeCount (>= 2), extraPodSpec.{volumes, mainContainer}}``); the worke
 [--disaggregation-mode prefill|decode]``) and the ConfigMap-as-volume pattern follow Dynamo's
 ``examples/backends/trtllm/deploy/{disagg.yaml, agg-with-config.yaml}`` @04521f47. A replica
 that spans nodes gets ``multinode.nodeCount`` and ``gpus_per_node`` GPUs per node; the operator
-places it through Grove or LeaderWorkerSet (peers-2026.md section 5).
+places it through Grove or LeaderWorkerSet.
 
-A torch (reference-engine) directory gets :func:`torch_graph_deployment` (issue 30 item 6):
+A torch (reference-engine) directory gets :func:`torch_graph_deployment`:
 Dynamo's Frontend run through ``python3 -m specserve.frontends.dynamo_frontend`` (the same
 frontend with TCP_NODELAY on its HTTP listener, as ``specserve serve --frontend dynamo`` runs it;
 a DGD's Frontend may set its ``command`` and ``args``, as Dynamo's own examples do), and CPU

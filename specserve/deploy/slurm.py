@@ -2,7 +2,7 @@
 (the MPI world size must equal TP x PP), ``srun --mpi=pmix`` into the container, and
 ``trtllm-llmapi-launch trtllm-serve`` as NVIDIA/TensorRT-LLM
 ``examples/llm-api/llm_mgmn_trtllm_serve.sh`` @0bd88711 runs it; the speculative config goes in
-through ``--extra_llm_api_options`` (llmapi-route.md section 2.1)."""
+through ``--extra_llm_api_options``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def serve_argv(src: EngineSource, model: str, spec_yaml: str) -> list[str]:
 
 def container_mounts(engine: str, model: str, spec_yaml: str | None) -> list[str]:
     """Host directories the container needs at the same paths (pyxis ``--container-mounts``):
-    the engine directory, the checkpoint and the draft / EAGLE-3 head (trtllm-audit-2 #37; the
+    the engine directory, the checkpoint and the draft / EAGLE-3 head (the
     upstream script mounts ``${MOUNT_DIR}:${MOUNT_DEST}`` covering the model); one entry for
     directories nested in another."""
     dirs = [engine] + [p for p in (local_path(model), local_path(spec_model_dir(spec_yaml) or

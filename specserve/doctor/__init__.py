@@ -5,5 +5,5 @@ Static checks over the checkpoints' files (:mod:`~specserve.doctor.checks`, pure
 (:mod:`~specserve.doctor.memory`), and a short measured acceptance probe on the reference engine
 (:mod:`~specserve.doctor.probe`); :func:`~specserve.doctor.run.doctor` assembles the report.
 Findings are one line each with a severity and a stable code
-(:mod:`~specserve.doctor.findings`). Follows ``../shared/reference/field-2026-late.md`` §3.3.
+(:mod:`~specserve.doctor.findings`).
 """

@@ -1,8 +1,8 @@
 """The doctor's static checks: pure functions over parsed :class:`~specserve.doctor.sides.Side`
 objects, each returning :class:`~specserve.doctor.findings.Finding` lines.
 
-What each guards against (``../shared/reference/field-2026-late.md`` §1 row 7 and §3.3: silent
-acceptance collapse, where the pairing serves without an error and acceptance falls):
+What each guards against (silent acceptance collapse, where the pairing serves without an error and
+acceptance falls):
 
 - ``tokenizer-mismatch``: vocabulary, merges or special tokens differ (a hash of each, never
   just ``vocab_size``): the draft's ids mean other strings; vLLM's Token-Level Intersection
@@ -17,7 +17,8 @@ acceptance collapse, where the pairing serves without an error and acceptance fa
   sets nothing samples (syv-ai/qwen38-27b-rtx3090 #73: a sampler default that changed).
 - ``draft-context-short``: the draft's ``max_position_embeddings`` below the served context
   (vllm-project/speculators PR #684: EAGLE-3 tau 2.30 at 2k -> 1.08 at 20k).
-- ``head-hidden-size`` / ``vocab-mismatch``: a head trained on another backbone.
+- ``head-hidden-size`` / ``vocab-mismatch``: a head trained on another backbone (for a draft
+  model with the target's tokenizer a width difference is padding: a warning).
 """
 
 from __future__ import annotations
@@ -217,8 +218,9 @@ def proposer_shape(side: Side) -> tuple[Any, Any]:
     return None, side.config.get("vocab_size")  # a draft model reads no hidden state
 
 
-def check_shapes(target: Side, proposer: Side) -> list[Finding]:
-    """A head trained for another hidden size; a proposal vocabulary of another width."""
+def check_shapes(target: Side, proposer: Side, same_tokenizer: bool = False) -> list[Finding]:
+    """A head trained for another hidden size; a proposal vocabulary of another width (a
+    warning only for a draft model whose tokenizer is the target's: padded embeddings)."""
     hidden, vocab = proposer_shape(proposer)
     t_hidden, t_vocab = target.config.get("hidden_size"), target.config.get("vocab_size")
     out = []
@@ -227,19 +229,29 @@ def check_shapes(target: Side, proposer: Side) -> list[Finding]:
                          f"size {hidden}, the target's is {t_hidden}: trained for another "
                          "backbone"))
     if vocab is not None and vocab != t_vocab:
-        out.append(error("vocab-mismatch", f"{proposer.path}: {proposer.name} proposes over "
-                         f"{vocab} ids, the target's vocab_size is {t_vocab}"))
+        text = (f"{proposer.path}: {proposer.name} proposes over {vocab} ids, the target's "
+                f"vocab_size is {t_vocab}")
+        if proposer.kind == "draft" and same_tokenizer:
+            out.append(warning("vocab-mismatch", f"{text}; the tokenizers match (padded "
+                               "embeddings), so drafts are accepted by token ids (TensorRT-LLM's "
+                               "engine flow without use_draft_logits, --flow pytorch, vLLM); "
+                               "specserve's torch engine refuses the pair"))
+        else:
+            out.append(error("vocab-mismatch", text))
     return out
 
 
 def static_checks(target: Side, proposer: Side, max_seq_len: int) -> list[Finding]:
     """Every static check of a target and its proposer."""
     out = []
+    same_tokenizer = False
     if proposer.kind == "draft":
-        out += check_tokenizer(target, proposer) + check_special_tokens(target, proposer)
+        tokenizer = check_tokenizer(target, proposer)
+        same_tokenizer = not tokenizer
+        out += tokenizer + check_special_tokens(target, proposer)
     out += check_chat_template(target, proposer)
     out += check_precision(target, proposer)
     out += check_sampler(target, proposer)
     out += check_context(target, proposer, max_seq_len)
-    out += check_shapes(target, proposer)
+    out += check_shapes(target, proposer, same_tokenizer)
     return out

@@ -1,8 +1,8 @@
 """KV-cache budget of a pairing on one GPU (pure arithmetic): the KV token capacity with and
 without the draft, plus an estimate of the verify workspace, against the batch x context the
-deployment must hold (``../shared/reference/field-2026-late.md`` §1 row 8: sgl-project/sglang
-#38341 passes start-up and OOMs mid-traffic with "no upfront capacity check";
-NVIDIA/TensorRT-LLM #9279: the draft's KV config copies the target's).
+deployment must hold (field reports: sgl-project/sglang #38341 passes start-up and OOMs mid-traffic
+with "no upfront capacity check"; NVIDIA/TensorRT-LLM #9279: the draft's KV config copies the
+target's).
 
 - KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes of the KV dtype
   (:meth:`specserve.spec.predictor.ModelShape.kv_elements_per_token`).
@@ -30,7 +30,6 @@ MIB = 1 << 20
 GIB = 1 << 30
 GPU_MEMORY_BYTES: dict[str, int] = {"h100-sxm": 81559 * MIB, "h200": 143771 * MIB,
                                     "a100-80g": 81920 * MIB}
-GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80g"}
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                "half": 2, "fp8": 1, "float8_e4m3fn": 1, "int8": 1}
 LOGIT_BYTES = 4

@@ -5,7 +5,7 @@ with the pairing under test, reporting tau (tokens per verify step) and the acce
 :class:`specserve.spec.stats.AcceptanceStats`).
 
 Greedy verification is lossless, so a collapsed pairing still answers correctly: only the
-counters show it (``../shared/reference/field-2026-late.md`` §1 row 7: draft weights lost on
+counters show it (a field report: draft weights lost on
 resume, tau ~ 1.0, "completely silent"). An acceptance below ``min_acceptance`` is an error.
 Float32 on the CPU by default; seconds for small models, minutes for 7B ones (``--no-probe``).
 """

@@ -15,7 +15,6 @@ from specserve.doctor.checks import static_checks, weight_dtype
 from specserve.doctor.findings import Finding, error, exit_code, info, sort_findings
 from specserve.doctor.memory import (
     GIB,
-    GPU_ALIASES,
     GPU_MEMORY_BYTES,
     Footprint,
     MemoryPlan,
@@ -27,6 +26,7 @@ from specserve.doctor.probe import ProbeConfig, check_probe, run_probe
 from specserve.doctor.sides import Kind, Side, read_side
 from specserve.engine_record import EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
+from specserve.spec.predictor import gpu_name
 
 DEFAULT_DRAFT_LEN = 4
 
@@ -132,7 +132,7 @@ def verify_tokens(p: Pairing, proposer: Side) -> int:
 
 
 def memory_plan(cfg: DoctorConfig, p: Pairing, target: Side, proposer: Side) -> MemoryPlan:
-    gpu = GPU_ALIASES.get(cfg.gpu, cfg.gpu)
+    gpu = gpu_name(cfg.gpu)
     if gpu not in GPU_MEMORY_BYTES:
         raise SpecserveError(f"--gpu {cfg.gpu!r}: expected one of {sorted(GPU_MEMORY_BYTES)}")
     memory = int(cfg.gpu_memory_gib * GIB) if cfg.gpu_memory_gib else GPU_MEMORY_BYTES[gpu]

@@ -1,4 +1,4 @@
-"""The prefix cache's block events as NVIDIA Dynamo KV events (issue 29 item 2), so that Dynamo's
+"""The prefix cache's block events as NVIDIA Dynamo KV events, so that Dynamo's
 KV-aware router (``--router-mode kv``) sends a request to the worker that holds its prefix.
 
 Our events are vLLM's shape (:mod:`specserve.runtime.kv_pool`: ``BlockStored`` with the blocks'

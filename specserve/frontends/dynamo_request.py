@@ -6,7 +6,7 @@ Dynamo's frontend tokenizes an OpenAI request and hands a worker a ``Preprocesse
 ``temperature``, ``top_p``, ``top_k``, ``seed``, ``guided_decoding``, penalties, ...),
 ``output_options`` (``logprobs``, ``prompt_logprobs``, ...) and ``eos_token_ids``
 (ai-dynamo/dynamo ``components/src/dynamo/vllm/handlers.py`` ``build_sampling_params``, and
-``../shared/reference/dynamo-cpu.md`` for the dict seen here). The frontend applies stop
+the dict ai-dynamo 1.6.1's frontend sends a worker). The frontend applies stop
 *strings* and detokenizes; the worker yields ``{"token_ids": [...]}`` chunks and a
 ``finish_reason`` on the last one.
 
@@ -39,8 +39,8 @@ applies) are refused.
 Structured output: OpenAI's ``response_format`` reaches the worker as
 ``sampling_options.guided_decoding`` (Dynamo's ``GuidedDecodingOptions``: one of ``json``,
 ``regex``, ``choice``, ``grammar``, ``structural_tag``, plus the modifiers ``backend`` and
-``whitespace_pattern``; ``{"type": "json_object"}`` arrives as ``{"json": {"type": "object"}}``,
-``../shared/reference/dynamo-cpu.md``). ``json`` (a schema, object or string) becomes the Triton
+``whitespace_pattern``; ``{"type": "json_object"}`` arrives as ``{"json": {"type": "object"}}``
+from ai-dynamo 1.6.1's frontend). ``json`` (a schema, object or string) becomes the Triton
 inputs ``guided_decoding_guide_type = json_schema`` / ``guided_decoding_guide``, ``regex`` ->
 ``regex``, ``grammar`` -> ``ebnf_grammar`` (xgrammar's EBNF); ``choice``, ``structural_tag``,
 ``whitespace_pattern`` and a ``backend`` other than xgrammar are refused by name.

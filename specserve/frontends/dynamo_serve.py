@@ -1,6 +1,6 @@
 """Start NVIDIA Dynamo's OpenAI frontend and specserve workers as child processes on loopback.
 
-What ``specserve serve --frontend dynamo`` runs (``../shared/reference/dynamo-cpu.md``, checked
+What ``specserve serve --frontend dynamo`` runs (checked
 against ai-dynamo 1.6.1 ``dynamo/frontend/frontend_args.py``): ``python -m dynamo.frontend
 --http-host 127.0.0.1 --http-port P --discovery-backend file --request-plane tcp --router-mode R
 [--migration-limit M]`` and N ``python -m specserve.frontends.dynamo_worker`` processes sharing

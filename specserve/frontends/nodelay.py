@@ -1,4 +1,5 @@
-"""TCP_NODELAY on the TCP listeners Dynamo binds in this process (issue 30, TTFT target).
+"""TCP_NODELAY on the TCP listeners Dynamo binds in this process (the time to first token behind
+Dynamo).
 
 Why: Dynamo 1.6.1's OpenAI frontend serves HTTP with ``axum::serve(listener, router)``
 (ai-dynamo/dynamo ``lib/llm/src/http/service/service_v2.rs``, ``HttpService::run_inner``),

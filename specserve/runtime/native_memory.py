@@ -1,5 +1,5 @@
 """Native memory of a long-running serving process: what grows below Python under mixed traffic
-while no Python object does (issue 29: "a 10-minute mixed soak ... its RSS stays flat"; traced
+while no Python object does (the goal: RSS flat over a 10-minute mixed soak; traced
 in ``docs/reliability.md`` §3).
 
 - **Two primitive caches.** oneDNN keeps one primitive per (op, shapes) in an LRU cache of

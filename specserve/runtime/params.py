@@ -1,6 +1,6 @@
 """Per-request sampling parameters (the fields TensorRT-LLM's Triton backend takes per request:
 ``temperature``, ``runtime_top_k``, ``runtime_top_p``, ``random_seed``, ``end_id``, stop words,
-``max_tokens``, ``min_tokens``), plus the per-request API features of issue 31:
+``max_tokens``, ``min_tokens``), plus the per-request API features:
 
 - ``num_draft_tokens`` (the semantics of tensorrtllm_backend's BLS input of that name): None =
   the engine's own draft length; 0 = no speculation for this request (plain decoding steps,

@@ -1,7 +1,7 @@
 """Timing the reference decoder's forward on this machine (``specserve predict --measure``).
 
 T(n): one verify-style forward of ``n`` new tokens per row over a KV cache, the quantity the
-speedup model of :mod:`specserve.spec.predictor` needs (peers.md §3). Jobs are timed round robin
+speedup model of :mod:`specserve.spec.predictor` needs. Jobs are timed round robin
 so that load from other processes on a shared machine hits them alike.
 """
 

@@ -1,6 +1,6 @@
 """Speedup model for speculative decoding: decode roofline and expected speedup (pure).
 
-Implements the model of ``../shared/reference/peers.md`` §3:
+The model:
 
 - Decode roofline (Williams et al. 2009, "Roofline"): one target forward that scores ``n`` tokens
   for each of ``B`` sequences takes ``T(n) = max(bytes / bandwidth, flops / peak)``, where
@@ -47,19 +47,25 @@ class GpuSpec:
 GPUS: dict[str, GpuSpec] = {
     "h100-sxm": GpuSpec(
         "h100-sxm", 3.35e12, 989e12, 1979e12,
-        "NVIDIA H100 SXM spec sheet (nvidia.com/en-us/data-center/h100), dense figures, "
-        "as quoted in peers.md section 3",
+        "NVIDIA H100 SXM spec sheet (nvidia.com/en-us/data-center/h100), dense figures",
     ),
     "h200": GpuSpec(
         "h200", 4.8e12, 989e12, 1979e12,
-        "NVIDIA H200 spec sheet (nvidia.com/en-us/data-center/h200), dense figures, "
-        "as quoted in peers.md section 3",
+        "NVIDIA H200 spec sheet (nvidia.com/en-us/data-center/h200), dense figures",
     ),
     "a100-80g": GpuSpec(
         "a100-80g", 2.039e12, 312e12, None,
         "NVIDIA A100 80GB SXM datasheet (nvidia.com/en-us/data-center/a100), dense BF16",
     ),
 }
+# the short names every ``--gpu`` option also accepts (``specserve doctor``, ``specserve predict``)
+GPU_ALIASES: dict[str, str] = {"h100": "h100-sxm", "a100": "a100-80g"}
+
+
+def gpu_name(name: str) -> str:
+    """The :data:`GPUS` key of a ``--gpu`` value (``h100`` -> ``h100-sxm``); unknown names pass."""
+    return GPU_ALIASES.get(name, name)
+
 
 # bytes per weight / per KV element
 DTYPE_BYTES: dict[str, float] = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0}

@@ -6,7 +6,7 @@ less, or not at all, is faster (Leviathan et al. 2023 §3.4's cost model per row
 ``draft_len_schedule`` and vLLM's adaptive verification act on the same observation).
 
 A :class:`DraftSchedule` maps batch-size lower bounds to a draft budget, in TensorRT-LLM 1.2's
-semantics (``../shared/reference/llmapi-route.md`` §1.4): each key is the smallest batch size its
+semantics (``draft_len_schedule``, ``llm_args.py``): each key is the smallest batch size its
 value applies to, key 1 must be there. The budget is the chain's K for chain proposers and the
 number of tree nodes for Medusa (the tree's first nodes); 0 turns speculation off. Lossless at
 any budget, also one that changes between steps: verification never depends on K.

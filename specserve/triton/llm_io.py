@@ -18,7 +18,7 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   ``request_output_len - 1`` are not verified; a larger ``request_output_len`` still ends after
   that step). Empty ``draft_input_ids`` = none: a plain request. ``return_generation_logits``:
   ``generation_logits`` [1, 1, T, V] FP32 of the T generated tokens (not with streaming).
-- ``return_log_probs`` (issue 31): ``output_log_probs`` [1, 1, T] FP32 (the log-probability of
+- ``return_log_probs``: ``output_log_probs`` [1, 1, T] FP32 (the log-probability of
   each of the T generated tokens, :mod:`specserve.spec.logprobs`: the target's distribution
   after temperature, before top-k/top-p) and ``cum_log_probs`` [1, 1] FP32 (their sum), the
   shapes of TensorRT-LLM's ``[batch, beam, tokens]`` / ``[batch, beam]``; streamed, each
@@ -33,14 +33,14 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   special tokens, a draft source; at most the engine's max_seq_len tokens) -> outputs
   ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` [1, 1] INT32 on the final
   response (:mod:`specserve.runtime.proposers.prediction`).
-- structured output (issue 31): ``guided_decoding_guide_type`` STRING (TensorRT-LLM's names and
+- structured output: ``guided_decoding_guide_type`` STRING (TensorRT-LLM's names and
   values, tensorrtllm_backend ``tensorrt_llm/1/model.py``
   ``get_guided_decoding_params_from_request``: ``json``, ``json_schema``, ``regex``,
   ``ebnf_grammar``) and ``guided_decoding_guide`` STRING (the schema / regex / grammar; none
   for ``json``), compiled with xgrammar for the model's tokenizer
   (:mod:`specserve.runtime.grammar`); a guide without a type, an unknown type, a malformed
   guide or one the tokenizer cannot express is one error line for that request.
-- ``num_return_sequences`` n (issue 31; TensorRT-LLM's input and semantics, tensorrtllm_backend
+- ``num_return_sequences`` n (TensorRT-LLM's input and semantics, tensorrtllm_backend
   ``tensorrt_llm/1/model.py`` ``convert_response`` @ c2e65b8): n in [1, 16] independent
   sequences (``runtime.params.expand_n``), on a decoupled model only, not with
   ``draft_input_ids``; each response holds one sequence and ``sequence_index`` [1, 1]

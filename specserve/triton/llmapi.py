@@ -1,7 +1,7 @@
 """The Triton repository for TensorRT-LLM's PyTorch route: the ``llmapi`` Python model.
 
 Upstream layout (NVIDIA/TensorRT-LLM ``triton_backend/all_models/llmapi/tensorrt_llm/`` @c8c6df08,
-the 1.2 era; ``../shared/reference/llmapi-route.md`` §3): ``config.pbtxt`` (Python backend,
+the 1.2 era): ``config.pbtxt`` (Python backend,
 KIND_CPU x1) and ``1/model.yaml``, whose keys other than ``triton_config``
 go to ``LLM(**kw)``; ``triton_config`` holds ``max_batch_size: 0`` and ``decoupled``. Those two
 are also written into ``config.pbtxt``: upstream's ``model.py`` applies them in

@@ -1,9 +1,9 @@
 """The options of ``specserve repo`` (:class:`RepoOptions`) and the checks that need the engine:
 executor placement (device ids, KV cache fractions) of TensorRT-LLM engines, alone or as target
-and draft on one GPU (upstream's draft-target recipe, ``../shared/reference/
-trtllm-backend-audit.md`` §4: ``kv_cache_free_gpu_mem_fraction:0.5`` for each of two models
-sharing a GPU). A leaf of ``triton/``: :mod:`specserve.triton.params` renders these options into
-template values, :mod:`specserve.triton.repository` writes the repository.
+and draft on one GPU (upstream's draft-target recipe, tensorrtllm_backend
+``examples/draft_target_model/README.md``: ``kv_cache_free_gpu_mem_fraction:0.5`` for each of
+two models sharing a GPU). A leaf of ``triton/``: :mod:`specserve.triton.params` renders these
+options into template values, :mod:`specserve.triton.repository` writes the repository.
 """
 
 from __future__ import annotations

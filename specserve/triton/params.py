@@ -5,8 +5,8 @@ Every placeholder of the pinned TensorRT-LLM 1.2.1 templates gets a value, becau
 an empty string: the C++ backend's ``ModelState::GetParameter`` then fails to parse them
 (``std::stoi("")``, "Cannot convert  to a boolean", empty device lists) and falls back to its
 default with a warning, exactly as for an unfilled ``${...}``. Values we do set follow
-``trtllm-pinned.md`` §3.6 / ``trtllm-facts.md`` §3.3, and for two-model TensorRT-LLM repositories
-upstream's draft-target recipe (``../shared/reference/trtllm-backend-audit.md`` §4:
+the pinned release's ``inflight_batcher_llm`` configs, and for two-model TensorRT-LLM repositories
+upstream's draft-target recipe (tensorrtllm_backend
 ``examples/draft_target_model/README.md`` fills both models with ``decoupled_mode:False``,
 ``enable_kv_cache_reuse:True``, ``kv_cache_free_gpu_mem_fraction:0.5`` and their own
 ``gpu_device_ids``).
@@ -52,7 +52,7 @@ DEFAULT_TREE_NODES = 63
 #: ``context_logits`` / ``generation_logits`` / ``draft_logits`` (upstream fills TYPE_FP32).
 LOGITS_DATATYPE = "TYPE_FP32"
 SPEC_STATS_OUTPUT = ',\n  { name: "spec_stats_json" data_type: TYPE_STRING dims: [ 1 ] }'
-# the reference tensorrt_llm model's own tensors (issue 31; specserve.triton.llm_io): per-request
+# the reference tensorrt_llm model's own tensors (specserve.triton.llm_io): per-request
 # speculation control and top-k log-probabilities, which no upstream tensor carries
 REFERENCE_INPUTS = (
     ',\n  { name: "num_draft_tokens" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [ ] } '
@@ -67,7 +67,7 @@ REFERENCE_OUTPUTS = (
     ',\n  { name: "accepted_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }'
     ',\n  { name: "rejected_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }')
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
-# the reference ensemble passes the top-k log-probabilities through (issue 31 / 32: OpenAI
+# the reference ensemble passes the top-k log-probabilities through (OpenAI
 # top_logprobs over the ensemble; upstream's ensemble has no such tensors)
 ENSEMBLE_TOP_INPUTS = (
     ',\n  { name: "num_top_log_probs" data_type: TYPE_INT32 dims: [ 1 ] optional: true }')
@@ -241,8 +241,9 @@ def bls_spec_mapping(cfg: EngineRecord, engine_dir: Path, *,
                      target_decoupled: bool) -> dict[str, str]:
     """The BLS loop's parameters (specserve's BLS model.py; NVIDIA's ignores them):
     ``speculative_mode`` (draft | ngram | ""), the target's ``max_draft_len``,
-    ``ngram_max_size``, whether ``tensorrt_llm`` / ``tensorrt_llm_draft`` are decoupled, and the
-    target's vocabulary size (checked against the draft's generation logits)."""
+    ``ngram_max_size``, whether ``tensorrt_llm`` / ``tensorrt_llm_draft`` are decoupled, the
+    target's vocabulary size (checked against the draft's generation logits) and whether the
+    draft's logits may go to the target at all (``use_draft_logits``)."""
     mode = cfg.spec_mode if cfg.spec_mode in ("draft", "ngram") else ""
     ngram = cfg.get("ngram_max_size") or DEFAULT_NGRAM_MAX_SIZE
     return {
@@ -252,6 +253,10 @@ def bls_spec_mapping(cfg: EngineRecord, engine_dir: Path, *,
         "tensorrt_llm_decoupled": _b(target_decoupled),
         "tensorrt_llm_draft_decoupled": "false",
         "tensorrt_llm_vocab_size": target_vocab_size(engine_dir) if mode == "draft" else "",
+        # false for a draft padded to another vocab_size (build_config.json draft_logits):
+        # its drafts are accepted by token ids and the BLS refuses use_draft_logits
+        "specserve_draft_logits": ("false" if cfg.get("draft_logits") is False else "true")
+        if mode == "draft" else "",
     }
 
 

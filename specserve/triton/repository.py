@@ -1,12 +1,12 @@
 """Write a Triton model repository for an engine directory (TensorRT-LLM's in-flight batcher).
 
-Layout and tensor names follow TensorRT-LLM 1.2.1 ``triton_backend/all_models/inflight_batcher_llm``
-(``../shared/reference/trtllm-pinned.md`` §3): ``ensemble``, ``preprocessing``, ``tensorrt_llm``,
-``postprocessing``, ``tensorrt_llm_bls`` and, for draft-target engines, ``tensorrt_llm_draft``.
-TensorRT-LLM engines get ``backend: "tensorrtllm"`` and the pinned parameter keys; reference
-(``torch``) engines get the same I/O served by specserve's decoder (``backend: "python"``, a shim
-``tensorrt_llm/1/model.py``), the ``spec_stats_json`` output, and with ``baseline`` the
-``ensemble_baseline`` -> ``tensorrt_llm_baseline`` pipeline (speculation off).
+Layout and tensor names follow TensorRT-LLM 1.2.1
+``triton_backend/all_models/inflight_batcher_llm``: ``ensemble``, ``preprocessing``,
+``tensorrt_llm``, ``postprocessing``, ``tensorrt_llm_bls`` and, for draft-target engines,
+``tensorrt_llm_draft``. TensorRT-LLM engines get ``backend: "tensorrtllm"`` and the pinned parameter
+keys; reference (``torch``) engines get the same I/O served by specserve's decoder (``backend:
+"python"``, a shim ``tensorrt_llm/1/model.py``), the ``spec_stats_json`` output, and with
+``baseline`` the ``ensemble_baseline`` -> ``tensorrt_llm_baseline`` pipeline (speculation off).
 :func:`plan_repository` is pure (files as text); :func:`write_repository` writes a temp sibling
 and renames it into place.
 """

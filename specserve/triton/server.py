@@ -2,15 +2,14 @@
 
 Finds ``tritonserver`` on ``PATH`` (NVIDIA's containers) or the binary bundled in the
 ``nvidia-pytriton`` wheel, prepares the Python backend for the running interpreter (stub + library
-copied into a private backend folder, venv on ``PATH``, base ``LIBDIR`` on ``LD_LIBRARY_PATH``;
-see ``../shared/reference/triton-on-cpu.md``), starts it bound to ``127.0.0.1`` with
-``--disable-auto-complete-config``, and waits for ``/v2/health/ready``. On failure the first error
-lines of the server log are raised as :class:`ServerError`, and nothing is left behind: the server
-runs in its own process group (stubs included), its shared-memory regions carry a private prefix
-that is removed on stop, and it gets SIGTERM if the starting process dies without stopping it
-(even by SIGKILL; Linux ``PR_SET_PDEATHSIG``).
-What it launches (the command, the environment, the backend folder; multi-GPU and
-TensorRT-LLM orchestrator modes) is planned by :mod:`specserve.triton.launch`.
+copied into a private backend folder, venv on ``PATH``, base ``LIBDIR`` on ``LD_LIBRARY_PATH``),
+starts it bound to ``127.0.0.1`` with ``--disable-auto-complete-config``, and waits for
+``/v2/health/ready``. On failure the first error lines of the server log are raised as
+:class:`ServerError`, and nothing is left behind: the server runs in its own process group (stubs
+included), its shared-memory regions carry a private prefix that is removed on stop, and it gets
+SIGTERM if the starting process dies without stopping it (even by SIGKILL; Linux
+``PR_SET_PDEATHSIG``). What it launches (the command, the environment, the backend folder; multi-GPU
+and TensorRT-LLM orchestrator modes) is planned by :mod:`specserve.triton.launch`.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from specserve.triton.launch import (
 )
 
 _ERROR_PREFIXES = ("E", "error:", "Error:")
-# Error-level lines tritonserver always prints on a CPU-only machine (triton-on-cpu.md §3).
+# Error-level lines tritonserver always prints on a CPU-only machine.
 _HARMLESS = ("CudaDriverHelper has not been initialized", "Unable to allocate pinned system memory",
              "unable to create stream", "Failed to initialize NVML", "DCGM")
 

@@ -262,3 +262,30 @@ def test_a_torch_eagle3_engine_records_its_static_tree_and_loads_it(
         bad = CliRunner().invoke(cli, [*base, *extra, "--out", str(tmp_path / "bad")])
         assert bad.exit_code == 2 and match in bad.output, bad.output
         assert len(bad.output.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+
+
+def test_torch_default_dtype_is_chosen_by_the_cpu(tiny_ckpt: TinyCheckpoint,
+                                                  tmp_path: Path) -> None:
+    # float16 is emulated on a CPU: without --dtype the torch engine gets float32 or bfloat16,
+    # chosen by this CPU and recorded with its reason
+    out = tmp_path / "e"
+    data = _json(run("--model", str(tiny_ckpt.target), "--ngram", "--backend", "torch",
+                     "--out", str(out), "--format", "json"))
+    record = json.loads((out / "build_config.json").read_text())
+    assert data["config"]["dtype"] == record["config"]["dtype"]
+    assert record["config"]["dtype"] in ("float32", "bfloat16")
+    choice = record["dtype_choice"]
+    assert choice["requested"] == "auto" and choice["device"] == "cpu"
+    assert choice["dtype"] == record["config"]["dtype"] and choice["reason"]
+
+
+def test_explicit_float16_and_the_trtllm_default(tiny_ckpt: TinyCheckpoint,
+                                                 tmp_path: Path) -> None:
+    torch16 = _json(run("--model", str(tiny_ckpt.target), "--ngram", "--backend", "torch",
+                        "--dtype", "float16", "--out", str(tmp_path / "a"), "--dry-run",
+                        "--format", "json"))
+    assert torch16["config"]["dtype"] == "float16"
+    trt = _json(run("--model", str(tiny_ckpt.target), "--draft", str(tiny_ckpt.draft),
+                    "--backend", "trtllm", "--out", str(tmp_path / "b"), "--dry-run",
+                    "--format", "json"))
+    assert trt["config"]["dtype"] == "float16"

@@ -96,7 +96,7 @@ def test_serve_refuses_without_tensorrt_llm(engine: Path, tmp_path: Path) -> Non
 
 def test_relative_paths_are_written_absolute(ckpt: TinyCheckpoint, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """#25: typed relative, the YAML, the record and Triton's model.yaml name absolute paths
+    """Typed relative, the YAML, the record and Triton's model.yaml name absolute paths
     (tests/deploy/data/paths.json: a relative speculative_model is taken for a Hub id)."""
     import shutil
 
@@ -123,7 +123,7 @@ DECOUPLED = json.loads((Path(__file__).parent / "data" / "triton_llmapi_decouple
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_config_pbtxt_carries_the_transaction_policy(engine: Path, tmp_path: Path,
                                                      decoupled: bool) -> None:
-    """#30: `specserve serve` passes --disable-auto-complete-config, so upstream's model.py
+    """`specserve serve` passes --disable-auto-complete-config, so upstream's model.py
     never sets the policy; config.pbtxt must say it, equal to model.yaml's triton_config."""
     from specserve.triton.launch import TritonInstall, build_command
 
@@ -168,8 +168,8 @@ class TritonPythonModel:
 
 @pytest.mark.server
 def test_triton_loads_the_llmapi_model_decoupled(engine: Path, tmp_path: Path) -> None:
-    """#30 against a real tritonserver, started as `specserve serve` starts it (auto-complete
-    off): the model loads decoupled and streams several responses to one request."""
+    """The llmapi model against a real tritonserver, started as `specserve serve` starts it
+    (auto-complete off): the model loads decoupled and streams several responses to one request."""
     import tritonclient.grpc as grpcclient
 
     from specserve.triton.server import TritonServer

@@ -1,4 +1,4 @@
-"""Lookahead decoding on the engine flow (issue 28 row 11c): ``specserve build --lookahead
+"""Lookahead decoding on the engine flow: ``specserve build --lookahead
 W,N,G`` plans ``trtllm-build --speculative_decoding_mode lookahead_decoding --max_draft_len D``
 with upstream's D(W, N, G), records (W, N, G), and ``specserve repo`` writes ``decoding_mode
 lookahead`` with the three ``lookahead_*`` parameters; every upstream fact is pinned in

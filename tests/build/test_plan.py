@@ -1,5 +1,5 @@
 """TensorRT-LLM 1.2.1 plans: golden JSON per scenario, and every flag of every argv checked
-against the pinned release's flag sets (test data typed from shared/reference/trtllm-pinned.md).
+against the pinned release's flag sets (test data typed by hand from TensorRT-LLM 1.2.1's sources).
 
 Regenerate goldens after a deliberate change: ``SPECSERVE_UPDATE_GOLDEN=1 pytest tests/build``
 (then review the diff).

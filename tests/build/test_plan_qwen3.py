@@ -109,7 +109,7 @@ def _qwen_pairs(argv: tuple[str, ...]) -> list[tuple[str, str | None]]:
 ])
 def test_qwen3_engine_flow_refusals_name_a_route_that_serves_it(
         changes: dict[str, Any], option: str, why: str, instead: str) -> None:
-    """#39: the advice must not point at a route that refuses the request (the PyTorch
+    """The advice must not point at a route that refuses the request (the PyTorch
     backend has no Medusa, and serves EAGLE-3 heads only)."""
     with pytest.raises(SpecserveError) as err:
         _plan(replace(BASE, **changes))
@@ -174,7 +174,7 @@ def test_cli_refuses_qwen3_medusa_in_one_line(qwen3_dir: Path, tiny_ckpt: TinyCh
 
 
 def test_the_eagle3_route_it_names_takes_a_qwen3_target(qwen3_dir: Path, tmp_path: Path) -> None:
-    """#39: `--eagle3 --flow pytorch`, which the Qwen3 EAGLE/Medusa refusals point to, plans."""
+    """`--eagle3 --flow pytorch`, which the Qwen3 EAGLE/Medusa refusals point to, plans."""
     from tests.build.test_llmapi import make_eagle3
 
     t = json.loads((qwen3_dir / "config.json").read_text())

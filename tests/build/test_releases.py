@@ -111,7 +111,7 @@ TREES: dict[str, Any] = json.loads((DATA / "eagle3_trees.json").read_text())
 
 
 def test_static_tree_runs_two_model_on_121() -> None:
-    """#19: upstream's static trees are two-model Eagle3 (data/eagle3_trees.json)."""
+    """Upstream's static trees are two-model Eagle3 (data/eagle3_trees.json)."""
     cfg = replace(CASES["eagle3"], eagle_choices=((0,), (1,), (0, 0)), max_draft_len=2)
     spec = options(cfg)["speculative_config"]
     assert spec["eagle_choices"] == [[0], [1], [0, 0]]
@@ -122,7 +122,7 @@ def test_static_tree_runs_two_model_on_121() -> None:
 
 @pytest.mark.parametrize("version", ["1.2.1", "1.3"])
 def test_dynamic_tree_only_where_implemented(version: str) -> None:
-    """#20: refused for 1.2.1 (overwritten, not implemented), written for 1.3."""
+    """Refused for 1.2.1 (overwritten, not implemented), written for 1.3."""
     cfg = replace(CASES["eagle3"], trtllm_version=version, dynamic_tree_top_k=4,
                   max_total_draft_tokens=16)
     if not TREES["dynamic_tree_in"][version]:

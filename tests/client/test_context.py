@@ -1,4 +1,4 @@
-"""The context axis (issue 33 item 2): prompts of exactly L tokens of the served tokenizer,
+"""The context axis: prompts of exactly L tokens of the served tokenizer,
 lengths the engine cannot hold refused in one line, the measured step cost, and a
 (length x concurrency) sweep whose step cost grows with context (scripted server whose step
 time grows with the prompt)."""

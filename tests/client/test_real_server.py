@@ -56,7 +56,7 @@ def good_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(dep, dataset: Path, out: Path, protocol: str, stream: bool,
          concurrency: int = 1) -> tuple[dict, list[dict]]:
     # Concurrency 1 where a request is rejected: the reference tensorrt_llm model batches
-    # concurrent requests, and a failure of one fails its whole batch (reported to issue 4).
+    # concurrent requests, and a failure of one fails its whole batch.
     url = dep.server.grpc_url if protocol == "grpc" else dep.server.http_url
     cfg = BenchmarkConfig(url=url, protocol=protocol, out=str(out), model="ensemble",
                           baseline_model="ensemble_baseline", concurrency=concurrency,

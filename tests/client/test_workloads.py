@@ -1,4 +1,4 @@
-"""Workloads (issue 33 item 1): JSONL with prompt / messages / turns and categories, ShareGPT
+"""Workloads: JSONL with prompt / messages / turns and categories, ShareGPT
 JSON, bad input as one line with its line number, the built-in categorised sets, multi-turn
 replay with the model's own replies, and every report split by category."""
 

@@ -1,6 +1,6 @@
 """Every conformance check against the scripted server (tests/conform/scripted_server.py):
 the clean pair passes every check, and each planted fault turns its own check red. The plants
-are the checker's proof that it can fail (issue 32: wrong stop handling, a skewed sampler, a
+are the checker's proof that it can fail (wrong stop handling, a skewed sampler, a
 streamed chunk split mid-character, a dropped logprob, ...)."""
 
 from __future__ import annotations

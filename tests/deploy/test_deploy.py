@@ -1,4 +1,4 @@
-"""``specserve deploy``: golden manifests for the issue's four cases (plus Slurm), every YAML
+"""``specserve deploy``: golden manifests for four cases (plus Slurm), every YAML
 object checked offline against the Kubernetes API schema or its CRD's upstream schema
 (``tests/deploy/schemas.py``), the checks shown to catch violations, and bad input refused with
 one line, exit 2 and nothing written.
@@ -341,7 +341,7 @@ def _host_dir(tmp_path: Path, version: str = "1.3") -> tuple[Path, Path]:
 
 
 def test_pod_paths_come_from_the_mount(tmp_path: Path) -> None:
-    """#36: the ConfigMap's head and the worker's --model-path are the pods' paths."""
+    """The ConfigMap's head and the worker's --model-path are the pods' paths."""
     host, d = _host_dir(tmp_path)
     p = plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"), targets=("dynamo",),
                                  host_root=str(host)))
@@ -375,7 +375,7 @@ def test_hub_ids_are_left_to_the_pod(tmp_path: Path) -> None:
 
 
 def test_slurm_mounts_the_checkpoint_and_the_head(tmp_path: Path) -> None:
-    """#37: pyxis mounts the engine, the target checkpoint and the EAGLE-3 head."""
+    """Pyxis mounts the engine, the target checkpoint and the EAGLE-3 head."""
     host, d = _host_dir(tmp_path, "1.2.1")
     script = plan_deploy(DeployConfig(engine=str(d), out=str(tmp_path / "o"),
                                       targets=("slurm",))).files["slurm.sbatch"]
@@ -393,7 +393,7 @@ LWS_EXAMPLE: dict[str, Any] = json.loads(
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_everything_referenced_is_generated(tmp_path: Path, case: str) -> None:
-    """#33: the TP8xPP2 two-node set (and every other) names no object it does not generate,
+    """The TP8xPP2 two-node set (and every other) names no object it does not generate,
     except the --pvc it lists under ``requires``."""
     from tests.deploy.closure import missing, references
 
@@ -409,7 +409,7 @@ def test_everything_referenced_is_generated(tmp_path: Path, case: str) -> None:
 
 
 def test_leader_waits_for_every_worker_then_uses_kubessh(tmp_path: Path) -> None:
-    """#33: the LWS example's start-up (data/lws_trtllm_example.json): kubessh as Open MPI's
+    """The LWS example's start-up (data/lws_trtllm_example.json): kubessh as Open MPI's
     rsh agent, a Role that may list and exec pods, and a wait for the whole group before
     mpirun; workers run no sshd."""
     p, _ = plan(tmp_path, "tp8-pp2-two-nodes")

@@ -1,4 +1,4 @@
-"""``specserve demo --frontend dynamo`` (issue 30 item 5): the demo's benchmark and report
+"""``specserve demo --frontend dynamo``: the demo's benchmark and report
 through NVIDIA Dynamo's OpenAI frontend, the engine served with speculation (``demo``) and
 without (``demo-baseline``); tau read from the workers' counters and checked against eval.json;
 the Triton-only flags refused in one line."""

@@ -1,4 +1,4 @@
-"""T > 0 lossless through NVIDIA Dynamo's OpenAI frontend (issue 30 target; marker ``dynamo``):
+"""T > 0 lossless through NVIDIA Dynamo's OpenAI frontend (marker ``dynamo``):
 the chi-square harness of ``tests/reliability/test_lossless_server.py`` on /v1/completions.
 
 One deployment serves the sharpened tiny target three ways under three names: ``base`` (the

@@ -1,5 +1,5 @@
-"""specserve.frontends.dynamo_request: Dynamo's preprocessed request (fields as seen in
-../shared/reference/dynamo-cpu.md) -> the Triton model's request checks; no Dynamo needed."""
+"""specserve.frontends.dynamo_request: Dynamo's preprocessed request (the fields ai-dynamo
+1.6.1's frontend sends) -> the Triton model's request checks; no Dynamo needed."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_finish_reason() -> None:
 ])
 def test_guided_decoding_maps_to_the_triton_guide_inputs(options: dict[str, object], kind: str,
                                                          text: str) -> None:
-    """response_format reaches the worker as sampling_options.guided_decoding (dynamo-cpu.md);
+    """response_format reaches the worker as sampling_options.guided_decoding (ai-dynamo 1.6.1);
     it becomes TensorRT-LLM's guided_decoding_guide_type / guided_decoding_guide."""
     seen: list[tuple[str, str]] = []
 

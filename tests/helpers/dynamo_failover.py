@@ -1,4 +1,4 @@
-"""Kill one of two Dynamo workers in the middle of a ``specserve bench`` run (issue 30 item 4):
+"""Kill one of two Dynamo workers in the middle of a ``specserve bench`` run:
 the harness of ``tests/frontends/test_dynamo_failover.py`` and ``benchmarks/dynamo_failover.py``.
 
 What Dynamo promises (ai-dynamo/dynamo ``docs/architecture/request_migration.md`` @90220105;

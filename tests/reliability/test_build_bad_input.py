@@ -1,4 +1,4 @@
-"""Bad input to ``specserve build`` (issue 7 table, ``docs/reliability.md``): each case exits 2
+"""Bad input to ``specserve build`` (``docs/reliability.md``): each case exits 2
 with one line naming the problem (no traceback) and leaves nothing on disk. Real torch builds
 (not dry runs), so "nothing left" covers the staging directory too."""
 

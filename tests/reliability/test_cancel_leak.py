@@ -1,4 +1,4 @@
-"""Cancelled ensemble requests leave nothing behind in tritonserver (issue 29: "RSS stays flat").
+"""Cancelled ensemble requests leave nothing behind in tritonserver (its RSS stays flat).
 
 tritonserver 2.51 (the ``nvidia-pytriton`` build) kept ~20 KB for every ensemble request
 cancelled over a gRPC stream while the ensemble's postprocessing step had a dynamic batcher

@@ -1,4 +1,4 @@
-"""Client faults (issue 7 table, ``docs/reliability.md``): ``specserve bench`` against an
+"""Client faults (``docs/reliability.md``): ``specserve bench`` against an
 unreachable URL, with malformed dataset lines, and against a server that dies mid-stream (the
 records so far are kept, a partial report is written, the exit code is non-zero). Plus a small
 version of the soak's SIGINT-during-build check."""

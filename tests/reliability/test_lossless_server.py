@@ -1,4 +1,4 @@
-"""End-to-end losslessness through a real tritonserver (issue 7; ``docs/reliability.md``).
+"""End-to-end losslessness through a real tritonserver (``docs/reliability.md``).
 
 Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) must leave the output
 distribution unchanged. One server serves the same sharpened tiny target four ways:

@@ -1,4 +1,4 @@
-"""Bad requests to a real tritonserver (issue 7 table, ``docs/reliability.md``), through
+"""Bad requests to a real tritonserver (``docs/reliability.md``), through
 tritonclient gRPC (ensemble, streaming) and the HTTP generate extension. Each: an error response
 with a message; then the server is still ready and the next good request gives the reference
 text. Also: a bad request in the same dynamic batch as good ones fails alone.

@@ -1,4 +1,4 @@
-"""Bounded queues in the reference models (issue 14 "Safety"): past the bound a request fails at
+"""Bounded queues in the reference models: past the bound a request fails at
 once with "server busy", the others complete in full, and the server keeps serving.
 
 The bounds are set to 1 on copies of the models (``specserve_max_pending`` on ``tensorrt_llm``,

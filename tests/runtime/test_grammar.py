@@ -1,4 +1,4 @@
-"""Structured output under speculation (issue 31 item 3; :mod:`specserve.runtime.grammar`,
+"""Structured output under speculation (:mod:`specserve.runtime.grammar`,
 :mod:`specserve.spec.grammar`).
 
 - The masking math: xgrammar's bitmask layout (bit j of word w = token 32 w + j), masked logits,

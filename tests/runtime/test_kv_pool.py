@@ -4,7 +4,7 @@ Pool: the hash chain (a block's name depends on every token before it), referenc
 the LRU free list (a freed sequence's tail is evicted first), the byte budget, events.
 Scheduler: a newcomer restores a cached prefix only after exactly the same tokens, and an
 evicted block is never found again (its tokens equal their run alone).
-Planted faults these fail on (issue 29): a block hash that ignores its parent (a block shared
+Planted faults these fail on: a block hash that ignores its parent (a block shared
 by position-shifted text); an evicted block whose hash stays in the index (a block reused after
 its content changed); see the report of the change for the counts.
 """

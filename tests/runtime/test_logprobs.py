@@ -1,4 +1,4 @@
-"""Log-probabilities under speculation (issue 31 item 2; :mod:`specserve.spec.logprobs`).
+"""Log-probabilities under speculation (:mod:`specserve.spec.logprobs`).
 
 - Greedy, 32 requests per method (draft model, n-gram, Medusa tree, EAGLE-3 chain and tree),
   run through the in-flight batcher: every token's log-probability and its top-5 alternatives

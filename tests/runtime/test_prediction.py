@@ -1,4 +1,4 @@
-"""Predicted Outputs (issue 31 item 3; :mod:`specserve.runtime.proposers.prediction`).
+"""Predicted Outputs (:mod:`specserve.runtime.proposers.prediction`).
 
 - The lookup: the longest output suffix found in the prediction, nearest occurrence, what
   follows it; nothing on a miss.

@@ -1,4 +1,4 @@
-"""Per-request speculation control (issue 31 item 1): ``SamplingParams.num_draft_tokens``, the
+"""Per-request speculation control: ``SamplingParams.num_draft_tokens``, the
 semantics of tensorrtllm_backend's BLS input of that name (0 = no speculation for this request,
 k = at most k drafts per step, None = the engine's).
 

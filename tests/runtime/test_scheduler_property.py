@@ -15,7 +15,7 @@ random step for about one in six.
 The default run takes 2 seeds per kind and checks that between them they made the plans the
 test is for (``_coverage``: two newcomers in one step, a last chunk with other newcomers, rows
 leaving while others run); the ``slow`` variant takes 12 more seeds, and two more kinds.
-Planted faults it fails on (issue 29): newcomers prefilled over the rows of a group joining in
+Planted faults it fails on: newcomers prefilled over the rows of a group joining in
 the same step; a newcomer dropped from one step's plan, or its prefill output skipped;
 ``update()`` applying one row's tokens or stats to another.
 """

@@ -1,7 +1,7 @@
 """Speedup model: roofline figures, expected tokens and speedups against published/hand values.
 
-Reference values: peers.md §3 worked table (E and S at c = T_draft/T(1), verify cost = T(1)),
-the textbook 70B fp16 on H100 figure (140 GB / 3.35 TB/s = 41.8 ms), peers.md's roofline
+Reference values: a worked table (E and S at c = T_draft/T(1), verify cost = T(1)),
+the textbook 70B fp16 on H100 figure (140 GB / 3.35 TB/s = 41.8 ms), the roofline
 ceilings, and Llama-3.1-8B's published parameter count (8,030,261,248).
 """
 
@@ -136,7 +136,7 @@ def test_llama31_8b_param_count_and_kv_bytes() -> None:
     shape = shape_from_hf_config(LLAMA31_8B)
     assert shape.params == 8_030_261_248
     work = Workload(shape, 2.0, kv_bytes_per_element=2.0)
-    assert work.kv_bytes_per_token == 128 * 1024  # peers.md: 128 KiB per token in BF16
+    assert work.kv_bytes_per_token == 128 * 1024  # 128 KiB per token in BF16
 
 
 def _hf_count(cfg: dict) -> int:  # type: ignore[type-arg]

@@ -388,11 +388,11 @@ def test_bad_requests_fail_alone(dt_server: Any) -> None:
     assert text_of(grpc_stream(url, "tensorrt_llm_bls_badvocab", good)) == \
         text_of(grpc_stream(url, "tensorrt_llm_bls", good))
     # log probs: refused by the loop, and by the reference target (it computes none), never
-    # answered without them (issue 28 row 11)
+    # answered without them
     with pytest.raises(StreamError, match="return_log_probs is not supported with speculative"):
         grpc_stream(url, "tensorrt_llm_bls",
                     request(PROMPTS[1], 8, num_draft_tokens=K, return_log_probs=True))
-    # without speculation the reference backend serves log probs (issue 31): no error
+    # without speculation the reference backend serves log probs: no error
     grpc_stream(url, "tensorrt_llm_bls", request(PROMPTS[1], 8, return_log_probs=True))
     # the same models still serve (num_draft_tokens 0 needs no draft model)
     assert text_of(grpc_stream(url, "tensorrt_llm_bls_nodraft", request(PROMPTS[1], 8))) == \

@@ -1,4 +1,4 @@
-"""Streamed text is exact (issue 15, item 6): ``bls_lib.detok`` against the tiny byte-level BPE
+"""Streamed text is exact: ``bls_lib.detok`` against the tiny byte-level BPE
 (bytes only) and one trained on Chinese, emoji and accented text (multi-byte tokens, whole
 characters and pieces of characters). Hypothesis runs derandomized."""
 

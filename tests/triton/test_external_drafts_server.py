@@ -1,5 +1,5 @@
 """``draft_input_ids`` / ``draft_logits`` sent straight to the reference ``tensorrt_llm`` of a
-tiny repository (issue 15), as TensorRT-LLM's BLS draft-target loop sends them, through a real
+tiny repository, as TensorRT-LLM's BLS draft-target loop sends them, through a real
 tritonserver: the decoupled ``tensorrt_llm`` (streamed and not) and a non-decoupled copy
 ``tensorrt_llm_nd`` (unary gRPC, as the BLS calls it with ``exec(decoupled=False)``).
 

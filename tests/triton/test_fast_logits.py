@@ -1,4 +1,4 @@
-"""Fast logits for TensorRT-LLM draft-target repositories (issue 28 row 11b): ``specserve repo
+"""Fast logits for TensorRT-LLM draft-target repositories: ``specserve repo
 --fast-logits`` writes ``speculative_decoding_fast_logits`` and upstream's ``participant_ids``
 layout, refuses the option elsewhere, and ``specserve serve`` starts such a repository in
 orchestrator mode with spawning off (every rank started here), which the C++ backend needs

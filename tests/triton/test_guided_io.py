@@ -1,5 +1,5 @@
-"""Structured output through the reference ``tensorrt_llm`` model's request path (issue 31
-item 3): TensorRT-LLM's inputs ``guided_decoding_guide_type`` / ``guided_decoding_guide``
+"""Structured output through the reference ``tensorrt_llm`` model's request path:
+TensorRT-LLM's inputs ``guided_decoding_guide_type`` / ``guided_decoding_guide``
 (tensorrtllm_backend ``tensorrt_llm/1/model.py`` ``get_guided_decoding_params_from_request``:
 types ``json``, ``json_schema``, ``regex``, ``ebnf_grammar``) checked by ``llm_io.admit`` with
 the tiny model's real tokenizer and xgrammar, run by the serving loop (a real Scheduler, n-gram

@@ -60,7 +60,7 @@ def test_a_malformed_schema_is_one_error_line(tiny_server: Any) -> None:
     assert "\n" not in str(e.value)
 
 
-# --- the ensemble and the BLS (issue 31): the guide inputs reach the model that serves them ---
+# --- the ensemble and the BLS: the guide inputs reach the model that serves them ---
 
 def _text_request(eos: int, **extra: Any) -> dict[str, np.ndarray]:
     from tests.helpers.server import request

@@ -1,4 +1,4 @@
-"""``return_log_probs`` and the logits outputs (issue 28 row 11): the ensemble and BLS configs
+"""``return_log_probs`` and the logits outputs: the ensemble and BLS configs
 declare and wire them exactly as upstream's (``data/logits_io.json``, upstream files and
 commits), the BLS passes them to ``tensorrt_llm`` and back without speculation and refuses them
 with it, and a reference (torch) repository, whose decoder computes no log probs, refuses a
@@ -97,4 +97,4 @@ def test_the_reference_model_refuses_what_it_cannot_compute(name: str) -> None:
     gen = llm_io.parse_request({**base, "return_generation_logits": np.array([[True]])})
     assert gen.return_generation_logits  # served by the reference decoder
     lp = llm_io.parse_request({**base, "return_log_probs": np.array([[True]])})
-    assert lp.return_log_probs  # served since issue 31 (tests/triton/test_api_features_io.py)
+    assert lp.return_log_probs  # the reference backend serves it (test_api_features_io.py)

@@ -1,5 +1,5 @@
 """``num_return_sequences`` > 1 through the reference ``tensorrt_llm`` model's serving loop
-(issue 31 item 2; ``specserve/triton/serving_loop.py`` ``fan_out`` / ``SequenceGroup``).
+(``specserve/triton/serving_loop.py`` ``fan_out`` / ``SequenceGroup``).
 
 TensorRT-LLM's contract (tensorrtllm_backend ``tensorrt_llm/1/model.py`` ``convert_response`` @
 c2e65b8): each response holds ONE sequence's tokens and ``sequence_index`` [1, 1]; the request's

@@ -1,4 +1,4 @@
-"""Streamed text is exact (issue 15, item 6), through a real tritonserver: the streamed
+"""Streamed text is exact, through a real tritonserver: the streamed
 ``text_output`` chunks of ``ensemble`` concatenate to the non-streamed text byte for byte, also
 when the greedy output has multi-byte characters split across the decoder's steps.
 

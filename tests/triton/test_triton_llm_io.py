@@ -104,7 +104,7 @@ def test_perf_arrays() -> None:
     assert perf_arrays(PerfTimes(1, 1, 1, 1), 0, 0, None)["acceptance_rate"].tolist() == [[0.0]]
 
 
-# --- draft_input_ids / draft_logits / return_generation_logits (issue 15) ---------------------
+# --- draft_input_ids / draft_logits / return_generation_logits ---------------------
 
 def drafted(k: int = 3, logits: Any = None, **extra: Any) -> dict[str, np.ndarray[Any, Any]]:
     arrays = base(**extra)

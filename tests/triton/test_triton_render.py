@@ -35,7 +35,7 @@ def test_tensorrt_llm_template_has_the_pinned_placeholders() -> None:
     names = placeholders(load_template("tensorrt_llm/config.pbtxt"))
     ours = {"model_name", "specserve_extra_inputs", "specserve_extra_outputs",
             "specserve_parameters"}
-    # trtllm-pinned.md §3.4: 8 structural + 43 parameter placeholders = 51
+    # the pinned release's config: 8 structural + 43 parameter placeholders = 51
     assert len(names - ours) == 51
     assert {"triton_backend", "decoupled_mode", "prompt_embedding_table_data_type",
             "engine_dir", "batching_strategy", "medusa_choices", "decoding_mode"} <= names

@@ -224,7 +224,7 @@ def test_cli_repo_writes_and_reports(tmp_path: Path) -> None:
     assert "already exists" in again.output
 
 
-# --- upstream's two-model recipe (trtllm-backend-audit.md §3.1, §4, §5) ---
+# --- upstream's two-model recipe (examples/draft_target_model/README.md) ---
 
 def _params(repo: Path, model: str) -> dict[str, str]:
     return {k: v.string_value for k, v in parse(repo / model / "config.pbtxt").parameters.items()}

@@ -1,5 +1,5 @@
-"""The conformance checks of issue 32, one module per API feature, registered by name in
-:data:`REGISTRY` (importing this package registers them all, in the issue's order)."""
+"""The conformance checks, one module per API feature, registered by name in
+:data:`REGISTRY` (importing this package registers them all, in their numbered order)."""
 
 from specserve.conform.checks import greedy, logprobs, prompts, sampling, stops, structured
 from specserve.conform.checks.base import REGISTRY, Check, Context, Outcome, Settings

@@ -1,7 +1,7 @@
 """What every check shares: the :class:`Context` (both targets, the run's settings), the
 :class:`Outcome` of a check, the registry, and the comparison helpers.
 
-Verdicts (issue 32): ``pass``; ``fail`` (evidence: the smallest request that shows it);
+Verdicts: ``pass``; ``fail`` (evidence: the smallest request that shows it);
 ``refused`` (the server said no cleanly, or the protocol cannot express the request); ``broken``
 (crash, hang, 5xx, wrong shape). A check compares the speculative target with the baseline on
 the same probe; where the baseline itself refuses, the row says so.
@@ -101,7 +101,7 @@ CheckFn = Callable[[Context], Awaitable[Outcome]]
 
 @dataclass(frozen=True)
 class Check:
-    """One registered check: ``group`` is the issue's numbering (1..9)."""
+    """One registered check: ``group`` is the check's number (1..9)."""
 
     name: str
     group: int

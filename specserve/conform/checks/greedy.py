@@ -1,4 +1,4 @@
-"""Checks 1 and 2 of issue 32: greedy answers equal to the baseline's (completions and chat,
+"""Conformance checks 1 and 2: greedy answers equal to the baseline's (completions and chat,
 streamed and not, 1 and 8 concurrent), and streamed text byte-equal to the non-streamed text
 (multi-byte characters split across chunks included: vLLM's incremental detokenization holds
 back an unfinished character, ``vllm/v1/engine/detokenizer.py``; a server that decodes each

@@ -1,4 +1,4 @@
-"""Check 7 of issue 32: logprobs and top-logprobs under speculation equal the baseline's: the
+"""Conformance check 7: logprobs and top-logprobs under speculation equal the baseline's: the
 chosen token's logprob within ``logprob_tol`` nats, and the same top-k sets (a token may swap
 in or out only at a tie within the tolerance of the k-th value). Four rows, so that an
 engine serving part of it shows which part: the chosen tokens' logprobs (OpenAI

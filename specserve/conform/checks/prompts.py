@@ -1,4 +1,4 @@
-"""Check 9 of issue 32: prompt edges under speculation: a prompt near the context limit (and
+"""Conformance check 9: prompt edges under speculation: a prompt near the context limit (and
 one past it, which both servers must refuse cleanly), an empty prompt and a one-token
 prompt. Equal answers pass; both refusing is a clean refusal; a crash is broken."""
 

@@ -1,4 +1,4 @@
-"""Checks 4-6 of issue 32: seeds reproduce at T > 0; the sampled distribution equals the
+"""Conformance checks 4-6: seeds reproduce at T > 0; the sampled distribution equals the
 baseline's (two-sample chi-square, ``specserve.conform.stats``: speculative sampling is exact,
 Leviathan et al. 2023 Theorem 1, so any difference is a fault); ``n > 1`` choices valid,
 independent, each with its finish reason."""

@@ -1,4 +1,4 @@
-"""Check 3 of issue 32: stops and lengths under speculation. A stop string that completes
+"""Conformance check 3: stops and lengths under speculation. A stop string that completes
 inside an accepted run of drafts (one streamed chunk of several tokens, vLLM
 ``vllm/v1/core/sched/utils.py`` ``check_stop`` / ``vllm/v1/engine/detokenizer.py``: text after
 the stop is never sent), stop token ids, ``max_tokens`` exact, ``min_tokens``, ``ignore_eos``,

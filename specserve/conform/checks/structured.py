@@ -1,4 +1,4 @@
-"""Check 8 of issue 32: structured output under speculation. ``response_format`` json_schema
+"""Conformance check 8: structured output under speculation. ``response_format`` json_schema
 and json_object (OpenAI API reference, "Structured Outputs"), and a regex where the engine has
 one (vLLM ``structured_outputs.regex``): every finished answer valid, and greedy equal to the
 baseline's under the same constraint (TensorRT-LLM #18892: EAGLE-3 trees leave the grammar)."""

@@ -5,7 +5,7 @@ and n-gram loop (``num_draft_tokens`` > 0).
 Self-contained (copied into the repository as ``tensorrt_llm_bls/1/model.py``, its helpers as
 ``tensorrt_llm_bls/1/lib/*.py``: the Python backend puts the version folder on ``sys.path``, as
 NVIDIA's BLS relies on for ``lib.decode``). Decoupled: one thread per request, inputs copied in
-``execute()`` first (``triton-on-cpu.md`` §2).
+``execute()`` first.
 
 This file is the ``pb_utils`` half only, as upstream's ``lib/triton_decoder.py`` is for its
 ``lib/decode.py`` (triton-inference-server/tensorrtllm_backend
@@ -294,8 +294,9 @@ class TritonPythonModel:
             out = self._exec("draft", cfg.draft, spec_io.draft_call(inputs, pre, ctx, n, s, opts),
                              cfg.draft_decoupled)
             logits, fast[0] = spec_io.draft_logits(cfg, out, opts)
-            spec_io.check_draft(cfg, out["output_ids"], logits)
-            return out["output_ids"], logits
+            tokens = spec_io.within_target_vocab(cfg, out["output_ids"])
+            spec_io.check_draft(cfg, tokens, logits)
+            return tokens, logits
         return draft
 
     def _target(self, inputs: Arrays, pre: Arrays, fast: list[Any]) -> spec_loop.TargetFn:

@@ -11,7 +11,7 @@ parameters, request checks and response arrays in :mod:`specserve.triton.llm_io`
 (intake, backpressure, ``draft_input_ids`` routing, failure drain, cancellation) in
 :mod:`specserve.triton.serving_loop`.
 
-Concurrency follows ``../shared/reference/triton-on-cpu.md`` §2: ``execute()`` checks each
+Concurrency, as Triton's Python backend wants it on a CPU: ``execute()`` checks each
 request, hands it with its sender to a bounded queue (parameter ``specserve_max_pending``; past
 it "server busy") and returns ``None``; one worker thread runs the in-flight batcher
 (:class:`~specserve.runtime.scheduler.Scheduler`, up to ``max_batch_size`` sequences, parameter

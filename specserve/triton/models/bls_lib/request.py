@@ -1,7 +1,7 @@
 """Pure pieces of the ``tensorrt_llm_bls`` model (stdlib only; copied into the repository's
 ``tensorrt_llm_bls/1/lib/``): which BLS input goes to which model input, the outputs forwarded,
 parameter reading, and TensorRT-LLM's word-list layout (tensorrt_llm_bls config of the pinned
-release, ``../shared/reference/trtllm-pinned.md`` §3)."""
+release)."""
 
 from __future__ import annotations
 

@@ -65,6 +65,9 @@ class BlsParams:
     max_draft_len: int | None = None
     vocab: int | None = None
     fast_logits: bool = False  # the draft's generation_logits are a fast-logits handle
+    # parameter specserve_draft_logits: false for a draft padded to another vocab_size (same
+    # tokenizer): acceptance by token ids only, use_draft_logits refused
+    draft_logits: bool = True
     llm_decoupled: bool = False
     draft_decoupled: bool = False
     max_inflight: int = DEFAULT_MAX_INFLIGHT
@@ -101,6 +104,7 @@ class BlsParams:
             max_draft_len=int(max_draft) if max_draft else None,
             vocab=int(vocab) if vocab else None,
             fast_logits=flag(params, "speculative_decoding_fast_logits"),
+            draft_logits=flag(params, "specserve_draft_logits", default=True),
             llm_decoupled=flag(params, "tensorrt_llm_decoupled"),
             draft_decoupled=flag(params, "tensorrt_llm_draft_decoupled"),
             max_inflight=max(1, int(param(params, "specserve_max_inflight",
@@ -136,6 +140,11 @@ def check_spec_request(cfg: BlsParams, inputs: Arrays, k: int) -> None:
         raise ValueError("num_draft_tokens > 0 needs a draft source: parameter "
                          "tensorrt_llm_draft_model_name or speculative_mode ngram "
                          f"(speculative_mode is {cfg.spec_mode!r})")
+    if not cfg.draft_logits and bool(scalar(inputs, "use_draft_logits", False)):
+        raise ValueError("use_draft_logits: the draft's vocab_size differs from the target's "
+                         "(same tokenizer, padded embeddings; parameter "
+                         "specserve_draft_logits false), so its drafts are accepted by token "
+                         "ids only: send use_draft_logits false")
     for name in ("beam_width", "num_return_sequences"):
         if int(scalar(inputs, name, 1)) > 1:
             raise ValueError(f"{name} > 1 is not supported with speculative decoding")
@@ -201,7 +210,7 @@ def sampling_inputs(s: spec_loop.Sampling) -> Arrays:
     input the client did not set stays unset (upstream's ``triton_decoder.py``
     ``create_triton_tensors`` skips ``None``), so the executor keeps its greedy default: sending
     ``temperature`` 0 instead runs top-p sampling over logits scaled by ``1/(T + 1e-6)``, which
-    is not the greedy path (``../shared/reference/trtllm-audit-2.md`` #5). ``min_tokens`` 0 (a
+    is not the greedy path. ``min_tokens`` 0 (a
     target call with none left) is unset too."""
     out: Arrays = {}
     if s.temperature is not None:
@@ -314,6 +323,17 @@ def call_error(role: str, model: str, message: str) -> str:
         return (f"{role} model '{model}' (parameter {param_name}) is not available in the "
                 f"repository: {message}")
     return f"{role} model '{model}' (parameter {param_name}): {message}"
+
+
+def within_target_vocab(cfg: BlsParams, tokens: list[int]) -> list[int]:
+    """A padded draft's tokens up to the first one the target's vocabulary lacks (parameter
+    ``specserve_draft_logits`` false: the draft's rows are wider than the target's, and its
+    padding rows are ids the target can never produce, so that draft and every one after it
+    would be rejected anyway); any other draft's tokens as they are (:func:`check_draft`)."""
+    if cfg.draft_logits or cfg.vocab is None:
+        return tokens
+    cut = next((i for i, t in enumerate(tokens) if not 0 <= t < cfg.vocab), len(tokens))
+    return tokens[:cut]
 
 
 def check_draft(cfg: BlsParams, tokens: Sequence[int], logits: Any) -> bool:
