@@ -355,7 +355,7 @@ TRAIN_REAL_MINUTES ?= 25
 TRAIN_THREADS ?= 1
 EAGLE3_REAL_FLAGS = --data $(CHAT_TRAIN) --prompt-len 64 --gen-len 96 --draft-vocab 8192 \
   --threads $(TRAIN_THREADS)
-.PHONY: train-real bench-real
+.PHONY: train-real bench-real bench-verify
 $(CHAT_TRAIN): $(SHAREGPT) $(HUMANEVAL)
 	$(BIN)/specserve prompts --sharegpt $(SHAREGPT) --humaneval $(HUMANEVAL) --split train \
 	  --per-category 100 --out $@
@@ -371,3 +371,10 @@ BENCH_REAL_ARGS ?=
 bench-real: real-model real-prompts
 	$(BIN)/python benchmarks/real_methods.py --model $(REAL_MODEL) --drafts $(REAL_DRAFTS) \
 	  --data $(CHAT_HELDOUT) --out reports/real-methods.json $(BENCH_REAL_ARGS)
+
+# make bench-verify: a verify step's cost over a plain step on the real model (an oracle
+# proposer: every draft accepted), K = 1, 2, 4, 7 at batch 1, 4, 8 (benchmarks/verify_cost.py)
+BENCH_VERIFY_ARGS ?=
+bench-verify: real-model real-prompts
+	$(BIN)/python benchmarks/verify_cost.py --model $(REAL_MODEL) --data $(CHAT_HELDOUT) \
+	  --out reports/verify-cost.json $(BENCH_VERIFY_ARGS)
