@@ -13,13 +13,27 @@ every weight, which is memory-bound, and the default kernels leave bandwidth unu
   fixed ~14 us a call). So fp32 keeps column-major weights and, for weights large enough, a
   prepacked copy used only for multi-row inputs.
 
-Numbers: ``docs/benchmarks.md`` ("oneDNN prepacked weights"). Checked in
-``tests/runtime/test_model.py``.
+Neither reads the weights once for a few rows: on the real model (SmolLM2-135M, 540 MB
+float32) 5 rows cost about twice one row with either. So where it builds, float32 takes a kernel
+of ours for up to :data:`MAX_ROWS` rows (``csrc/linear_rows.c``: each block of 4 weight rows read
+from memory once and dotted with every input row while it sits in L1), on the weight in
+``nn.Linear``'s own row-major layout: no second copy, and a tied LM head takes it too. Built and
+cached like the attention kernel (``runtime/native_build.py``); used only with one torch thread
+and no autograd; with no C compiler or ``SPECSERVE_CPU_LINEAR=off`` the layouts above remain.
+
+Numbers: ``docs/benchmarks.md`` ("oneDNN prepacked weights", "Few-row linears";
+``benchmarks/fewrow_linear.py``). Checked in ``tests/runtime/test_model.py`` and
+``tests/runtime/test_cpu_linear_kernel.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ctypes
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,9 +41,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.cpu_dtype import onednn_bf16
+from specserve.runtime import native_build
 
 # oneDNN's fixed cost (~14 us a call here) loses to MKL below about this many weights.
 MULTI_ROW_MIN = 1 << 17
+MAX_ROWS = 16  # rows the few-row kernel takes (decode, verify, small batches); more: BLAS
+ENV = "SPECSERVE_CPU_LINEAR"  # "off" (or 0/false): never the few-row kernel
+SOURCE = Path(__file__).parent / "csrc" / "linear_rows.c"
+_OFF = ("off", "0", "false")
+_log = logging.getLogger("specserve")
 
 
 class Linear(nn.Linear):
@@ -37,11 +57,13 @@ class Linear(nn.Linear):
     (set by :func:`lay_out` for float32)."""
 
     multi_row: torch.Tensor | None = None
+    few_rows: bool = False  # set by lay_out: up to MAX_ROWS rows take the kernel (row-major)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Linear:
         """``.to()``, ``.float()``...: back to a plain dense weight first (the prepacked forms
         are redone by :func:`lay_out`)."""
         self.multi_row = None
+        self.few_rows = False
         if self.weight.is_mkldnn:
             self.weight = nn.Parameter(self.weight.to_dense(), requires_grad=False)
         super()._apply(fn, recurse)
@@ -57,8 +79,11 @@ def prepack(w: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
     """``F.linear``, or oneDNN's kernel on a prepacked weight: always when the weight itself is
-    prepacked (bf16), and for inputs of more than one row when a prepacked copy exists (fp32)."""
+    prepacked (bf16), and for inputs of more than one row when a prepacked copy exists (fp32);
+    the few-row kernel where :func:`lay_out` chose it and the call qualifies (:func:`usable`)."""
     w = lin.weight
+    if lin.few_rows and x.numel() <= MAX_ROWS * x.shape[-1] and usable(x):
+        return rows_linear(x, w, lin.bias)
     if not w.is_mkldnn and lin.multi_row is not None and x.numel() > x.shape[-1]:
         w = lin.multi_row
     if w.is_mkldnn:
@@ -77,15 +102,19 @@ def can_prepack(dtype: torch.dtype) -> bool:
 
 
 def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes: int = 1 << 30,
-            multi_row_min: int = MULTI_ROW_MIN) -> None:
+            multi_row_min: int = MULTI_ROW_MIN, shared: Sequence[Linear] = ()) -> None:
     """Lay CPU weights out for decoding, in place (same values).
 
-    bfloat16: every weight prepacked. float32: column-major, plus a prepacked multi-row copy of
-    each weight with more than ``multi_row_min`` elements while all of them total at most
-    ``multi_row_limit_bytes`` (the copy doubles their memory). Other dtypes: unchanged.
-    Idempotent."""
+    float32 with the few-row kernel built (:func:`prepare`): every weight row-major and
+    contiguous, no copies; ``shared`` (weights that must keep their layout, a tied LM head)
+    take the kernel too where already row-major. Otherwise bfloat16: every weight prepacked;
+    float32: column-major, plus a prepacked multi-row copy of each weight with more than
+    ``multi_row_min`` elements while all of them total at most ``multi_row_limit_bytes`` (the
+    copy doubles their memory). Other dtypes: unchanged. Idempotent."""
     todo = [lin for lin in linears if not lin.weight.is_mkldnn]
-    if dtype == torch.bfloat16 and can_prepack(dtype):
+    if dtype == torch.float32 and prepare():
+        _lay_out_rows(todo, shared)
+    elif dtype == torch.bfloat16 and can_prepack(dtype):
         for lin in todo:
             lin.weight = nn.Parameter(prepack(lin.weight), requires_grad=False)
     elif dtype == torch.float32:
@@ -97,3 +126,80 @@ def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes
                     lin.multi_row = prepack(lin.weight.contiguous())
                 if lin.weight.stride(0) != 1:
                     lin.weight.data = lin.weight.data.t().contiguous().t()
+
+
+def _lay_out_rows(linears: Sequence[Linear], shared: Sequence[Linear]) -> None:
+    """Row-major contiguous weights (undoing a column-major layout), marked for the kernel."""
+    with torch.no_grad():
+        for lin in linears:
+            lin.multi_row = None
+            if not lin.weight.is_contiguous():
+                lin.weight.data = lin.weight.data.contiguous()
+            lin.few_rows = True
+    for lin in shared:
+        lin.few_rows = lin.weight.dtype == torch.float32 and lin.weight.stride(-1) == 1
+
+
+def prepare() -> bool:
+    """Build (or find) and load the few-row kernel now; True if available."""
+    return _kernel() is not None
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether ``x`` (float32 rows on CPU) may take the kernel: no autograd, one torch thread
+    (the kernel is single-threaded), built."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
+            and torch.get_num_threads() == 1 and _kernel() is not None)
+
+
+def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` by the few-row kernel: x [..., K] float32 (at most
+    :data:`MAX_ROWS` rows in all), w [N, K] with contiguous rows, bias [N] or None."""
+    fn = _kernel()
+    assert fn is not None, "cpu_linear.rows_linear without cpu_linear.usable"
+    n, k = w.shape
+    x2 = x.reshape(-1, k)  # [M, K]
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    assert m <= MAX_ROWS and w.stride(-1) == 1 and w.dtype == x.dtype
+    out = torch.empty(m, n, dtype=x.dtype)  # [M, N]
+    b = None if bias is None else bias.contiguous()
+    fn(x2.data_ptr(), x2.stride(0), w.data_ptr(), w.stride(0),
+       None if b is None else b.data_ptr(), out.data_ptr(), n, m, n, k)
+    return out.view(*x.shape[:-1], n)
+
+
+_loaded: list[Callable[..., int] | None] = []  # [] until first asked
+
+
+def _kernel() -> Callable[..., int] | None:
+    """The compiled kernel, or None (switched off, or no compiler: logged once)."""
+    if not _loaded:
+        _loaded.append(None if os.environ.get(ENV, "").lower() in _OFF else _load())
+    return _loaded[0]
+
+
+def _load() -> Callable[..., int] | None:
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # (a compiler timing out)
+        _log.warning("specserve: CPU few-row linear kernel unavailable (%s); using "
+                     "MKL / oneDNN", e)
+        return None
+    return bind(lib)
+
+
+def bind(lib: ctypes.CDLL) -> Callable[..., int]:
+    """The kernel's entry point in a loaded library, typed for ctypes."""
+    fn: Any = lib.specserve_linear_rows_f32
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    kernel: Callable[..., int] = fn
+    return kernel
+
+
+def build(out_dir: Path | None = None) -> Path:
+    """The kernel's shared library for this machine (:func:`native_build.build`)."""
+    return native_build.build(SOURCE, out_dir)
