@@ -13,13 +13,16 @@ every weight, which is memory-bound, and the default kernels leave bandwidth unu
   fixed ~14 us a call). So fp32 keeps column-major weights and, for weights large enough, a
   prepacked copy used only for multi-row inputs.
 
-Neither reads the weights once for a few rows: on the real model (SmolLM2-135M, 540 MB
-float32) 5 rows cost about twice one row with either. So where it builds, float32 takes a kernel
-of ours for up to :data:`MAX_ROWS` rows (``csrc/linear_rows.c``: each block of 4 weight rows read
-from memory once and dotted with every input row while it sits in L1), on the weight in
-``nn.Linear``'s own row-major layout: no second copy, and a tied LM head takes it too. Built and
-cached like the attention kernel (``runtime/native_build.py``); used only with one torch thread
-and no autograd; with no C compiler or ``SPECSERVE_CPU_LINEAR=off`` the layouts above remain.
+In float32 neither reads the weights once for a few rows: on the real model (SmolLM2-135M, 540
+MB) 5 rows cost about twice one row with MKL and 1.4x with oneDNN prepacked. So where it builds,
+float32 takes a kernel of ours for up to :data:`MAX_ROWS` rows (``csrc/linear_rows.c``: each
+block of 4 weight rows read from memory once and dotted with every input row while it sits in
+L1), on the weight in ``nn.Linear``'s own row-major layout: no second copy, and a tied LM head
+takes it too; so does bfloat16 where oneDNN has no bfloat16 kernels (:func:`uses_kernel`;
+bfloat16 summed in float32 and rounded once, as ``F.linear``).
+Built and cached like the attention kernel (``runtime/native_build.py``); used only with one
+torch thread and no autograd; with no C compiler or ``SPECSERVE_CPU_LINEAR=off`` the layouts
+above remain.
 
 Numbers: ``docs/benchmarks.md`` ("oneDNN prepacked weights", "Few-row linears";
 ``benchmarks/fewrow_linear.py``). Checked in ``tests/runtime/test_model.py`` and
@@ -33,6 +36,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,7 @@ from specserve.runtime import native_build
 # oneDNN's fixed cost (~14 us a call here) loses to MKL below about this many weights.
 MULTI_ROW_MIN = 1 << 17
 MAX_ROWS = 16  # rows the few-row kernel takes (decode, verify, small batches); more: BLAS
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 ENV = "SPECSERVE_CPU_LINEAR"  # "off" (or 0/false): never the few-row kernel
 SOURCE = Path(__file__).parent / "csrc" / "linear_rows.c"
 _OFF = ("off", "0", "false")
@@ -105,14 +110,15 @@ def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes
             multi_row_min: int = MULTI_ROW_MIN, shared: Sequence[Linear] = ()) -> None:
     """Lay CPU weights out for decoding, in place (same values).
 
-    float32 with the few-row kernel built (:func:`prepare`): every weight row-major and
-    contiguous, no copies; ``shared`` (weights that must keep their layout, a tied LM head)
-    take the kernel too where already row-major. Otherwise bfloat16: every weight prepacked;
-    float32: column-major, plus a prepacked multi-row copy of each weight with more than
-    ``multi_row_min`` elements while all of them total at most ``multi_row_limit_bytes`` (the
-    copy doubles their memory). Other dtypes: unchanged. Idempotent."""
+    Where the few-row kernel serves ``dtype`` (:func:`uses_kernel`): every weight row-major
+    and contiguous, no copies or prepacking; ``shared`` (weights that must keep their layout, a
+    tied LM head) take the kernel too where already row-major. Otherwise bfloat16: every
+    weight prepacked; float32: column-major, plus a prepacked multi-row copy of each weight
+    with more than ``multi_row_min`` elements while all of them total at most
+    ``multi_row_limit_bytes`` (the copy doubles their memory). Other dtypes: unchanged.
+    Idempotent."""
     todo = [lin for lin in linears if not lin.weight.is_mkldnn]
-    if dtype == torch.float32 and prepare():
+    if uses_kernel(dtype):
         _lay_out_rows(todo, shared)
     elif dtype == torch.bfloat16 and can_prepack(dtype):
         for lin in todo:
@@ -128,6 +134,15 @@ def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes
                     lin.weight.data = lin.weight.data.t().contiguous().t()
 
 
+def uses_kernel(dtype: torch.dtype) -> bool:
+    """The few-row kernel is built and serves ``dtype``: float32; bfloat16 only where oneDNN
+    has no bfloat16 kernels (AVX2-only CPUs, where it emulates them). Where it has them (AVX-512
+    BF16, AMX) its prepacked bfloat16 costs the same for 1 to 16 rows, and ours, faster for
+    one or two rows, slower from four (``docs/benchmarks.md``, "Few-row linears")."""
+    ok = dtype == torch.float32 or (dtype == torch.bfloat16 and not can_prepack(dtype))
+    return ok and prepare()
+
+
 def _lay_out_rows(linears: Sequence[Linear], shared: Sequence[Linear]) -> None:
     """Row-major contiguous weights (undoing a column-major layout), marked for the kernel."""
     with torch.no_grad():
@@ -137,7 +152,7 @@ def _lay_out_rows(linears: Sequence[Linear], shared: Sequence[Linear]) -> None:
                 lin.weight.data = lin.weight.data.contiguous()
             lin.few_rows = True
     for lin in shared:
-        lin.few_rows = lin.weight.dtype == torch.float32 and lin.weight.stride(-1) == 1
+        lin.few_rows = lin.weight.dtype in KERNEL_DTYPES and lin.weight.stride(-1) == 1
 
 
 def prepare() -> bool:
@@ -146,41 +161,51 @@ def prepare() -> bool:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether ``x`` (float32 rows on CPU) may take the kernel: no autograd, one torch thread
-    (the kernel is single-threaded), built."""
-    return (x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
+    """Whether ``x`` (float32 or bfloat16 rows on CPU) may take the kernel: no autograd, one
+    torch thread (the kernel is single-threaded), built."""
+    return (x.dtype in KERNEL_DTYPES and x.device.type == "cpu" and not torch.is_grad_enabled()
             and torch.get_num_threads() == 1 and _kernel() is not None)
 
 
 def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, w, bias)`` by the few-row kernel: x [..., K] float32 (at most
-    :data:`MAX_ROWS` rows in all), w [N, K] with contiguous rows, bias [N] or None."""
-    fn = _kernel()
-    assert fn is not None, "cpu_linear.rows_linear without cpu_linear.usable"
+    """``F.linear(x, w, bias)`` by the few-row kernel: x [..., K] (at most :data:`MAX_ROWS`
+    rows in all) and w [N, K] with contiguous rows, both float32 or both bfloat16 (summed in
+    float32, rounded to bfloat16 once at the end, as ``F.linear``), bias [N] or None."""
+    kernels = _kernel()
+    assert kernels is not None, "cpu_linear.rows_linear without cpu_linear.usable"
     n, k = w.shape
     x2 = x.reshape(-1, k)  # [M, K]
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
     assert m <= MAX_ROWS and w.stride(-1) == 1 and w.dtype == x.dtype
-    out = torch.empty(m, n, dtype=x.dtype)  # [M, N]
-    b = None if bias is None else bias.contiguous()
+    out = torch.empty(m, n)  # [M, N] float32
+    b = None if bias is None else bias.float().contiguous()
+    fn = kernels.bf16 if w.dtype == torch.bfloat16 else kernels.f32
     fn(x2.data_ptr(), x2.stride(0), w.data_ptr(), w.stride(0),
        None if b is None else b.data_ptr(), out.data_ptr(), n, m, n, k)
-    return out.view(*x.shape[:-1], n)
+    return out.view(*x.shape[:-1], n).to(x.dtype)
 
 
-_loaded: list[Callable[..., int] | None] = []  # [] until first asked
+@dataclass(frozen=True)
+class Kernels:
+    """The library's entry points: float32 and bfloat16 x and weights (float32 bias, y)."""
+
+    f32: Callable[..., int]
+    bf16: Callable[..., int]
 
 
-def _kernel() -> Callable[..., int] | None:
+_loaded: list[Kernels | None] = []  # [] until first asked
+
+
+def _kernel() -> Kernels | None:
     """The compiled kernel, or None (switched off, or no compiler: logged once)."""
     if not _loaded:
         _loaded.append(None if os.environ.get(ENV, "").lower() in _OFF else _load())
     return _loaded[0]
 
 
-def _load() -> Callable[..., int] | None:
+def _load() -> Kernels | None:
     try:
         lib = ctypes.CDLL(str(build()))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # (a compiler timing out)
@@ -190,14 +215,17 @@ def _load() -> Callable[..., int] | None:
     return bind(lib)
 
 
-def bind(lib: ctypes.CDLL) -> Callable[..., int]:
-    """The kernel's entry point in a loaded library, typed for ctypes."""
-    fn: Any = lib.specserve_linear_rows_f32
+def bind(lib: ctypes.CDLL) -> Kernels:
+    """The kernel's entry points in a loaded library, typed for ctypes."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    kernel: Callable[..., int] = fn
-    return kernel
+    fns = []
+    for name in ("specserve_linear_rows_f32", "specserve_linear_rows_bf16"):
+        fn: Any = getattr(lib, name)
+        fn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int]
+        fn.restype = ctypes.c_int
+        fns.append(fn)
+    return Kernels(*fns)
 
 
 def build(out_dir: Path | None = None) -> Path:

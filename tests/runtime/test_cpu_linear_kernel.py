@@ -85,7 +85,8 @@ def _variant(flags: tuple[str, ...], tmp: Path) -> Callable[..., int]:
     return cpu_linear.bind(ctypes.CDLL(str(native_build.build(cpu_linear.SOURCE, tmp, flags))))
 
 
-VARIANTS = {"native": (), "avx2": ("-mno-avx512f",), "plain": ("-mno-avx2", "-mno-fma")}
+VARIANTS = {"native": (), "no-avx512bf16": ("-mno-avx512bf16",), "avx2": ("-mno-avx512f",),
+            "plain": ("-mno-avx2", "-mno-fma")}
 
 
 @pytest.fixture(params=sorted(VARIANTS))
@@ -100,12 +101,39 @@ def variant(request: pytest.FixtureRequest, tmp_path: Path,
 
 
 def test_each_code_path_equals_f_linear(variant: str) -> None:
-    """AVX-512 (where built), AVX2 + FMA, and the plain C loop: all rows, odd shapes, bias."""
+    """AVX-512 with and without its BF16 dot (where built), AVX2 + FMA, and the plain C loop:
+    all rows, odd shapes, bias,
+    float32 and bfloat16 weights."""
     for n, k in SHAPES:
         for m in (1, 2, 3, 4, 5, 7, 8, 16):
             x, w, b = _inputs(m, n, k, True, seed=n + k + m)
             with torch.inference_mode():
                 _check(rows_linear(x, w, b), x, w, b)
+                _check_bf16(x.bfloat16(), w.bfloat16(), b.bfloat16())
+
+
+def _check_bf16(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
+    """bfloat16: the float32 linear of the same bfloat16 values, rounded once to bfloat16 (half
+    an ulp, 2^-9 relative, allowed a whole one) plus the float32 summation bound."""
+    got = rows_linear(x, w, b)
+    assert got.dtype == torch.bfloat16
+    x32, w32 = x.float(), w.float()
+    b32 = None if b is None else b.float()
+    want = F.linear(x32, w32, b32)
+    err = (got.float() - want).abs()
+    assert bool((err <= want.abs() * 2.0 ** -8 + _bound(x32, w32, b32)).all()), float(err.max())
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_bfloat16_weights(n: int, k: int, bias: bool) -> None:
+    """bfloat16 x and W (widened as they load), every row count: F.linear's result within
+    bfloat16 rounding (:func:`_check_bf16`)."""
+    for m in range(1, MAX_ROWS + 1):
+        x, w, b = _inputs(m, n, k, bias, seed=m)
+        with torch.inference_mode():
+            _check_bf16(x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16())
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -122,7 +150,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @needs_kernel
 def test_when_linear_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Laid out in float32: up to MAX_ROWS rows take the kernel; more rows, autograd, two
-    threads, bfloat16 input, or SPECSERVE_CPU_LINEAR=off do not; all equal F.linear."""
+    threads, float16 input, or SPECSERVE_CPU_LINEAR=off do not; all equal F.linear."""
     lin = Linear(64, 48)
     lay_out([lin], torch.float32)
     assert lin.few_rows and lin.multi_row is None and lin.weight.is_contiguous()
@@ -138,9 +166,9 @@ def test_when_linear_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
             linear(x[:2], lin)
         finally:
             torch.set_num_threads(1)
-        half = Linear(64, 48, dtype=torch.bfloat16)
-        half.few_rows = True  # as if laid out: a bfloat16 input still goes to F.linear
-        linear(x[:2].bfloat16(), half)
+        half = Linear(64, 48, dtype=torch.float16)
+        half.few_rows = True  # as if laid out: a float16 input still goes to F.linear
+        linear(x[:2].half(), half)
     linear(torch.randn(2, 64), lin)  # autograd on
     monkeypatch.setattr(cpu_linear, "_loaded", [])
     monkeypatch.setenv(cpu_linear.ENV, "off")
@@ -193,6 +221,39 @@ def test_a_model_decodes_the_same(tiny_ckpt: TinyCheckpoint, tied: bool,
     want_tokens, want_logits = _greedy(tiny_ckpt, False, monkeypatch, tied)
     assert tokens == want_tokens
     torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_a_bfloat16_model_is_close(tiny_ckpt: TinyCheckpoint,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny target in bfloat16 as an AVX2-only CPU runs it (oneDNN without bfloat16
+    kernels: ours take it), against oneDNN's prepacked weights (or F.linear): verify logits
+    within bfloat16 rounding of each other (2% of their range: rounding differs per layer)."""
+    out = []
+    onednn_bf16 = cpu_linear.can_prepack(torch.bfloat16)
+    for kernel in (True, False):
+        monkeypatch.setattr(cpu_linear, "_loaded", [] if kernel else [None])
+        prepacks_bf16 = not kernel and onednn_bf16
+        monkeypatch.setattr(cpu_linear, "can_prepack",
+                            lambda d, bf16=prepacks_bf16: d == torch.float32 or bf16)
+        m = load_model(tiny_ckpt.target, dtype=torch.bfloat16)
+        assert m.layers[0].down.few_rows == kernel  # type: ignore[union-attr]
+        cache = m.new_cache(1, 64)
+        with torch.inference_mode():
+            m(torch.tensor([list(range(5, 40))]), cache)
+            cache.lengths = [35]
+            out.append(m.logits(m(torch.tensor([[3, 9, 27, 81, 243]]), cache)))
+    scale = float(out[1].abs().max())
+    assert float((out[0] - out[1]).abs().max()) <= 0.02 * scale
+
+
+@needs_kernel
+def test_bfloat16_stays_on_onednn_where_it_has_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With oneDNN's bfloat16 kernels, bfloat16 weights are prepacked for them, not ours."""
+    monkeypatch.setattr(cpu_linear, "can_prepack", lambda d: True)
+    assert cpu_linear.uses_kernel(torch.float32) and not cpu_linear.uses_kernel(torch.bfloat16)
+    monkeypatch.setattr(cpu_linear, "can_prepack", lambda d: d == torch.float32)
+    assert cpu_linear.uses_kernel(torch.bfloat16)
 
 
 @needs_kernel
