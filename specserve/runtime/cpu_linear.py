@@ -17,12 +17,12 @@ In float32 neither reads the weights once for a few rows: on the real model (Smo
 MB) 5 rows cost about twice one row with MKL and 1.4x with oneDNN prepacked. So where it builds,
 float32 takes a kernel of ours for up to :data:`MAX_ROWS` rows (``csrc/linear_rows.c``: each
 block of 4 weight rows read from memory once and dotted with every input row while it sits in
-L1), on the weight in ``nn.Linear``'s own row-major layout: no second copy, and a tied LM head
-takes it too; so does bfloat16 where oneDNN has no bfloat16 kernels (:func:`uses_kernel`;
-bfloat16 summed in float32 and rounded once, as ``F.linear``).
-Built and cached like the attention kernel (``runtime/native_build.py``); used only with one
-torch thread and no autograd; with no C compiler or ``SPECSERVE_CPU_LINEAR=off`` the layouts
-above remain.
+L1), on the weight in ``nn.Linear``'s own row-major layout (the column-major one is dropped;
+more rows keep the prepacked copy), and a tied LM head takes it too; so does bfloat16 where
+oneDNN has no bfloat16 kernels (:func:`uses_kernel`; summed in float32, rounded once, as
+``F.linear``). Built and cached like the attention kernel (``runtime/native_build.py``); used
+only with one torch thread and no autograd; with no C compiler or ``SPECSERVE_CPU_LINEAR=off``
+the layouts above remain.
 
 Numbers: ``docs/benchmarks.md`` ("oneDNN prepacked weights", "Few-row linears";
 ``benchmarks/fewrow_linear.py``). Checked in ``tests/runtime/test_model.py`` and
@@ -111,8 +111,9 @@ def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes
     """Lay CPU weights out for decoding, in place (same values).
 
     Where the few-row kernel serves ``dtype`` (:func:`uses_kernel`): every weight row-major
-    and contiguous, no copies or prepacking; ``shared`` (weights that must keep their layout, a
-    tied LM head) take the kernel too where already row-major. Otherwise bfloat16: every
+    and contiguous for it (up to :data:`MAX_ROWS` rows), float32 plus the prepacked copies
+    below for more rows; ``shared`` (weights that must keep their layout, a tied LM head) take
+    the kernel too where already row-major. Otherwise bfloat16: every
     weight prepacked; float32: column-major, plus a prepacked multi-row copy of each weight
     with more than ``multi_row_min`` elements while all of them total at most
     ``multi_row_limit_bytes`` (the copy doubles their memory). Other dtypes: unchanged.
@@ -120,6 +121,8 @@ def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes
     todo = [lin for lin in linears if not lin.weight.is_mkldnn]
     if uses_kernel(dtype):
         _lay_out_rows(todo, shared)
+        if dtype == torch.float32:
+            _prepack_copies(todo, multi_row_limit_bytes, multi_row_min)
     elif dtype == torch.bfloat16 and can_prepack(dtype):
         for lin in todo:
             lin.weight = nn.Parameter(prepack(lin.weight), requires_grad=False)
@@ -143,11 +146,20 @@ def uses_kernel(dtype: torch.dtype) -> bool:
     return ok and prepare()
 
 
+def _prepack_copies(linears: Sequence[Linear], limit: int, multi_row_min: int) -> None:
+    """The prepacked multi-row copies (for more than MAX_ROWS rows) of weights with more than
+    ``multi_row_min`` elements, while they total at most ``limit`` bytes."""
+    big = [lin for lin in linears if lin.weight.numel() > multi_row_min]
+    if sum(lin.weight.numel() * 4 for lin in big) <= limit and can_prepack(torch.float32):
+        for lin in big:
+            if lin.multi_row is None:
+                lin.multi_row = prepack(lin.weight)
+
+
 def _lay_out_rows(linears: Sequence[Linear], shared: Sequence[Linear]) -> None:
     """Row-major contiguous weights (undoing a column-major layout), marked for the kernel."""
     with torch.no_grad():
         for lin in linears:
-            lin.multi_row = None
             if not lin.weight.is_contiguous():
                 lin.weight.data = lin.weight.data.contiguous()
             lin.few_rows = True

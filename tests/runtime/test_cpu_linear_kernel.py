@@ -178,6 +178,24 @@ def test_when_linear_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [1, 5, MAX_ROWS]
 
 
+@needs_kernel
+def test_more_rows_keep_the_prepacked_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights above ``multi_row_min`` (within the copies' budget) keep oneDNN's prepacked
+    copy for more than MAX_ROWS rows, equal to F.linear; under the budget's limit, none."""
+    if not cpu_linear.can_prepack(torch.float32):
+        pytest.skip("this torch build has no oneDNN")
+    lin, over = Linear(64, 48), Linear(64, 48)
+    lay_out([lin], torch.float32, multi_row_min=0)
+    lay_out([over], torch.float32, multi_row_limit_bytes=100, multi_row_min=0)
+    assert lin.few_rows and lin.multi_row is not None and over.multi_row is None
+    calls = _spy(monkeypatch)
+    x = torch.randn(MAX_ROWS + 3, 64)
+    with torch.inference_mode():
+        _check(linear(x, lin), x, lin.weight, lin.bias)
+        _check(linear(x[:3], lin), x[:3], lin.weight, lin.bias)
+    assert calls == [3]
+
+
 def test_without_it_the_onednn_layouts_remain(monkeypatch: pytest.MonkeyPatch) -> None:
     """Switched off: float32 weights column-major plus a prepacked multi-row copy, as before."""
     monkeypatch.setattr(cpu_linear, "_loaded", [])
