@@ -194,7 +194,7 @@ def roofline_report(target: Side, batch: int, verify_tokens: int,
     for name, r in steps.items():
         findings.append(info("roofline", (
             f"{name} step, float32, {r.rows} row(s): {r.bytes_per_step / 1e6:.0f} MB -> "
-            f"{r.bandwidth_ms:g} ms at the read bandwidth, {r.compute_ms:g} ms at the FMA "
+            f"{r.bandwidth_ms:.1f} ms at the read bandwidth, {r.compute_ms:.1f} ms at the FMA "
             f"rate: {r.bound}-bound, at least {r.step_ms:.3g} ms (balance at "
             f"{r.rows_at_balance:g} rows)")))
     return ({"machine": machine.to_dict(), "params": params, "tied": tied,
