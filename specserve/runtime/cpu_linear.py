@@ -59,7 +59,7 @@ _log = logging.getLogger("specserve")
 
 class Linear(nn.Linear):
     """``nn.Linear`` with an optional oneDNN-prepacked copy of the weight for multi-row inputs
-    (set by :func:`lay_out` for float32)."""
+    (set by :func:`lay_out` for float32), and whether the few-row kernel takes it."""
 
     multi_row: torch.Tensor | None = None
     few_rows: bool = False  # set by lay_out: up to MAX_ROWS rows take the kernel (row-major)
@@ -111,13 +111,12 @@ def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes
     """Lay CPU weights out for decoding, in place (same values).
 
     Where the few-row kernel serves ``dtype`` (:func:`uses_kernel`): every weight row-major
-    and contiguous for it (up to :data:`MAX_ROWS` rows), float32 plus the prepacked copies
+    and contiguous for it (up to :data:`MAX_ROWS` rows), and in float32 the prepacked copies
     below for more rows; ``shared`` (weights that must keep their layout, a tied LM head) take
-    the kernel too where already row-major. Otherwise bfloat16: every
-    weight prepacked; float32: column-major, plus a prepacked multi-row copy of each weight
-    with more than ``multi_row_min`` elements while all of them total at most
-    ``multi_row_limit_bytes`` (the copy doubles their memory). Other dtypes: unchanged.
-    Idempotent."""
+    the kernel too where already row-major. Otherwise bfloat16: every weight prepacked;
+    float32: column-major, plus a prepacked multi-row copy of each weight with more than
+    ``multi_row_min`` elements while all of them total at most ``multi_row_limit_bytes`` (the
+    copy doubles their memory). Other dtypes: unchanged. Idempotent."""
     todo = [lin for lin in linears if not lin.weight.is_mkldnn]
     if uses_kernel(dtype):
         _lay_out_rows(todo, shared)
