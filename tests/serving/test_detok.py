@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specserve.triton.models.bls_lib.detok import (
+from specserve.serving.detok import (
     REPLACEMENT,
     IncrementalDetokenizer,
     TokenHoldBack,

@@ -1,5 +1,5 @@
 """The reference ``tensorrt_llm`` model's serving loop without Triton
-(``specserve/triton/serving_loop.py``): a real Scheduler over the tiny target, requests checked
+(``specserve/serving/loop.py``): a real Scheduler over the tiny target, requests checked
 as ``execute()`` checks them (``llm_io.admit``), and a recording sender that behaves as
 Triton's wrapped response sender does (once the client is gone, only a final flag goes out and
 ``send`` answers False).
@@ -30,10 +30,7 @@ from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.model import load_model
 from specserve.runtime.proposers import OracleProposer
 from specserve.runtime.scheduler import Scheduler
-from specserve.spec.stats import AcceptanceStats
-from specserve.triton.llm_io import EngineLimits, admit
-from specserve.triton.model_params import ModelParams
-from specserve.triton.serving_loop import (
+from specserve.serving.loop import (
     Arrays,
     Pending,
     ServingLoop,
@@ -41,6 +38,10 @@ from specserve.triton.serving_loop import (
     final_arrays,
     make_scheduler,
 )
+from specserve.serving.request import EngineLimits
+from specserve.spec.stats import AcceptanceStats
+from specserve.triton.llm_io import admit
+from specserve.triton.model_params import ModelParams
 from tests.helpers.tiny import TinyCheckpoint
 
 torch.set_num_threads(1)
