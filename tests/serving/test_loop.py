@@ -1,4 +1,4 @@
-"""The reference ``tensorrt_llm`` model's serving loop without Triton
+"""The serving loop every door runs, without Triton or Dynamo
 (``specserve/serving/loop.py``): a real Scheduler over the tiny target, requests checked
 as ``execute()`` checks them (``llm_io.admit``), and a recording sender that behaves as
 Triton's wrapped response sender does (once the client is gone, only a final flag goes out and
