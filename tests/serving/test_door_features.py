@@ -430,6 +430,19 @@ def test_every_difference_between_doors_is_named() -> None:
             assert SERVED not in row.values(), name
 
 
+def test_doors_that_serve_a_request_sample_it_alike(doors: Doors) -> None:
+    """Where every door serves a request, each hands the core the same sampling: temperature
+    and top_p as FP32 (Triton's tensor type; the Dynamo worker rounds them the same way), the
+    same seed, n and log-probabilities, so the same request samples the same tokens."""
+    for name, case in CASES.items():
+        got = {door: ADAPTERS[door](doors, case) for door in DOORS
+               if EXPECTED[name][door] == SERVED}
+        seen = {door: (a[1].temperature, a[1].top_p, a[1].top_k, a[1].seed, a[0].n,
+                       a[1].logprobs, a[1].top_logprobs, a[1].max_tokens, a[1].min_tokens)
+                for door, a in got.items() if isinstance(a, tuple)}
+        assert len(set(seen.values())) <= 1, (name, seen)
+
+
 def test_a_door_dropping_a_feature_fails_the_table(doors: Doors) -> None:
     """The table notices one door losing one feature: the Dynamo worker no longer mapping
     logprobs, the BLS no longer forwarding the guide, the ensemble declaring top logprobs but
