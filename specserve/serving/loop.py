@@ -74,7 +74,8 @@ OnStep = Callable[[int, list[int]], None]
 
 
 class Sender(Protocol):
-    """One request's response channel (Triton's decoupled response sender, wrapped)."""
+    """One request's response channel, a door's own (the Triton model wraps its decoupled
+    response sender, the Dynamo worker its handler's queue)."""
 
     def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
         """Send ``arrays``, or the error ``error``, or (both None) only the final flag; False
