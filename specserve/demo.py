@@ -58,6 +58,7 @@ class DemoRunConfig(JsonConfig):
     extra_per_category: int = 4     # prose and structured prompts after the code ones
     extra_max_tokens: int = 48      # their answers' length
     frontend: str = "triton"        # triton (the repository) | dynamo (the engine, OpenAI)
+    dataset: str | None = None      # a prompts JSONL (e.g. `specserve prompts --chat-template`)
 
     def validate(self) -> None:
         if self.frontend not in FRONTENDS:
@@ -76,6 +77,9 @@ class DemoRunConfig(JsonConfig):
             raise SpecserveError("requests, max_tokens and concurrency must be >= 1")
         if self.extra_per_category < 0 or self.extra_max_tokens < 1:
             raise SpecserveError("extra_per_category must be >= 0 and extra_max_tokens >= 1")
+        if self.dataset is not None and not Path(self.dataset).is_file():
+            raise SpecserveError(f"--dataset {self.dataset}: no such file (make real-prompts "
+                                 "writes the held-out chat set)")
 
 
 @dataclass(frozen=True)
@@ -89,13 +93,15 @@ EXTRA_SETS = ("builtin-prose", "builtin-json")
 
 
 def demo_prompts(cfg: DemoRunConfig) -> list[Any]:
-    """The demo's prompts: the code prompts of eval.json's ``served_prompts`` (warmup first),
-    then ``extra_per_category`` prompts of each set in :data:`EXTRA_SETS` answering
-    ``extra_max_tokens`` tokens."""
+    """The demo's prompts: ``cfg.dataset``'s when given; else the code prompts of eval.json's
+    ``served_prompts`` (warmup first), then ``extra_per_category`` prompts of each set in
+    :data:`EXTRA_SETS` answering ``extra_max_tokens`` tokens."""
     from dataclasses import replace
 
     from specserve.client.datasets import load_prompts
 
+    if cfg.dataset is not None:  # warmup first, then requests, cycling the file's prompts
+        return load_prompts(cfg.dataset, None, cfg.warmup + cfg.requests, 0)
     code = load_prompts(None, "builtin-code", cfg.warmup + cfg.requests, 0)
     extra = [replace(p, max_tokens=cfg.extra_max_tokens) for name in EXTRA_SETS
              for p in load_prompts(None, name, cfg.extra_per_category, 0)]

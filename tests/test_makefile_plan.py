@@ -73,10 +73,14 @@ def test_without_tensorrt_llm_the_targets_build_the_venv(tmp_path: Path) -> None
 
 
 def test_demo_keeps_the_venv_even_where_tensorrt_llm_imports(tmp_path: Path) -> None:
-    # `make demo` runs its engine / repo steps through sub-makes told CONTAINER= (the venv)
+    # `make demo-tiny` runs its engine / repo steps through sub-makes told CONTAINER= (the
+    # venv); `make demo` (the real model) calls the venv's specserve itself
     text = (ROOT / "Makefile").read_text()
-    demo = text.split("\ndemo: setup\n", 1)[1].split("\n\n", 1)[0]
-    assert "engine CONTAINER=" in demo and "repo REPO_ARGS=--baseline CONTAINER=" in demo
+    tiny = text.split("\ndemo-tiny: setup\n", 1)[1].split("\n\n", 1)[0]
+    assert "engine CONTAINER=" in tiny and "repo REPO_ARGS=--baseline CONTAINER=" in tiny
+    demo = text.split("\ndemo: setup", 1)[1].split("\n\n", 1)[0]
+    assert "$(BIN)/specserve engine" in demo and "$(BIN)/specserve repo" in demo
+    assert "$(SPECSERVE)" not in demo and "$(MAKE)" not in demo
     plan = _plan(tmp_path, "engine", "CONTAINER=", fake_trtllm=True)
     assert f"-m venv {tmp_path / 'venv'}" in plan
     assert '--backend "torch"' in plan

@@ -66,12 +66,15 @@ def _refuse_triton_options() -> None:
 @click.option("--http-port", type=click.IntRange(0, 65535), default=0, help="0 = a free port.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=0,
               help="0 = a free port.")
+@click.option("--dataset", type=click.Path(dir_okay=False), default=None,
+              help="Prompts JSONL to serve instead of the builtin sets (make demo: the "
+                   "held-out chat set with the chat template applied).")
 @click.option("--frontend", type=click.Choice(["triton", "dynamo"]), default="triton",
               show_default=True, help="Serve --repo on Triton, or --engine behind Dynamo.")
 @FORMAT_OPTION
 def command(repo: str, engine: str, eval_json: str, out: str, requests: int, warmup: int,
             max_tokens: int, concurrency: int, grpc_port: int, http_port: int,
-            metrics_port: int, frontend: str, fmt: str) -> None:
+            metrics_port: int, dataset: str | None, frontend: str, fmt: str) -> None:
     """Start tritonserver on 127.0.0.1 for REPO, run `specserve bench` with speculation
     (`ensemble`) against the no-speculation baseline (`ensemble_baseline`) in the same run,
     write the report with plots to OUT, stop the server, and print a short summary."""
@@ -82,7 +85,7 @@ def command(repo: str, engine: str, eval_json: str, out: str, requests: int, war
     cfg = DemoRunConfig(repo=repo, out=out, engine=engine, eval_json=eval_json,
                         requests=requests, warmup=warmup, max_tokens=max_tokens,
                         concurrency=concurrency, grpc_port=grpc_port, http_port=http_port,
-                        metrics_port=metrics_port, frontend=frontend)
+                        metrics_port=metrics_port, frontend=frontend, dataset=dataset)
     result = run_demo(cfg)
     emit({"summary": result.summary, "check": result.check}, fmt,
          lambda d: "\n".join(summary_lines(d["summary"], d["check"]))

@@ -30,13 +30,16 @@ Examples:
 \b
   # a TensorRT-LLM engine: the HF checkpoints it was built from, its sizes from the engine
   specserve doctor --engine engines/trt --model ckpt/target --eagle3 ckpt/eagle3
+\b
+  # this machine's read bandwidth and FMA rate, and a target's step against them
+  specserve doctor --model ckpt/target --roofline --batch 1 --num-draft-tokens 4
 
 \b
 Each finding is one line "severity: code: message"; codes are stable (tokenizer-mismatch,
 special-tokens-mismatch, chat-template-missing, chat-template-mismatch, precision-mismatch,
 sampler-mismatch, sampler-penalty, draft-context-short, head-hidden-size, vocab-mismatch,
 kv-budget-exceeded, acceptance-collapse, probe-failed; info: precision, sampler-defaults,
-kv-budget, acceptance-probe, probe-skipped).
+kv-budget, acceptance-probe, probe-skipped, machine, roofline).
 Exit code: 0 no error (warnings allowed; --strict: none), 1 an error finding, 2 bad input.
 """
 
@@ -84,6 +87,12 @@ def _text(r: dict[str, Any]) -> str:
 @click.option("--min-acceptance", type=click.FloatRange(0, 1), default=0.1, show_default=True,
               help="Probe acceptance below this is an error (acceptance collapse).")
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--roofline", is_flag=True,
+              help="Measure this machine (one thread: a float32 GEMV's read bandwidth, a GEMM's "
+                   "FMA rate; a few seconds) and print the target's step against them. With "
+                   "--model alone: only that.")
+@click.option("--roofline-mb", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Size of the GEMV's matrix (MB): more than the last-level cache.")
 @FORMAT_OPTION
 def command(fmt: str, **opts: Any) -> None:
     """Check a target and its proposer: tokenizer, special tokens, chat template, precision,

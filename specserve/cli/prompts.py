@@ -21,11 +21,15 @@ from specserve.cli._output import FORMAT_OPTION, emit
 @click.option("--per-category", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=None,
               help="max_tokens recorded on every prompt (default: the run's).")
+@click.option("--chat-template", "template_dir", type=click.Path(path_type=Path,
+              file_okay=False), default=None,
+              help="A model directory whose chat template renders each prompt into the text a "
+                   "completion door (Triton text_input, /v1/completions) is sent.")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), required=True,
-              help="JSONL file to write (messages + category per line).")
+              help="JSONL file to write (messages, or templated text, and category per line).")
 @FORMAT_OPTION
 def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_category: int,
-            max_tokens: int | None, out: Path, fmt: str) -> None:
+            max_tokens: int | None, template_dir: Path | None, out: Path, fmt: str) -> None:
     """Pick up to --per-category prompts of each category (code, maths, extraction, writing,
     qa, humaneval) by the rule in specserve/client/chat_sets.py, from the --split half
     (a hash of the text decides: held-out prompts are never trained on). `specserve bench
@@ -36,8 +40,9 @@ def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_categ
       specserve prompts --sharegpt .cache/data/ShareGPT_V3_unfiltered_cleaned_split.json \\
           --humaneval .cache/data/HumanEval.jsonl.gz --out .cache/data/chat-heldout.jsonl
       specserve prompts --sharegpt sg.json --split train --per-category 200 --out train.jsonl
+      specserve prompts --sharegpt sg.json --chat-template checkpoints/smollm2 --out text.jsonl
     """
-    from specserve.client.chat_sets import ChatSetConfig, chat_set
+    from specserve.client.chat_sets import ChatSetConfig, chat_set, templated
     from specserve.client.datasets import dump_jsonl
     from specserve.config import write_text_atomic
     from specserve.errors import SpecserveError
@@ -45,6 +50,8 @@ def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_categ
     if sharegpt is None and humaneval is None:
         raise SpecserveError("give --sharegpt and/or --humaneval")
     prompts = chat_set(ChatSetConfig(sharegpt, humaneval, split, per_category, max_tokens))
+    if template_dir is not None:
+        prompts = templated(prompts, template_dir)
     write_text_atomic(out, dump_jsonl(prompts))
     counts = dict(collections.Counter(p.category for p in prompts))
 

@@ -172,3 +172,26 @@ def chat_set(cfg: ChatSetConfig) -> list[Prompt]:
                 continue
             picked[cat].append(Prompt(text, cfg.max_tokens, cat, messages=(("user", text),)))
     return [p for c in CATEGORIES for p in picked[c]]
+
+
+def templated(prompts: list[Prompt], tokenizer_dir: Path) -> list[Prompt]:
+    """Prompts for completion doors (Triton ``text_input``, ``/v1/completions``): each chat's
+    messages rendered with ``tokenizer_dir``'s own chat template, the assistant's turn opened;
+    the messages are dropped so every door is sent that text."""
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    except (OSError, ValueError) as e:
+        raise SpecserveError(f"{tokenizer_dir}: cannot load its tokenizer ({e})") from None
+    if getattr(tok, "chat_template", None) is None:
+        raise SpecserveError(f"{tokenizer_dir}: the tokenizer has no chat template")
+    out = []
+    for p in prompts:
+        msgs = [{"role": r, "content": c} for r, c in p.messages] or [
+            {"role": "user", "content": p.text}]
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        out.append(replace(p, text=str(text), messages=()))
+    return out

@@ -2,7 +2,9 @@
 ``build_config.json`` through :func:`specserve.engine_record.read_engine_record`), read each side
 (:mod:`specserve.doctor.sides`), run the static checks (:mod:`specserve.doctor.checks`), the
 memory budget (:mod:`specserve.doctor.memory`) and the acceptance probe
-(:mod:`specserve.doctor.probe`), and return the report as plain data.
+(:mod:`specserve.doctor.probe`), and return the report as plain data. With ``roofline``: this
+machine's measured limits and the target's step against them (:mod:`specserve.doctor.roofline`),
+alone when no proposer is named.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from specserve.doctor.memory import (
     footprint,
 )
 from specserve.doctor.probe import ProbeConfig, check_probe, run_probe
+from specserve.doctor.roofline import Machine, measure, params_read, roofline
 from specserve.doctor.sides import Kind, Side, read_side
 from specserve.engine_record import EngineRecord, read_engine_record
 from specserve.errors import SpecserveError
@@ -53,6 +56,8 @@ class DoctorConfig:
     threads: int | None = None
     min_acceptance: float = 0.1
     strict: bool = False
+    roofline: bool = False  # measure this machine, print the target's step roofline
+    roofline_mb: int = 512  # the read-bandwidth GEMV's matrix (MB)
 
 
 @dataclass(frozen=True)
@@ -172,20 +177,62 @@ def probe(cfg: DoctorConfig, p: Pairing, findings: list[Finding]) -> tuple[dict[
     return result.to_dict(), check_probe(result, cfg.min_acceptance)
 
 
+def roofline_report(target: Side, batch: int, verify_tokens: int,
+                    machine: Machine) -> tuple[dict[str, Any], list[Finding]]:
+    """float32 steps of the target on ``machine``: plain (``batch`` rows) and verify
+    (``batch`` x ``verify_tokens`` rows)."""
+    tied = bool(target.config.get("tie_word_embeddings", False))
+    params = params_read(target.tensors, tied)
+    if params == 0:
+        raise SpecserveError(f"{target.path}: no safetensors weights to size a step from")
+    steps = {name: roofline(params, 4, batch * t, machine.read_gbs, machine.gflops)
+             for name, t in (("plain", 1), ("verify", verify_tokens))}
+    findings = [info("machine", f"{machine.cpu}, {machine.cpus} CPU(s), SMT siblings "
+                                f"{'yes' if machine.smt_siblings else 'no'}: read "
+                                f"{machine.read_gbs:g} GB/s, {machine.gflops:g} GFLOP/s "
+                                f"({machine.method})")]
+    for name, r in steps.items():
+        findings.append(info("roofline", (
+            f"{name} step, float32, {r.rows} row(s): {r.bytes_per_step / 1e6:.0f} MB -> "
+            f"{r.bandwidth_ms:.1f} ms at the read bandwidth, {r.compute_ms:.1f} ms at the FMA "
+            f"rate: {r.bound}-bound, at least {r.step_ms:.3g} ms (balance at "
+            f"{r.rows_at_balance:g} rows)")))
+    return ({"machine": machine.to_dict(), "params": params, "tied": tied,
+             "steps": {k: r.to_dict() for k, r in steps.items()}}, findings)
+
+
+def _roofline_only(cfg: DoctorConfig) -> dict[str, Any]:
+    """``--roofline`` with a target and no proposer: the machine and the target's step."""
+    assert cfg.model is not None
+    target = read_side(cfg.model, "target")
+    k = cfg.num_draft_tokens or DEFAULT_DRAFT_LEN
+    out, findings = roofline_report(target, cfg.batch or 1, k + 1, measure(cfg.roofline_mb))
+    return {"inputs": {"target": cfg.model, "batch": cfg.batch or 1, "draft_len": k},
+            "findings": [f.to_dict() for f in findings], "roofline": out,
+            "errors": 0, "warnings": 0, "exit_code": 0}
+
+
 def doctor(cfg: DoctorConfig) -> dict[str, Any]:
     """Every finding on the pairing, the memory plan and the probe, as one JSON-able dict."""
+    if cfg.roofline and cfg.model and not (cfg.draft or cfg.medusa or cfg.eagle3 or cfg.engine):
+        return _roofline_only(cfg)
     p = resolve(cfg)
     target = read_side(p.target, "target", p.tokenizer)
     proposer = read_side(p.proposer, p.kind)
     plan = memory_plan(cfg, p, target, proposer)
     findings = static_checks(target, proposer, plan.context) + check_memory(plan)
     probe_out, probe_findings = probe(cfg, p, findings)
+    roof: dict[str, Any] | None = None
+    if cfg.roofline:
+        roof, roof_findings = roofline_report(target, p.batch, plan.verify_tokens,
+                                              measure(cfg.roofline_mb))
+        probe_findings += roof_findings
     findings = sort_findings(findings + probe_findings)
     return {"inputs": {"target": str(p.target), p.kind: str(p.proposer),
                        "tokenizer": str(p.tokenizer), "engine": cfg.engine, "batch": p.batch,
                        "context": plan.context, "draft_len": p.draft_len},
             "findings": [f.to_dict() for f in findings], "memory": plan.to_dict(),
-            "probe": probe_out,
+            "probe": probe_out, **({"roofline": roof} if roof is not None else {}),
             "errors": sum(f.severity == "error" for f in findings),
             "warnings": sum(f.severity == "warning" for f in findings),
             "exit_code": exit_code(findings, cfg.strict)}

@@ -9,9 +9,8 @@ attention"). ``csrc/attn_rows.c`` reads row b's keys ``start[b] .. len[b] - 1`` 
 slots only: the semantics of :func:`specserve.runtime.kvcache.step_mask` (keys before a row's
 length all visible, new slot w visible to new token t iff ``node[t, w]``), without padding.
 
-The C file is compiled once per machine on first use (``cc -O3 -march=native``, so it is
-vectorised for the CPU that runs it), cached under ``$SPECSERVE_CACHE_DIR`` (default
-``~/.cache/specserve``) by a hash of the source, flags, compiler and CPU flags, and called
+The C file is compiled once per machine on first use and cached (``runtime/native_build.py``:
+``cc -O3 -march=native``, keyed by source, flags, compiler and CPU flags), and called
 through ctypes (which releases the GIL for the call). Used only where it applies: CPU,
 float32, at most :data:`MAX_NEW` new tokens, one torch thread (the kernel is single-threaded),
 no autograd. Anywhere else, or with no C compiler, or with ``SPECSERVE_CPU_ATTENTION=off``, the
@@ -22,13 +21,9 @@ the same inputs (checked against it in ``tests/runtime/test_cpu_attention.py``).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +31,10 @@ from typing import Any
 
 import torch
 
+from specserve.runtime import native_build
+
 MAX_NEW = 16  # new tokens per row the kernel takes (decode, verify, tree levels); more: SDPA
 ENV = "SPECSERVE_CPU_ATTENTION"  # "off" (or 0/false/sdpa): always SDPA
-# compiled with fast math (vectorised expf, reassociated sums) but linked without it: a shared
-# object linked with -ffast-math brings crtfastmath.o, whose constructor sets flush-to-zero and
-# denormals-are-zero for the whole process the moment it is loaded (torch and numpy included)
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
-LINK = ("-shared", "-fPIC")
 SOURCE = Path(__file__).parent / "csrc" / "attn_rows.c"
 _OFF = ("off", "0", "false", "sdpa")
 _log = logging.getLogger("specserve")
@@ -132,56 +124,5 @@ def _load() -> Callable[..., int] | None:
 
 
 def build(out_dir: Path | None = None) -> Path:
-    """The kernel's shared library for this machine: built now unless cached; RuntimeError
-    when there is no C compiler or it fails."""
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        raise RuntimeError("no C compiler (cc) on PATH")
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS + LINK).encode(), cc.encode(),
-                                     platform.machine().encode(), _cpu_flags()])).hexdigest()
-    d = out_dir or _cache_dir()
-    lib = d / f"attn_rows-{key[:16]}.so"
-    if lib.exists():
-        return lib
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".attn_rows-", suffix=".so")
-    os.close(fd)
-    obj = tmp[:-3] + ".o"
-    try:
-        for cmd in ([cc, *FLAGS, "-c", str(SOURCE), "-o", obj], [cc, *LINK, obj, "-o", tmp, "-lm"]):
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            if run.returncode != 0:
-                raise RuntimeError(f"{cc} failed: {run.stderr.strip().splitlines()[-1:]}")
-        os.replace(tmp, lib)  # atomic: processes building at once each install a whole file
-    finally:
-        for f in (tmp, obj):
-            if os.path.exists(f):
-                os.unlink(f)
-    return lib
-
-
-def _cpu_flags() -> bytes:
-    """The CPU's feature flags (``-march=native`` builds for them: a cache shared by machines
-    with different CPUs must not hand one's library to the other)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.encode()
-    except OSError:
-        pass
-    return platform.processor().encode()
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("SPECSERVE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specserve")
-    d = Path(base) / "kernels"
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        if os.access(d, os.W_OK):
-            return d
-    except OSError:
-        pass
-    d = Path(tempfile.gettempdir()) / f"specserve-kernels-{os.getuid()}"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """The kernel's shared library for this machine (:func:`native_build.build`)."""
+    return native_build.build(SOURCE, out_dir)

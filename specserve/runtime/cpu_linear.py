@@ -13,13 +13,31 @@ every weight, which is memory-bound, and the default kernels leave bandwidth unu
   fixed ~14 us a call). So fp32 keeps column-major weights and, for weights large enough, a
   prepacked copy used only for multi-row inputs.
 
-Numbers: ``docs/benchmarks.md`` ("oneDNN prepacked weights"). Checked in
-``tests/runtime/test_model.py``.
+In float32 neither reads the weights once for a few rows: on the real model (SmolLM2-135M, 540
+MB) 5 rows cost about twice one row with MKL and 1.4x with oneDNN prepacked. So where it builds,
+float32 takes a kernel of ours for up to :data:`MAX_ROWS` rows (``csrc/linear_rows.c``: each
+block of 4 weight rows read from memory once and dotted with every input row while it sits in
+L1), on the weight in ``nn.Linear``'s own row-major layout (the column-major one is dropped;
+more rows keep the prepacked copy), and a tied LM head takes it too; so does bfloat16 where
+oneDNN has no bfloat16 kernels (:func:`uses_kernel`; summed in float32, rounded once, as
+``F.linear``). Built and cached like the attention kernel (``runtime/native_build.py``); used
+only with one torch thread and no autograd; with no C compiler or ``SPECSERVE_CPU_LINEAR=off``
+the layouts above remain.
+
+Numbers: ``docs/benchmarks.md`` ("oneDNN prepacked weights", "Few-row linears";
+``benchmarks/fewrow_linear.py``). Checked in ``tests/runtime/test_model.py`` and
+``tests/runtime/test_cpu_linear_kernel.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ctypes
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,21 +45,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.cpu_dtype import onednn_bf16
+from specserve.runtime import native_build
 
 # oneDNN's fixed cost (~14 us a call here) loses to MKL below about this many weights.
 MULTI_ROW_MIN = 1 << 17
+MAX_ROWS = 16  # rows the few-row kernel takes (decode, verify, small batches); more: BLAS
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+ENV = "SPECSERVE_CPU_LINEAR"  # "off" (or 0/false): never the few-row kernel
+SOURCE = Path(__file__).parent / "csrc" / "linear_rows.c"
+_OFF = ("off", "0", "false")
+_log = logging.getLogger("specserve")
 
 
 class Linear(nn.Linear):
     """``nn.Linear`` with an optional oneDNN-prepacked copy of the weight for multi-row inputs
-    (set by :func:`lay_out` for float32)."""
+    (set by :func:`lay_out` for float32), and whether the few-row kernel takes it."""
 
     multi_row: torch.Tensor | None = None
+    few_rows: bool = False  # set by lay_out: up to MAX_ROWS rows take the kernel (row-major)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Linear:
         """``.to()``, ``.float()``...: back to a plain dense weight first (the prepacked forms
         are redone by :func:`lay_out`)."""
         self.multi_row = None
+        self.few_rows = False
         if self.weight.is_mkldnn:
             self.weight = nn.Parameter(self.weight.to_dense(), requires_grad=False)
         super()._apply(fn, recurse)
@@ -57,8 +84,11 @@ def prepack(w: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
     """``F.linear``, or oneDNN's kernel on a prepacked weight: always when the weight itself is
-    prepacked (bf16), and for inputs of more than one row when a prepacked copy exists (fp32)."""
+    prepacked (bf16), and for inputs of more than one row when a prepacked copy exists (fp32);
+    the few-row kernel where :func:`lay_out` chose it and the call qualifies (:func:`usable`)."""
     w = lin.weight
+    if lin.few_rows and x.numel() <= MAX_ROWS * x.shape[-1] and usable(x):
+        return rows_linear(x, w, lin.bias)
     if not w.is_mkldnn and lin.multi_row is not None and x.numel() > x.shape[-1]:
         w = lin.multi_row
     if w.is_mkldnn:
@@ -77,15 +107,22 @@ def can_prepack(dtype: torch.dtype) -> bool:
 
 
 def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes: int = 1 << 30,
-            multi_row_min: int = MULTI_ROW_MIN) -> None:
+            multi_row_min: int = MULTI_ROW_MIN, shared: Sequence[Linear] = ()) -> None:
     """Lay CPU weights out for decoding, in place (same values).
 
-    bfloat16: every weight prepacked. float32: column-major, plus a prepacked multi-row copy of
-    each weight with more than ``multi_row_min`` elements while all of them total at most
-    ``multi_row_limit_bytes`` (the copy doubles their memory). Other dtypes: unchanged.
-    Idempotent."""
+    Where the few-row kernel serves ``dtype`` (:func:`uses_kernel`): every weight row-major
+    and contiguous for it (up to :data:`MAX_ROWS` rows), and in float32 the prepacked copies
+    below for more rows; ``shared`` (weights that must keep their layout, a tied LM head) take
+    the kernel too where already row-major. Otherwise bfloat16: every weight prepacked;
+    float32: column-major, plus a prepacked multi-row copy of each weight with more than
+    ``multi_row_min`` elements while all of them total at most ``multi_row_limit_bytes`` (the
+    copy doubles their memory). Other dtypes: unchanged. Idempotent."""
     todo = [lin for lin in linears if not lin.weight.is_mkldnn]
-    if dtype == torch.bfloat16 and can_prepack(dtype):
+    if uses_kernel(dtype):
+        _lay_out_rows(todo, shared)
+        if dtype == torch.float32:
+            _prepack_copies(todo, multi_row_limit_bytes, multi_row_min)
+    elif dtype == torch.bfloat16 and can_prepack(dtype):
         for lin in todo:
             lin.weight = nn.Parameter(prepack(lin.weight), requires_grad=False)
     elif dtype == torch.float32:
@@ -97,3 +134,111 @@ def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes
                     lin.multi_row = prepack(lin.weight.contiguous())
                 if lin.weight.stride(0) != 1:
                     lin.weight.data = lin.weight.data.t().contiguous().t()
+
+
+def uses_kernel(dtype: torch.dtype) -> bool:
+    """The few-row kernel is built and serves ``dtype``: float32; bfloat16 only where oneDNN
+    has no bfloat16 kernels (AVX2-only CPUs, where it emulates them). Where it has them (AVX-512
+    BF16, AMX) its prepacked bfloat16 costs the same for 1 to 16 rows, and ours, faster for
+    one or two rows, slower from four (``docs/benchmarks.md``, "Few-row linears")."""
+    ok = dtype == torch.float32 or (dtype == torch.bfloat16 and not can_prepack(dtype))
+    return ok and prepare()
+
+
+def _prepack_copies(linears: Sequence[Linear], limit: int, multi_row_min: int) -> None:
+    """The prepacked multi-row copies (for more than MAX_ROWS rows) of weights with more than
+    ``multi_row_min`` elements, while they total at most ``limit`` bytes."""
+    big = [lin for lin in linears if lin.weight.numel() > multi_row_min]
+    if sum(lin.weight.numel() * 4 for lin in big) <= limit and can_prepack(torch.float32):
+        for lin in big:
+            if lin.multi_row is None:
+                lin.multi_row = prepack(lin.weight)
+
+
+def _lay_out_rows(linears: Sequence[Linear], shared: Sequence[Linear]) -> None:
+    """Row-major contiguous weights (undoing a column-major layout), marked for the kernel."""
+    with torch.no_grad():
+        for lin in linears:
+            if not lin.weight.is_contiguous():
+                lin.weight.data = lin.weight.data.contiguous()
+            lin.few_rows = True
+    for lin in shared:
+        lin.few_rows = lin.weight.dtype in KERNEL_DTYPES and lin.weight.stride(-1) == 1
+
+
+def prepare() -> bool:
+    """Build (or find) and load the few-row kernel now; True if available."""
+    return _kernel() is not None
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether ``x`` (float32 or bfloat16 rows on CPU) may take the kernel: no autograd, one
+    torch thread (the kernel is single-threaded), built."""
+    return (x.dtype in KERNEL_DTYPES and x.device.type == "cpu" and not torch.is_grad_enabled()
+            and torch.get_num_threads() == 1 and _kernel() is not None)
+
+
+def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` by the few-row kernel: x [..., K] (at most :data:`MAX_ROWS`
+    rows in all) and w [N, K] with contiguous rows, both float32 or both bfloat16 (summed in
+    float32, rounded to bfloat16 once at the end, as ``F.linear``), bias [N] or None."""
+    kernels = _kernel()
+    assert kernels is not None, "cpu_linear.rows_linear without cpu_linear.usable"
+    n, k = w.shape
+    x2 = x.reshape(-1, k)  # [M, K]
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    assert m <= MAX_ROWS and w.stride(-1) == 1 and w.dtype == x.dtype
+    out = torch.empty(m, n)  # [M, N] float32
+    b = None if bias is None else bias.float().contiguous()
+    fn = kernels.bf16 if w.dtype == torch.bfloat16 else kernels.f32
+    fn(x2.data_ptr(), x2.stride(0), w.data_ptr(), w.stride(0),
+       None if b is None else b.data_ptr(), out.data_ptr(), n, m, n, k)
+    return out.view(*x.shape[:-1], n).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The library's entry points: float32 and bfloat16 x and weights (float32 bias, y)."""
+
+    f32: Callable[..., int]
+    bf16: Callable[..., int]
+
+
+_loaded: list[Kernels | None] = []  # [] until first asked
+
+
+def _kernel() -> Kernels | None:
+    """The compiled kernel, or None (switched off, or no compiler: logged once)."""
+    if not _loaded:
+        _loaded.append(None if os.environ.get(ENV, "").lower() in _OFF else _load())
+    return _loaded[0]
+
+
+def _load() -> Kernels | None:
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # (a compiler timing out)
+        _log.warning("specserve: CPU few-row linear kernel unavailable (%s); using "
+                     "MKL / oneDNN", e)
+        return None
+    return bind(lib)
+
+
+def bind(lib: ctypes.CDLL) -> Kernels:
+    """The kernel's entry points in a loaded library, typed for ctypes."""
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fns = []
+    for name in ("specserve_linear_rows_f32", "specserve_linear_rows_bf16"):
+        fn: Any = getattr(lib, name)
+        fn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int]
+        fn.restype = ctypes.c_int
+        fns.append(fn)
+    return Kernels(*fns)
+
+
+def build(out_dir: Path | None = None) -> Path:
+    """The kernel's shared library for this machine (:func:`native_build.build`)."""
+    return native_build.build(SOURCE, out_dir)

@@ -200,13 +200,14 @@ class Transformer(RopeModel):
                       multi_row_min: int = MULTI_ROW_MIN) -> Transformer:
         """Lay the CPU linear weights out for decoding (same values; a no-op on other devices):
         see :func:`specserve.runtime.cpu_linear.lay_out`. An embedding tied to the LM head
-        stays as it is. Also builds or loads the CPU attention kernel (cpu_attention.py) before
-        the first forward needs it."""
+        stays as it is (the few-row kernel still takes it). Also builds or loads the CPU
+        attention kernel (cpu_attention.py) before the first forward needs it."""
         if self.device.type == "cpu":
             cpu_attention.prepare()
-            lay_out([m for m in self.modules() if isinstance(m, Linear)
-                     and m.weight is not self.embed.weight], self.dtype,
-                    multi_row_limit_bytes, multi_row_min)
+            lins = [m for m in self.modules() if isinstance(m, Linear)]
+            tied = [m for m in lins if m.weight is self.embed.weight]
+            lay_out([m for m in lins if m not in tied], self.dtype, multi_row_limit_bytes,
+                    multi_row_min, shared=tied)
         return self
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:

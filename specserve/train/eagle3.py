@@ -22,6 +22,7 @@ decoding (lossless: 1.0), in ``eval.json``.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,13 @@ from specserve.train.eagle3_loop import (
     train_eagle3_head,
 )
 from specserve.train.progress import NullReporter, Reporter
+from specserve.train.resume import (
+    cached_tensors,
+    load_state,
+    prepare_work,
+    save_state,
+    work_dir,
+)
 
 WRITER = "specserve train-eagle3"
 DEFAULT_MAX_DRAFT_VOCAB = 32000
@@ -133,39 +141,53 @@ def run_train_eagle3(cfg: Eagle3TrainConfig, reporter: Reporter | None = None, *
     choice = choose_dtype(cfg.dtype, cfg.device)
     rep.log(f"training dtype {choice.dtype} ({choice.reason})")
     torch.manual_seed(cfg.seed)
-    with staged_output(out, force, WRITER) as work:
-        seqs = sequences if sequences is not None else make_sequences(
-            cfg, torch.Generator().manual_seed(cfg.seed), rep)
-        n_held = int(seqs.shape[0] * cfg.heldout_fraction)
-        train_seqs, held = seqs[:seqs.shape[0] - n_held], seqs[seqs.shape[0] - n_held:]
-        ids = draft_vocabulary(train_seqs, target.cfg.vocab_size, size)
-        coverage = float(torch.isin(train_seqs, ids).float().mean())
-        head = Eagle3Head(Eagle3Config.for_target(
-            target.cfg, size, intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads))
-        init_head(head, target, ids, cfg.seed)
-        head.to(cfg.device).bind(target.embed.weight)
-        tr = HeadTrainer(head, target, train_seqs, ids, cfg, choice.bf16)
-        steps = cfg.steps if cfg.minutes is None else steps_for_minutes(tr, cfg.minutes, rep)
-        t0 = time.monotonic()
-        losses = train_eagle3_head(tr, steps, rep)
-        final = _tail_mean(losses)
-        train: dict[str, Any] = {"config": cfg.to_dict(), "dtype": choice.to_dict(),
-                                 "steps": steps, "draft_vocab": size,
-                 "draft_vocab_coverage": round(coverage, 4),
-                 "train_sequences": list(train_seqs.shape), "first_loss": losses[0],
-                 "final_loss": final, "train_seconds": round(
-                     time.monotonic() - t0, 2), "heldout": heldout_metrics(tr, held)}
-        save_eagle3(head.float().cpu(), work)
-        write_json_atomic(work / "train_info.json", train)
-        ev: dict[str, Any] = {}
-        n_eval = min(cfg.eval_prompts, held.shape[0])
-        if n_eval:
-            rep.log(f"decoding {n_eval} held-out prompts, plain and with the head")
-            prompts = held[:n_eval, :cfg.prompt_len].tolist()
-            ev = decode_eval(Path(cfg.model), work, prompts, cfg.eval_gen_len, cfg.max_draft_len,
-                             cfg.device)
-            write_json_atomic(work / "eval.json", ev)
-    return Eagle3Result(out, steps, losses[0], final, train, ev)
+    work = work_dir(out)
+    prepare_work(cfg.to_json(), work, rep)
+    seqs = sequences if sequences is not None else cached_tensors(work, lambda: {
+        "seqs": make_sequences(cfg, torch.Generator().manual_seed(cfg.seed), rep)}, rep)["seqs"]
+    n_held = int(seqs.shape[0] * cfg.heldout_fraction)
+    train_seqs, held = seqs[:seqs.shape[0] - n_held], seqs[seqs.shape[0] - n_held:]
+    ids = draft_vocabulary(train_seqs, target.cfg.vocab_size, size)
+    coverage = float(torch.isin(train_seqs, ids).float().mean())
+    head = Eagle3Head(Eagle3Config.for_target(
+        target.cfg, size, intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads))
+    init_head(head, target, ids, cfg.seed)
+    head.to(cfg.device).bind(target.embed.weight)
+    tr = HeadTrainer(head, target, train_seqs, ids, cfg, choice.bf16)
+    state = load_state(work)
+    steps = (int(state["steps"]) if state is not None else cfg.steps if cfg.minutes is None
+             else steps_for_minutes(tr, cfg.minutes, rep))
+    if state is None:  # a --minutes budget keeps the step count it measured first
+        save_state(work, {"steps": steps})
+    t0 = time.monotonic()
+    losses = train_eagle3_head(tr, steps, rep, resume=state,
+                               checkpoint=lambda st: save_state(work, st))
+    train: dict[str, Any] = {"config": cfg.to_dict(), "dtype": choice.to_dict(),
+                             "steps": steps, "draft_vocab": size,
+                             "draft_vocab_coverage": round(coverage, 4),
+                             "train_sequences": list(train_seqs.shape),
+                             "first_loss": losses[0], "final_loss": _tail_mean(losses),
+                             "train_seconds_last_session": round(time.monotonic() - t0, 2),
+                             "heldout": heldout_metrics(tr, held)}
+    with staged_output(out, force, WRITER) as stage:
+        save_eagle3(head.float().cpu(), stage)
+        write_json_atomic(stage / "train_info.json", train)
+        ev = _decode_eval(cfg, stage, held, rep)
+    shutil.rmtree(work, ignore_errors=True)
+    return Eagle3Result(out, steps, losses[0], train["final_loss"], train, ev)
+
+
+def _decode_eval(cfg: Eagle3TrainConfig, stage: Path, held: torch.Tensor,
+                 rep: Reporter) -> dict[str, Any]:
+    n_eval = min(cfg.eval_prompts, held.shape[0])
+    if not n_eval:
+        return {}
+    rep.log(f"decoding {n_eval} held-out prompts, plain and with the head")
+    prompts = held[:n_eval, :cfg.prompt_len].tolist()
+    ev = decode_eval(Path(cfg.model), stage, prompts, cfg.eval_gen_len, cfg.max_draft_len,
+                     cfg.device)
+    write_json_atomic(stage / "eval.json", ev)
+    return ev
 
 
 def _tail_mean(losses: list[float]) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,19 +88,36 @@ def steps_for_minutes(tr: HeadTrainer, minutes: float, rep: Reporter) -> int:
     return steps
 
 
-def train_eagle3_head(tr: HeadTrainer, steps: int, rep: Reporter) -> list[float]:
-    """``steps`` AdamW steps of the training-time-test loss; the loss of every step."""
+SAVE_EVERY = 20  # steps between checkpoints of a resumable run
+
+
+def train_eagle3_head(tr: HeadTrainer, steps: int, rep: Reporter,
+                      resume: dict[str, Any] | None = None,
+                      checkpoint: Callable[[dict[str, Any]], None] | None = None
+                      ) -> list[float]:
+    """``steps`` AdamW steps of the training-time-test loss; the loss of every step. ``resume``
+    (a state ``checkpoint`` was given) continues that run: head, optimizer, data order, losses;
+    ``checkpoint`` receives the state every :data:`SAVE_EVERY` steps and at the end."""
     s = Schedule(steps=steps, batch_size=tr.cfg.batch_seqs, seq_len=tr.seqs.shape[1],
                  lr=tr.cfg.lr, warmup_steps=min(20, steps // 10), weight_decay=0.0)
     g = torch.Generator().manual_seed(tr.cfg.seed + 1)
     opt = _optimizer(tr.head, s.lr)
+    start, losses = 0, []
+    if resume is not None and "head" in resume:
+        tr.head.load_state_dict(resume["head"])
+        opt.load_state_dict(resume["opt"])
+        g.set_state(resume["rng"])
+        start, losses = int(resume["step"]), [float(x) for x in resume["losses"]]
+        rep.log(f"resuming at step {start} of {steps}")
     tr.head.train()
-    losses: list[float] = []
     rep.start("eagle3 head", steps)
-    for step in range(steps):
+    for step in range(start, steps):
         loss, _kls, accs = tr.step(opt, tr.batch(g), lr_at(step, s))
         losses.append(loss)
         rep.update(step + 1, f"loss {loss:.3f} acc0 {accs[0]:.2f}" if accs else "")
+        if checkpoint is not None and ((step + 1) % SAVE_EVERY == 0 or step + 1 == steps):
+            checkpoint({"steps": steps, "step": step + 1, "head": tr.head.state_dict(),
+                        "opt": opt.state_dict(), "rng": g.get_state(), "losses": losses})
     tr.head.eval()
     return losses
 

@@ -38,6 +38,13 @@ from specserve.train.medusa import (
     save_medusa,
 )
 from specserve.train.progress import NullReporter, Reporter
+from specserve.train.resume import (
+    cached_tensors,
+    load_state,
+    prepare_work,
+    save_state,
+    work_dir,
+)
 
 WRITER = "specserve train-medusa"
 
@@ -209,34 +216,18 @@ def make_sequences(cfg: MedusaTrainConfig, model: Any, tok: Any, g: torch.Genera
     return seqs, cfg.prompt_len
 
 
-def _work_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.partial"
-
-
-def _prepare_work(cfg: MedusaTrainConfig, work: Path, rep: Reporter) -> None:
-    saved = work / "train_config.json"
-    if work.exists() and (not saved.is_file() or saved.read_text() != cfg.to_json()):
-        rep.log(f"{work}: different or unreadable run, starting over")
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    saved.write_text(cfg.to_json())
-
-
 def _load_or_make_sequences(cfg: MedusaTrainConfig, work: Path, model: Any, tok: Any,
                             g: torch.Generator, rep: Reporter,
                             sequences: torch.Tensor | None) -> tuple[torch.Tensor, int]:
-    from safetensors.torch import load_file, save_file
+    def make() -> dict[str, torch.Tensor]:
+        if sequences is not None:
+            seqs, first = sequences, cfg.prompt_len
+        else:
+            seqs, first = make_sequences(cfg, model, tok, g, rep)
+        return {"seqs": seqs, "first_label": torch.tensor(first)}
 
-    path = work / "sequences.safetensors"
-    if path.is_file():
-        d = load_file(str(path))
-        return d["seqs"], int(d["first_label"])
-    if sequences is not None:
-        seqs, first = sequences, cfg.prompt_len
-    else:
-        seqs, first = make_sequences(cfg, model, tok, g, rep)
-    save_file({"seqs": seqs.contiguous(), "first_label": torch.tensor(first)}, str(path))
-    return seqs, first
+    d = cached_tensors(work, make, rep)
+    return d["seqs"], int(d["first_label"])
 
 
 def _checkpointer(cfg: MedusaTrainConfig, work: Path, heads: MedusaHeads,
@@ -244,11 +235,8 @@ def _checkpointer(cfg: MedusaTrainConfig, work: Path, heads: MedusaHeads,
     def save(step: int, opt: torch.optim.Optimizer) -> None:
         if step % cfg.save_every and step != cfg.steps:
             return
-        state = {"step": step, "heads": heads.state_dict(), "opt": opt.state_dict(),
-                 "rng": g.get_state()}
-        tmp = work / "state.pt.tmp"
-        torch.save(state, tmp)
-        tmp.replace(work / "state.pt")
+        save_state(work, {"step": step, "heads": heads.state_dict(), "opt": opt.state_dict(),
+                          "rng": g.get_state()})
     return save
 
 
@@ -268,8 +256,8 @@ def run_train_medusa(cfg: MedusaTrainConfig, reporter: Reporter | None = None, *
     model, tok = load_causal_lm(cfg.model, cfg.device)
     choice = choose_dtype(cfg.dtype, cfg.device)
     rep.log(f"training dtype {choice.dtype} ({choice.reason})")
-    work = _work_dir(out)
-    _prepare_work(cfg, work, rep)
+    work = work_dir(out)
+    prepare_work(cfg.to_json(), work, rep)
     g_data = torch.Generator().manual_seed(cfg.seed)
     seqs, first = _load_or_make_sequences(cfg, work, model, tok, g_data, rep, sequences)
     n_held = int(seqs.shape[0] * cfg.heldout_fraction)
@@ -283,8 +271,8 @@ def run_train_medusa(cfg: MedusaTrainConfig, reporter: Reporter | None = None, *
     heads.to(cfg.device)
     g = torch.Generator().manual_seed(cfg.seed + 1)
     start, opt_state = 0, None
-    if (work / "state.pt").is_file():
-        state = torch.load(work / "state.pt", weights_only=True)
+    state = load_state(work)
+    if state is not None:
         heads.load_state_dict(state["heads"])
         g.set_state(state["rng"])
         start, opt_state = int(state["step"]), state["opt"]

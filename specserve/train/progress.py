@@ -29,6 +29,9 @@ class NullReporter:
         pass
 
 
+LINE_EVERY_S = 30.0  # progress lines off a terminal
+
+
 class RichReporter:
     """One rich progress bar per phase, with elapsed time; use as a context manager."""
 
@@ -51,6 +54,7 @@ class RichReporter:
         )
         self._task: Any = None
         self._t0 = time.monotonic()
+        self._phase, self._total, self._last_line = "", 1, self._t0
 
     def __enter__(self) -> RichReporter:
         self._progress.start()
@@ -62,10 +66,16 @@ class RichReporter:
 
     def start(self, name: str, total: int) -> None:
         self._task = self._progress.add_task(name, total=max(total, 1), info="")
+        self._phase, self._total, self._last_line = name, max(total, 1), time.monotonic()
 
     def update(self, done: int, info: str = "") -> None:
         if self._task is not None:
             self._progress.update(self._task, completed=done, info=info)
+        # no live bar off a terminal (make's log, CI): a plain line now and then instead
+        if not self.console.is_terminal and (
+                time.monotonic() - self._last_line >= LINE_EVERY_S or done >= self._total):
+            self._last_line = time.monotonic()
+            self.log(f"{self._phase} {done}/{self._total} {info}".rstrip())
 
     def log(self, line: str) -> None:
         self._progress.console.log(f"[{time.monotonic() - self._t0:6.1f}s] {line}")

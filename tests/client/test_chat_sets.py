@@ -95,3 +95,40 @@ def test_prompts_command_writes_a_dataset_bench_reads(tmp_path: Path) -> None:
     assert [r.category for r in rows] == ["writing"] * 3 and rows[0].messages
     res = CliRunner().invoke(cli, ["prompts", "--out", str(out)])
     assert res.exit_code == 2 and "give --sharegpt" in res.stderr
+
+
+def test_templated_prompts_carry_the_models_own_template(tiny_ckpt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from specserve.client.chat_sets import templated
+    from specserve.client.prompt import Prompt
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_ckpt.target))
+    msgs = (("user", "def add(a, b):"),)
+    (p,) = templated([Prompt("ignored", 5, "code", messages=msgs)], tiny_ckpt.target)
+    want = tok.apply_chat_template([{"role": "user", "content": "def add(a, b):"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert (p.text, p.messages, p.category, p.max_tokens) == (want, (), "code", 5)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in tiny_ckpt.target.iterdir():
+        if f.name.startswith("tokenizer"):
+            (bare / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((bare / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
+    for extra in ("chat_template.jinja", "chat_template.json"):
+        (bare / extra).unlink(missing_ok=True)
+    with pytest.raises(SpecserveError, match="no chat template"):
+        templated([Prompt("x", None, "qa")], bare)
+
+
+def test_demo_serves_a_dataset_when_given(tmp_path: Path) -> None:
+    from specserve.demo import DemoRunConfig, demo_prompts
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"p{i}", "category": "qa"}) + "\n"
+                            for i in range(3)))
+    ps = demo_prompts(DemoRunConfig(repo="r", out="o", dataset=str(data), warmup=1,
+                                    requests=4))
+    assert [p.text for p in ps] == ["p0", "p1", "p2", "p0", "p1"]

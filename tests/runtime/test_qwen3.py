@@ -125,10 +125,14 @@ def test_tree_forward_equals_each_path(qwen3: Qwen3Set) -> None:
             assert torch.allclose(got[i], ref, atol=1e-5), i
 
 
-def test_cpu_layouts_give_the_same_logits(qwen3: Qwen3Set) -> None:
+def test_cpu_layouts_give_the_same_logits(qwen3: Qwen3Set, monkeypatch: pytest.MonkeyPatch) -> None:
     """fp32: the prepacked multi-row copies within float32 rounding of the plain weights; bf16:
-    prepacked weights bit for bit equal to F.linear on plain bf16 weights."""
+    prepacked weights bit for bit equal to F.linear on plain bf16 weights. fp32 as without the
+    few-row kernel (test_cpu_linear_kernel.py checks that one)."""
+    from specserve.runtime import cpu_linear
     from specserve.runtime.cpu_linear import can_prepack
+
+    monkeypatch.setattr(cpu_linear, "_loaded", [None])
 
     tree = build_tree_buffers(MedusaTree.from_choices([[0], [1], [0, 0]]))
     g = torch.Generator().manual_seed(9)
