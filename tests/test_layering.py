@@ -217,6 +217,18 @@ def test_doors_are_adapters_over_the_serving_core() -> None:
     assert not bad, "door layering violations:\n" + "\n".join(sorted(bad))
 
 
+def test_serving_core_tests_need_no_door() -> None:
+    """tests/serving/ drives the core as a door would, without one (the door table is the one
+    test there that goes through every door on purpose)."""
+    tests = ROOT.parent / "tests" / "serving"
+    assert (tests / "test_loop.py").is_file()
+    bad = [f"{f.name}:{line} {mod}" for f in sorted(tests.glob("*.py"))
+           if f.name != "test_door_features.py" for line, mod in _imports(f)
+           if mod.startswith(("specserve.triton", "specserve.frontends"))
+           or mod.split(".")[0] in DOOR_RUNTIMES]
+    assert not bad, bad
+
+
 def test_door_layering_catches_a_relative_import(tmp_path: Path) -> None:
     """The module graph resolves a relative import into ``triton/`` (``from ..triton import``),
     which the package-level scan of absolute imports would miss."""
