@@ -211,3 +211,23 @@ def test_a_worker_that_stops_answering_its_probe_is_killed_and_restarted(
         assert events[0]["pid"] == stopped and dep.workers[0].proc.pid != stopped
     finally:
         dep.stop()
+
+
+def test_each_event_is_one_line_of_text_or_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from specserve.cli.serve import _event
+
+    events = [{"event": "worker-exited", "worker": "worker m #0", "pid": 7, "code": -9,
+               "error": "killed by SIGKILL; last log line: x", "restart_in_s": 0.5},
+              {"event": "worker-hung", "worker": "worker m #1", "pid": 8, "verdict": "hung"},
+              {"event": "worker-restarted", "worker": "worker m #0", "pid": 9},
+              {"event": "worker-ready", "worker": "worker m #0", "pid": 9, "down_s": 4.2}]
+    for e in events:
+        _event(e, "text")
+        _event(e, "json")
+    out, err = capsys.readouterr()
+    assert [json.loads(line) for line in out.splitlines()] == events
+    lines = err.splitlines()
+    assert len(lines) == 4 and all(x.startswith("specserve: worker m #") for x in lines), lines
+    assert "exited with code -9" in lines[0] and "restarting in 0.5 s" in lines[0]
