@@ -8,6 +8,8 @@
   throughout, and the supervisor has the worker back (and serving) within 30 s;
 - worker #0 SIGSTOPped mid-run: its health probe finds it, it is killed and restarted, and
   every request ends within 30 s of the stop;
+- the engine broken under a running worker that then dies: its restarts fail, and the fifth
+  failure within 60 s ends ``serve`` (exit 3) in one line naming the worker and its error;
 - a base model (no chat template) serves ``/v1/completions`` with ``specserve generate``'s
   greedy text, and a registration the frontend refuses fails ``serve`` within 15 s with the
   frontend's reason;
@@ -433,3 +435,31 @@ def test_a_triton_deployment_listens_on_loopback_only(engine: Path, tmp_path: Pa
                                                for x in got]})
     assert {http, grpc, metrics} <= {x.port for x in got}, got
     assert all(x.loopback for x in got), [x for x in got if not x.loopback]
+
+
+def test_a_crash_loop_ends_serve_in_one_line_naming_the_worker(engine: Path,
+                                                                 tmp_path: Path) -> None:
+    """The engine breaks under a running worker, which then dies: every restart fails to load
+    it, and the fifth failure within 60 s ends ``serve`` (exit 3) with one line naming the
+    worker and its last error."""
+    own = tmp_path / "engine"
+    shutil.copytree(engine, own)
+    s = _start(["--frontend", "dynamo", "--engine", str(own), "--name", "tiny",
+                "--format", "json"])
+    try:
+        (own / "target" / "model.safetensors").write_bytes(b"not a safetensors file")
+        t0 = time.monotonic()
+        os.killpg(s.info["workers"][0]["pid"], signal.SIGKILL)
+        rc = s.proc.wait(timeout=90)
+        took = time.monotonic() - t0
+        assert s.proc.stderr is not None
+        err = s.proc.stderr.read().strip().splitlines()
+    finally:
+        _stop(s)
+    kinds = [e["event"] for _, e in s.events]
+    _report("crash loop", {"exit": rc, "took_s": round(took, 1), "events": kinds,
+                           "line": err[-1:]})
+    assert rc == 3 and len(err) == 1, (rc, err)
+    assert err[0].startswith("error: worker tiny #0 failed 5 times in 60 s (crash loop)"), err
+    assert "model.safetensors" in err[0], err
+    assert kinds.count("worker-restarted") == 4 and "worker-ready" not in kinds, kinds
