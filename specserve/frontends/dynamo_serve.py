@@ -550,6 +550,6 @@ def serve_until_stopped(cfg: DynamoServeConfig, timeout_s: float,
         except KeyboardInterrupt:
             dep.stop()
             return
-        except ServerError:
+        except Exception:  # the frontend's exit, a crash loop, or our own failure
             dep.stop(keep_logs=True)
             raise

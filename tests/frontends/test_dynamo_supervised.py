@@ -10,6 +10,7 @@
   every request ends within 30 s of the stop;
 - the engine broken under a running worker that then dies: its restarts fail, and the fifth
   failure within 60 s ends ``serve`` (exit 3) in one line naming the worker and its error;
+- the frontend SIGKILLed: ``serve`` exits 3 in one line and leaves no worker behind;
 - a base model (no chat template) serves ``/v1/completions`` with ``specserve generate``'s
   greedy text, and a registration the frontend refuses fails ``serve`` within 15 s with the
   frontend's reason;
@@ -463,3 +464,24 @@ def test_a_crash_loop_ends_serve_in_one_line_naming_the_worker(engine: Path,
     assert err[0].startswith("error: worker tiny #0 failed 5 times in 60 s (crash loop)"), err
     assert "model.safetensors" in err[0], err
     assert kinds.count("worker-restarted") == 4 and "worker-ready" not in kinds, kinds
+
+
+def test_the_frontend_s_death_ends_serve_and_every_worker(engine: Path) -> None:
+    from tests.helpers.dynamo import alive
+
+    s = _start(["--frontend", "dynamo", "--engine", str(engine), "--workers", "2",
+                "--name", "tiny", "--format", "json"])
+    try:
+        children = descendants(s.proc.pid)
+        os.killpg(s.info["frontend_pid"], signal.SIGKILL)
+        rc = s.proc.wait(timeout=60)
+        assert s.proc.stderr is not None
+        err = s.proc.stderr.read().strip().splitlines()
+    finally:
+        _stop(s)
+    assert rc == 3 and len(err) == 1, (rc, err)
+    assert err[0].startswith("error: frontend exited with code -9"), err
+    deadline = time.monotonic() + 10
+    while alive(children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(children), f"orphans: {alive(children)}"
