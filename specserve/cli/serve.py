@@ -27,10 +27,11 @@ pytorch engines (Triton's llmapi model) run only inside NVIDIA's TensorRT-LLM co
 --frontend dynamo starts Dynamo's frontend (file discovery, TCP request plane, --router) and
 --workers specserve workers per served name, all on 127.0.0.1 and free ports (--http-port 0),
 waits until /v1/models lists every name, prints the frontend URL and each worker's metrics URL,
-then supervises: a worker that exits, or stops answering Dynamo's health probe (then killed), is
-restarted with backoff (one line each; --format json: one JSON object per line), requests on it
-migrate (--migration-limit) or end with an error; five failures of one worker within 60 s end
-the service. A model without a chat template is served for /v1/completions only.
+then supervises: a worker that exits, or stops answering Dynamo's health probe (a stopped
+process; a wedged engine, found by Dynamo's canary request), is restarted with backoff (one
+line each; --format json: one JSON object per line); requests on it migrate (--migration-limit)
+or end with an error; five failures of one worker within 60 s end the service. A model
+without a chat template is served for /v1/completions only.
 Exit codes: 0 after a clean stop, 2 bad input, 3 the server failed to start or died.
 """
 
@@ -168,7 +169,8 @@ def _serve_dynamo(engine: Path, host: str, http_port: int | None, timeout_s: flo
                             router=router, migration_limit=migration_limit,
                             http_port=http_port or 0,
                             max_batch=max_batch, log_dir=Path(log_dir) if log_dir else None,
-                            prefix_cache_mb=prefix_cache_mb, kv_events=kv_events)
+                            prefix_cache_mb=prefix_cache_mb, kv_events=kv_events,
+                            canary=True)
     if kv_events:
         click.echo("warning: --kv-events: each worker's KV-event publisher listens on every "
                    "interface (0.0.0.0; Dynamo 1.6.1 has no setting for its address)", err=True)

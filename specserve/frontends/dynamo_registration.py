@@ -11,6 +11,13 @@ stays empty. So a checkpoint without a chat template (a base model) registers
 ``ModelType.Completions`` alone: ``/v1/completions`` serves it and the frontend answers
 ``/v1/chat/completions`` for it with its own OpenAI error.
 
+Health: the canary (:func:`canary_request`) is the request Dynamo's runtime sends through the
+engine when the endpoint has been idle for ``DYN_CANARY_WAIT_TIME`` seconds, with
+``DYN_HEALTH_CHECK_ENABLED=true`` (ai-dynamo-runtime 1.6.1 ``lib/runtime/src/health_check.rs``,
+``serve_endpoint(..., health_check_payload=...)``); no answer within
+``DYN_HEALTH_CHECK_REQUEST_TIMEOUT`` marks the endpoint not ready on its system status server
+(``Health check timeout for generate``), which is what ``specserve serve`` probes from outside.
+
 :func:`rejection` reads the frontend's log for that line, so ``specserve serve`` reports a
 registration the frontend refuses within seconds, with Dynamo's reason, instead of waiting for
 its readiness time-out.
@@ -21,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 #: the frontend's log line for a registration it could not turn into a served model
 REJECTED = "Model materialization failed"
@@ -40,6 +48,14 @@ def has_chat_template(model_dir: Path) -> bool:
         return False
     value = cfg.get("chat_template") if isinstance(cfg, dict) else None
     return bool(value) and (not isinstance(value, str) or bool(value.strip()))
+
+
+def canary_request(eos: int | None) -> dict[str, Any]:
+    """The smallest request the worker serves: one prompt token, one greedy token (the
+    preprocessed form the frontend sends: :mod:`specserve.frontends.dynamo_request`)."""
+    return {"token_ids": [0 if eos is None else eos], "stop_conditions": {"max_tokens": 1},
+            "sampling_options": {"temperature": 0.0}, "output_options": {},
+            "eos_token_ids": [] if eos is None else [eos]}
 
 
 def rejection(frontend_log: str) -> str | None:

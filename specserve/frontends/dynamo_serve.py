@@ -23,7 +23,10 @@ supervision`): a worker that exits is restarted after a bounded backoff, a crash
 service; a worker that stops answering is found by probing Dynamo's own system status server of
 each worker from here (``DYN_SYSTEM_PORT``, ``GET /health``, endpoint health on with
 ``DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]'``; the port is read as a signed 16-bit
-integer by ai-dynamo-runtime 1.6.1, so it must be below 32768), killed, and restarted. Requests
+integer by ai-dynamo-runtime 1.6.1, so it must be below 32768), killed, and restarted. A
+stopped process does not answer at all; a wedged engine in a live process is found by Dynamo's
+canary (``canary``: ``DYN_HEALTH_CHECK_ENABLED``, a request through the idle engine, whose
+time-out turns that ``/health`` not ready: :mod:`specserve.frontends.dynamo_registration`). Requests
 on a dead worker are re-sent by the frontend with ``--migration-limit`` (else they end with an
 error); the service ends only on SIGINT/SIGTERM, the frontend's exit, or a crash loop.
 
@@ -93,6 +96,7 @@ class DynamoServeConfig:
     prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB  # each worker's (0: off, no KV events)
     kv_events: bool = False  # publish the prefix cache to the KV router (binds 0.0.0.0: above)
     probe: bool = True  # each worker's system status server on, for the liveness probe
+    canary: bool = False  # Dynamo's canary through idle engines (a wedged step: not ready)
 
     def validate(self) -> None:
         from specserve.engine_record import read_engine_record
@@ -167,6 +171,10 @@ def worker_command(cfg: DynamoServeConfig, model: ServedModel, metrics_port: int
 #: system status ports: ai-dynamo-runtime 1.6.1 parses ``DYN_SYSTEM_PORT`` as an i16
 SYSTEM_PORTS = range(20000, 32768)
 RESTART_MARK = "specserve: ---- restarted"
+#: Dynamo's canary: after 3 s without traffic, one request through the engine; no answer in
+#: 8 s = the endpoint not ready (frontends/dynamo_registration.py)
+CANARY_ENV = {"DYN_HEALTH_CHECK_ENABLED": "true", "DYN_CANARY_WAIT_TIME": "3",
+              "DYN_HEALTH_CHECK_REQUEST_TIMEOUT": "8"}
 
 
 def free_system_ports(n: int, avoid: set[int]) -> list[int]:
@@ -282,6 +290,8 @@ class DynamoDeployment:
         self.discovery = self._tmp / "discovery"
         self.discovery.mkdir()
         env = self.env = dynamo_env(self.discovery)
+        if self.cfg.canary:
+            env.update(CANARY_ENV)
         n = len(self.cfg.models) * self.cfg.workers
         ports = iter(find_free_ports(1 + n, HOST, {self.cfg.http_port}))
         system = iter(free_system_ports(n if self.cfg.probe else 0, {self.cfg.http_port}))

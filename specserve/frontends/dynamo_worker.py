@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.errors import SpecserveError
 from specserve.frontends.dynamo_kv_events import KvEventRelay
-from specserve.frontends.dynamo_registration import has_chat_template
+from specserve.frontends.dynamo_registration import canary_request, has_chat_template
 from specserve.frontends.dynamo_request import admit, finish_reason
 from specserve.runtime.kv_pool import BLOCK_SIZE, PoolStats
 from specserve.runtime.native_memory import cap_primitive_cache, trimmer
@@ -357,7 +357,9 @@ async def serve(cfg: WorkerConfig) -> None:
                          str(cfg.engine_dir / "target"), cfg.name,
                          worker_type=WorkerType.Aggregated, kv_cache_block_size=block)
     print(f"specserve dynamo worker ready: {cfg.name} on {cfg.endpoint}", flush=True)
-    await endpoint.serve_endpoint(worker.generate)
+    # Dynamo's canary (when DYN_HEALTH_CHECK_ENABLED): a wedged engine turns /health not ready
+    await endpoint.serve_endpoint(worker.generate,
+                                  health_check_payload=canary_request(worker.limits.eos))
 
 
 def parse_args(argv: list[str] | None = None) -> WorkerConfig:

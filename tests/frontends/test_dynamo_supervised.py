@@ -11,6 +11,8 @@
 - the engine broken under a running worker that then dies: its restarts fail, and the fifth
   failure within 60 s ends ``serve`` (exit 3) in one line naming the worker and its error;
 - the frontend SIGKILLed: ``serve`` exits 3 in one line and leaves no worker behind;
+- a wedged engine (the loop blocked, the process up: :mod:`tests.helpers.wedge_worker`) is
+  found by Dynamo's canary, killed and replaced, every request ending within 30 s;
 - a base model (no chat template) serves ``/v1/completions`` with ``specserve generate``'s
   greedy text, and a registration the frontend refuses fails ``serve`` within 15 s with the
   frontend's reason;
@@ -485,3 +487,74 @@ def test_the_frontend_s_death_ends_serve_and_every_worker(engine: Path) -> None:
     while alive(children) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(children), f"orphans: {alive(children)}"
+
+
+def test_a_wedged_engine_is_found_by_dynamo_s_canary_and_replaced(
+        engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker #0 is :mod:`tests.helpers.wedge_worker`: while a file exists its serving loop
+    blocks, its process and sockets stay up (the system status server answers). Dynamo's
+    canary (``DYN_HEALTH_CHECK_ENABLED``, on in ``serve``) finds the engine silent and turns
+    ``/health`` not ready; the supervisor kills the worker and restarts it; every request ends
+    within 30 s of the wedge. (The one fault the command cannot plant from outside, so this
+    runs the library's deployment and supervisor in the test.)"""
+    from specserve.frontends import dynamo_serve as ds
+    from specserve.frontends.supervision import RestartPolicy
+
+    wedge = tmp_path / "wedge"
+    monkeypatch.setenv("SPECSERVE_TEST_WEDGE_FILE", str(wedge))
+    product_command = ds.worker_command
+
+    made: list[int] = []
+
+    def command(cfg: Any, model: Any, port: int) -> list[str]:  # worker #0: the wedge
+        cmd = product_command(cfg, model, port)
+        if not made:
+            cmd[cmd.index(ds.WORKER_MODULE)] = "tests.helpers.wedge_worker"
+        made.append(port)
+        return cmd
+
+    monkeypatch.setattr(ds, "worker_command", command)
+    dep = ds.DynamoDeployment(ds.DynamoServeConfig(
+        engine=engine, models=(ds.ServedModel("tiny"),), workers=2, migration_limit=3,
+        max_batch=16, log_dir=tmp_path / "logs", canary=True))
+    dep.start(180)
+    events: list[tuple[float, dict[str, Any]]] = []
+
+    def on_event(e: dict[str, Any]) -> None:
+        events.append((time.monotonic(), e))
+        if e["event"] == "worker-hung":
+            wedge.unlink(missing_ok=True)  # the restarted worker must not wedge again
+
+    done = threading.Event()
+    sup = ds.Supervisor(dep, RestartPolicy(), on_event)
+
+    def supervise() -> None:
+        while not done.is_set():
+            sup.step()
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=supervise, daemon=True)
+    thread.start()
+    try:
+        assert "wedge_worker" in " ".join(dep.workers[0].cmd)
+        recs, wedged_at = _load(dep.url, 48, wedge.touch, 12)
+        deadline = time.monotonic() + BACK_WITHIN_S
+        while not any(e["event"] == "worker-ready" for _, e in events) and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        done.set()
+        thread.join(timeout=30)
+        wedge.unlink(missing_ok=True)
+        dep.stop()
+    hung = [t for t, e in events if e["event"] == "worker-hung"]
+    back = [t for t, e in events if e["event"] == "worker-ready"]
+    late = [r for r in recs if r.ended - max(r.sent, wedged_at) > 30.0]
+    got = {"requests": len(recs), "errors": sum(1 for r in recs if r.error),
+           "hung": sum(1 for r in recs if r.hung), "ended_late": len(late),
+           "found_after_s": round(hung[0] - wedged_at, 2) if hung else None,
+           "back_after_s": round(back[0] - wedged_at, 2) if back else None,
+           "events": [e["event"] for _, e in events]}
+    _report("wedged", got)
+    assert len(recs) == 48 and got["hung"] == 0 and not late, got
+    assert hung and back and back[0] - wedged_at <= BACK_WITHIN_S, got

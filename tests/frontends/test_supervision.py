@@ -198,8 +198,7 @@ def test_a_worker_that_stops_answering_its_probe_is_killed_and_restarted(
     try:
         sup = Supervisor(dep, FAST, events.append)
         sup.states[0] = sv.on_start(sup.states[0], time.monotonic())
-        _run(sup, lambda: dep.workers[0].healthy(0.5), 10)
-        sup.step()
+        _run(sup, lambda: sup.states[0].ready, 10)  # its first ready answer
         assert sup.states[0].ready
         events.clear()
         stopped = dep.workers[0].proc.pid
