@@ -271,6 +271,9 @@ class Worker:
                        ) -> AsyncIterator[dict[str, Any]]:
         """Dynamo's handler: admit, queue for the loop, yield its responses."""
         received = time.time()
+        if spent(request):
+            yield {"token_ids": [], "finish_reason": "length"}
+            return
         try:
             req, params = admit(request, self.limits, self.guides.compile_text)
         except (ValueError, SpecserveError) as e:
@@ -296,6 +299,17 @@ class Worker:
                     "request": {k: v for k, v in request.items() if k != "token_ids"}},
                     default=str) + "\n")
                 self.trace.flush()
+
+
+def spent(request: dict[str, Any]) -> bool:
+    """A request migrated after its last token reached the client: Dynamo's migration re-sends
+    it with the streamed tokens appended to the prompt and ``max_tokens`` less by as many
+    (ai-dynamo/dynamo ``docs/architecture/request_migration.md``), so a worker that died
+    between the last token and the final response leaves a budget of 0. The frontend refuses
+    ``max_tokens`` 0 from a client ("Max tokens must be greater than 0"), so only a migration
+    sends it; the answer is the final response alone."""
+    stop = request.get("stop_conditions") or {}
+    return isinstance(stop, dict) and stop.get("max_tokens") == 0
 
 
 async def _responses(sender: DynamoSender, context: Any) -> AsyncIterator[dict[str, Any]]:

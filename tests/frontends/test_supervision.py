@@ -230,3 +230,22 @@ def test_each_event_is_one_line_of_text_or_json(capsys: pytest.CaptureFixture[st
     lines = err.splitlines()
     assert len(lines) == 4 and all(x.startswith("specserve: worker m #") for x in lines), lines
     assert "exited with code -9" in lines[0] and "restarting in 0.5 s" in lines[0]
+
+
+def test_a_request_migrated_after_its_last_token_gets_its_final_response() -> None:
+    """Migration re-sends a request whose worker died after its last token with max_tokens 0:
+    the worker answers with the final response alone (before, the request failed with
+    "request_output_len must be positive, got 0")."""
+    import asyncio
+
+    from specserve.frontends.dynamo_worker import Worker, spent
+
+    req = {"token_ids": [5, 6, 7], "stop_conditions": {"max_tokens": 0}}
+    assert spent(req) and not spent({"token_ids": [5], "stop_conditions": {"max_tokens": 1}})
+    assert not spent({"token_ids": [5]})
+    worker = Worker.__new__(Worker)  # no engine: the answer comes before one is needed
+
+    async def collect() -> list[dict[str, Any]]:
+        return [item async for item in worker.generate(req, None)]
+
+    assert asyncio.run(collect()) == [{"token_ids": [], "finish_reason": "length"}]
