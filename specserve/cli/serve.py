@@ -26,14 +26,20 @@ Engines with world size > 1 start through mpirun, one rank per GPU. Repositories
 pytorch engines (Triton's llmapi model) run only inside NVIDIA's TensorRT-LLM container.
 --frontend dynamo starts Dynamo's frontend (file discovery, TCP request plane, --router) and
 --workers specserve workers per served name, all on 127.0.0.1 and free ports (--http-port 0),
-waits until /v1/models lists every name, prints the frontend URL and each worker's metrics URL.
+waits until /v1/models lists every name, prints the frontend URL and each worker's metrics URL,
+then supervises: a worker that exits, or stops answering Dynamo's health probe (a stopped
+process; a wedged engine, found by Dynamo's canary request), is restarted with backoff (one
+line each; --format json: one JSON object per line); requests on it migrate (--migration-limit)
+or end with an error; five failures of one worker within 60 s end the service. A model
+without a chat template is served for /v1/completions only.
 Exit codes: 0 after a clean stop, 2 bad input, 3 the server failed to start or died.
 """
 
 
 DYNAMO_DEFAULTS: dict[str, Any] = {"workers": 1, "router": "round-robin", "migration_limit": 0,
                                    "served_name": None, "baseline_name": None, "max_batch": 8,
-                                   "log_dir": None, "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB}
+                                   "log_dir": None, "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB,
+                                   "kv_events": False}
 
 
 @click.command("serve", epilog=EXAMPLES, short_help="Serve a model repository on Triton.")
@@ -60,7 +66,11 @@ DYNAMO_DEFAULTS: dict[str, Any] = {"workers": 1, "router": "round-robin", "migra
 @click.option("--prefix-cache-mb", type=click.IntRange(0, None),
               default=DEFAULT_PREFIX_CACHE_MB, show_default=True,
               help="Dynamo: each worker's prefix cache in MiB (0: off); with --router kv the "
-                   "workers publish its blocks as KV events.")
+                   "workers publish its blocks as KV events (--kv-events).")
+@click.option("--kv-events/--no-kv-events", default=False, show_default=True,
+              help="Dynamo: workers publish their prefix caches to the KV router. Dynamo "
+                   "1.6.1 binds that ZMQ publisher on every interface (0.0.0.0), so it is off "
+                   "for local serving unless asked.")
 @FORMAT_OPTION
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None,
@@ -142,7 +152,7 @@ def _dynamo_text(d: dict[str, Any]) -> str:
 def _serve_dynamo(engine: Path, host: str, http_port: int | None, timeout_s: float, fmt: str,
                   workers: int, router: str, migration_limit: int, served_name: str | None,
                   baseline_name: str | None, max_batch: int, log_dir: str | None,
-                  prefix_cache_mb: int) -> None:
+                  prefix_cache_mb: int, kv_events: bool) -> None:
     from specserve.errors import SpecserveError
     from specserve.frontends.dynamo_serve import (
         DynamoServeConfig,
@@ -159,5 +169,26 @@ def _serve_dynamo(engine: Path, host: str, http_port: int | None, timeout_s: flo
                             router=router, migration_limit=migration_limit,
                             http_port=http_port or 0,
                             max_batch=max_batch, log_dir=Path(log_dir) if log_dir else None,
-                            prefix_cache_mb=prefix_cache_mb)
-    serve_until_stopped(cfg, timeout_s, lambda dep: emit(dep.describe(), fmt, _dynamo_text))
+                            prefix_cache_mb=prefix_cache_mb, kv_events=kv_events,
+                            canary=True)
+    if kv_events:
+        click.echo("warning: --kv-events: each worker's KV-event publisher listens on every "
+                   "interface (0.0.0.0; Dynamo 1.6.1 has no setting for its address)", err=True)
+    serve_until_stopped(cfg, timeout_s, lambda dep: emit(dep.describe(), fmt, _dynamo_text),
+                        lambda e: _event(e, fmt))
+
+
+def _event(e: dict[str, Any], fmt: str) -> None:
+    """One supervision event: a JSON line on stdout, or a line of text on stderr."""
+    import json
+
+    if fmt == "json":
+        click.echo(json.dumps(e, sort_keys=True, default=str))
+        return
+    what = {"worker-exited": f"exited with code {e.get('code')} ({e.get('error')}); restarting "
+                             f"in {e.get('restart_in_s')} s",
+            "worker-hung": f"did not answer its health probe ({e.get('verdict')}); killed",
+            "worker-restarted": "restarted",
+            "worker-ready": f"ready again ({e.get('down_s')} s after it went down)"}
+    click.echo(f"specserve: {e['worker']} (pid {e.get('pid')}) "
+               f"{what.get(e['event'], e['event'])}", err=True)

@@ -14,13 +14,34 @@ endpoint instance per worker (``v1/instances/``, the layout of Dynamo 1.6.1's fi
 the router knows all of them. Supervision follows :mod:`specserve.triton.server`: each child in
 its own session (SIGTERM to its group, SIGKILL after a grace period) and SIGTERM when we die
 (:func:`specserve.processes.die_with_parent`); a child that exits during start-up is reported in
-one line (its log's last error line) and everything else is stopped.
+one line (its log's last error line) and everything else is stopped. A registration the frontend
+refuses (its ``Model materialization failed`` line: :mod:`specserve.frontends.dynamo_registration`)
+is reported as soon as it is logged, with Dynamo's reason.
+
+Once serving, :class:`Supervisor` keeps it so (the decisions: :mod:`specserve.frontends.
+supervision`): a worker that exits is restarted after a bounded backoff, a crash loop ends the
+service; a worker that stops answering is found by probing Dynamo's own system status server of
+each worker from here (``DYN_SYSTEM_PORT``, ``GET /health``, endpoint health on with
+``DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]'``; the port is read as a signed 16-bit
+integer by ai-dynamo-runtime 1.6.1, so it must be below 32768), killed, and restarted. A
+stopped process does not answer at all; a wedged engine in a live process is found by Dynamo's
+canary (``canary``: ``DYN_HEALTH_CHECK_ENABLED``, a request through the idle engine, whose
+time-out turns that ``/health`` not ready: :mod:`specserve.frontends.dynamo_registration`). Requests
+on a dead worker are re-sent by the frontend with ``--migration-limit`` (else they end with an
+error); the service ends only on SIGINT/SIGTERM, the frontend's exit, or a crash loop.
+
+Loopback: besides the variables above, each worker's KV-event publisher is Dynamo's direct-mode
+ZMQ PUB socket, which ai-dynamo-runtime 1.6.1 binds to ``tcp://0.0.0.0:0`` whatever
+``DYN_EVENT_PLANE_HOST`` says (that variable only sets the address it advertises); no setting
+binds it to loopback, so local serving publishes no KV events unless asked (``kv_events``; the
+KV router then predicts from its own decisions: ``--no-router-kv-events``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from specserve.errors import ServerError, SpecserveError
+from specserve.frontends import supervision as sv
+from specserve.frontends.dynamo_registration import rejection
 from specserve.ports import find_free_ports
 from specserve.processes import die_with_parent
 from specserve.serving.engine_params import DEFAULT_PREFIX_CACHE_MB
@@ -71,6 +94,9 @@ class DynamoServeConfig:
     log_dir: Path | None = None  # None: a temp directory
     nodelay: bool = True  # False: Dynamo's frontend as shipped (Nagle on: ~40 ms to TTFT)
     prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB  # each worker's (0: off, no KV events)
+    kv_events: bool = False  # publish the prefix cache to the KV router (binds 0.0.0.0: above)
+    probe: bool = True  # each worker's system status server on, for the liveness probe
+    canary: bool = False  # Dynamo's canary through idle engines (a wedged step: not ready)
 
     def validate(self) -> None:
         from specserve.engine_record import read_engine_record
@@ -122,7 +148,7 @@ def frontend_command(cfg: DynamoServeConfig, port: int) -> list[str]:
     cmd = [sys.executable, "-m", module, "--http-host", HOST, "--http-port",
            str(port), "--discovery-backend", "file", "--request-plane", "tcp",
            "--router-mode", cfg.router]
-    if cfg.router == "kv" and cfg.prefix_cache_mb == 0:
+    if cfg.router == "kv" and (cfg.prefix_cache_mb == 0 or not cfg.kv_events):
         cmd.append("--no-router-kv-events")
     if cfg.migration_limit:
         cmd += ["--migration-limit", str(cfg.migration_limit)]
@@ -137,7 +163,40 @@ def worker_command(cfg: DynamoServeConfig, model: ServedModel, metrics_port: int
     cmd = [sys.executable, "-m", WORKER_MODULE, "--engine", str(cfg.engine_of(model)), "--name",
            model.name, "--component", component, "--max-batch", str(cfg.max_batch),
            "--metrics-port", str(metrics_port), "--prefix-cache-mb", str(cfg.prefix_cache_mb)]
+    if not cfg.kv_events:
+        cmd.append("--no-kv-events")
     return cmd if model.speculation else [*cmd, "--no-speculation"]
+
+
+#: system status ports: ai-dynamo-runtime 1.6.1 parses ``DYN_SYSTEM_PORT`` as an i16
+SYSTEM_PORTS = range(20000, 32768)
+RESTART_MARK = "specserve: ---- restarted"
+#: Dynamo's canary: after 3 s without traffic, one request through the engine; no answer in
+#: 8 s = the endpoint not ready (frontends/dynamo_registration.py)
+CANARY_ENV = {"DYN_HEALTH_CHECK_ENABLED": "true", "DYN_CANARY_WAIT_TIME": "3",
+              "DYN_HEALTH_CHECK_REQUEST_TIMEOUT": "8"}
+
+
+def free_system_ports(n: int, avoid: set[int]) -> list[int]:
+    """``n`` distinct ports of :data:`SYSTEM_PORTS` free on 127.0.0.1 now."""
+    import random
+    import socket
+
+    got: list[int] = []
+    for port in random.sample(SYSTEM_PORTS, len(SYSTEM_PORTS)):
+        if len(got) == n:
+            break
+        if port in avoid or port in got:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+        got.append(port)
+    if len(got) < n:
+        raise ServerError(f"no {n} free ports in {SYSTEM_PORTS.start}-{SYSTEM_PORTS.stop - 1}")
+    return got
 
 
 @dataclass
@@ -150,16 +209,36 @@ class Child:
     metrics_port: int = 0
     model: str = ""
     proc: subprocess.Popen[bytes] | None = None
+    system_port: int = 0  # Dynamo's system status server (the liveness probe); 0: none
+    starts: int = 0
 
     @property
     def metrics_url(self) -> str:
         return f"http://{HOST}:{self.metrics_port}/metrics" if self.metrics_port else ""
 
     def start(self, env: dict[str, str]) -> None:
-        with open(self.log, "wb") as log:
+        """Start (a restart appends to the log after a :data:`RESTART_MARK` line)."""
+        if self.system_port:
+            env = {**env, "DYN_SYSTEM_PORT": str(self.system_port),
+                   "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]'}
+        with open(self.log, "ab" if self.starts else "wb") as log:
+            if self.starts:
+                log.write(f"{RESTART_MARK} ({self.starts}) ----\n".encode())
+                log.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True,
                                          preexec_fn=die_with_parent())
+        self.starts += 1
+
+    def healthy(self, timeout_s: float) -> bool:
+        """Dynamo's system status server of this worker answers ``GET /health`` with
+        ``"status": "ready"`` within ``timeout_s``."""
+        url = f"http://{HOST}:{self.system_port}/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as r:
+                return r.status == 200 and bool(json.loads(r.read()).get("status") == "ready")
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+            return False
 
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -168,10 +247,11 @@ class Child:
         """The child's most telling log line: its last ``error:`` / exception line, else the
         last line."""
         try:
-            lines = [s.strip() for s in self.log.read_text(errors="replace").splitlines()
-                     if s.strip()]
+            text = self.log.read_text(errors="replace").rsplit(RESTART_MARK, 1)[-1]
         except OSError:
             return "(no log)"
+        lines = [s.strip() for s in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()
+                 if s.strip()]
         for s in reversed(lines):
             if s.startswith(("error:", "Error")) or "Error:" in s or "ERROR" in s:
                 return s[-300:]
@@ -184,6 +264,7 @@ class DynamoDeployment:
 
     cfg: DynamoServeConfig
     children: list[Child] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
     http_port: int = 0
     startup_s: float = 0.0
     _tmp: Path | None = None
@@ -208,9 +289,12 @@ class DynamoDeployment:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.discovery = self._tmp / "discovery"
         self.discovery.mkdir()
-        env = dynamo_env(self.discovery)
-        ports = iter(find_free_ports(1 + len(self.cfg.models) * self.cfg.workers, HOST,
-                                     {self.cfg.http_port}))
+        env = self.env = dynamo_env(self.discovery)
+        if self.cfg.canary:
+            env.update(CANARY_ENV)
+        n = len(self.cfg.models) * self.cfg.workers
+        ports = iter(find_free_ports(1 + n, HOST, {self.cfg.http_port}))
+        system = iter(free_system_ports(n if self.cfg.probe else 0, {self.cfg.http_port}))
         self.http_port = self.cfg.http_port or next(ports)
         self.children = [Child("frontend", frontend_command(self.cfg, self.http_port),
                                self.log_dir / "frontend.log")]
@@ -219,7 +303,8 @@ class DynamoDeployment:
                 port = next(ports)
                 self.children.append(Child(
                     f"worker {model.name} #{i}", worker_command(self.cfg, model, port),
-                    self.log_dir / f"worker-{model.name}-{i}.log", port, model.name))
+                    self.log_dir / f"worker-{model.name}-{i}.log", port, model.name,
+                    system_port=next(system, 0)))
         t0 = time.monotonic()
         try:
             for c in self.children:
@@ -237,10 +322,24 @@ class DynamoDeployment:
             self._check_alive("at start-up")
             if self._ready():
                 return
+            self._check_registration()
             time.sleep(0.2)
         raise ServerError(f"Dynamo not ready after {timeout_s:.0f} s: /v1/models lists "
                           f"{sorted(self.listed_models())}, {self._instances()} of "
                           f"{len(self.workers)} workers registered; logs in {self.log_dir}")
+
+    def _check_registration(self) -> None:
+        """Dynamo's frontend refused a registration: its reason, now (it would retry for
+        ever and leave /v1/models empty)."""
+        front = self.children[0]
+        try:
+            why = rejection(front.log.read_text(errors="replace"))
+        except OSError:
+            return
+        if why is not None:
+            names = ", ".join(m.name for m in self.cfg.models)
+            raise ServerError(f"Dynamo's frontend refused to serve {names}: {why} "
+                              f"(log {front.log})")
 
     def _check_alive(self, when: str) -> None:
         for c in self.children:
@@ -284,7 +383,9 @@ class DynamoDeployment:
             "models": [m.name for m in self.cfg.models],
             "router": self.cfg.router, "migration_limit": self.cfg.migration_limit,
             "workers": [{"model": c.model, "pid": c.proc.pid if c.proc else None,
-                         "metrics_url": c.metrics_url, "log": str(c.log)}
+                         "metrics_url": c.metrics_url, "log": str(c.log),
+                         "health_url": f"http://{HOST}:{c.system_port}/health"
+                         if c.system_port else None}
                         for c in self.workers],
             "frontend_pid": self.children[0].proc.pid if self.children and
             self.children[0].proc else None,
@@ -351,11 +452,103 @@ def _check_dynamo() -> None:
         raise SpecserveError("NVIDIA Dynamo is not installed (ai-dynamo 1.6.1: make setup)")
 
 
+Event = dict[str, Any]
+
+
+@dataclass
+class Supervisor:
+    """Keeps a started deployment serving (module docstring): :meth:`step` looks at every
+    worker once (exit, probe due, restart due) and acts on the policy's decisions; events go
+    to ``on_event`` (one dict each: ``worker-exited``, ``worker-hung``, ``worker-restarted``,
+    ``worker-ready``). Raises ServerError when the frontend exits or on a crash loop."""
+
+    dep: DynamoDeployment
+    policy: sv.RestartPolicy = field(default_factory=sv.RestartPolicy)
+    on_event: Callable[[Event], None] = lambda e: None
+    clock: Callable[[], float] = time.monotonic
+    states: dict[int, sv.WorkerState] = field(default_factory=dict)
+    restart_at: dict[int, float] = field(default_factory=dict)
+    down_since: dict[int, float] = field(default_factory=dict)
+    next_probe: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.policy.validate()
+        now = self.clock()
+        for i, _ in enumerate(self.dep.workers):
+            self.states[i] = sv.WorkerState(started_at=now, ready=True)
+
+    def run(self, poll_s: float = 0.2) -> None:
+        while True:
+            self.step()
+            time.sleep(poll_s)
+
+    def step(self) -> None:
+        front = self.dep.children[0]
+        if front.exited() is not None:
+            raise ServerError(f"frontend exited with code {front.exited()}: "
+                              f"{front.last_error()} (log {front.log})")
+        for i, w in enumerate(self.dep.workers):
+            now = self.clock()
+            if i in self.restart_at:
+                if now >= self.restart_at[i]:
+                    self._restart(i, w, now)
+                continue
+            rc = w.exited()
+            if rc is not None:
+                self._exited(i, w, rc, now)
+            elif w.system_port and now >= self.next_probe.get(i, 0.0):
+                self._probe(i, w, now)
+
+    def _emit(self, event: str, w: Child, **fields: Any) -> None:
+        self.on_event({"event": event, "worker": w.role,
+                       "pid": w.proc.pid if w.proc else None, **fields})
+
+    def _exited(self, i: int, w: Child, rc: int, now: float) -> None:
+        self.states[i], decision = sv.on_exit(self.states[i], now, self.policy)
+        why = w.last_error()
+        if isinstance(decision, sv.GiveUp):
+            raise ServerError(f"{w.role} failed {decision.failures} times in "
+                              f"{decision.window_s:.0f} s (crash loop), last with code {rc}: "
+                              f"{why} (log {w.log})")
+        self.down_since.setdefault(i, now)
+        self.restart_at[i] = decision.at
+        if rc < 0:
+            why = f"killed by {signal.Signals(-rc).name}; last log line: {why}"
+        self._emit("worker-exited", w, code=rc, error=why, failures=decision.failures,
+                   restart_in_s=round(decision.backoff_s, 2), log=str(w.log))
+
+    def _restart(self, i: int, w: Child, now: float) -> None:
+        del self.restart_at[i]
+        w.start(self.dep.env)
+        self.states[i] = sv.on_start(self.states[i], now)
+        self.next_probe[i] = now + self.policy.probe_interval_s
+        self._emit("worker-restarted", w, restarts=w.starts - 1)
+
+    def _probe(self, i: int, w: Child, now: float) -> None:
+        ok = w.healthy(self.policy.probe_timeout_s)
+        after = self.clock()
+        self.next_probe[i] = after + self.policy.probe_interval_s
+        self.states[i], verdict = sv.on_probe(self.states[i], ok, after, self.policy)
+        if verdict == "became-ready":
+            down = self.down_since.pop(i, None)
+            self._emit("worker-ready", w, down_s=None if down is None else round(after - down, 2))
+        elif verdict in ("hung", "not-ready-in-time"):
+            self.down_since.setdefault(i, now)
+            self._emit("worker-hung", w, verdict=verdict, misses=self.states[i].misses,
+                       probe_timeout_s=self.policy.probe_timeout_s)
+            if w.proc is not None:
+                _signal_group(w.proc, signal.SIGKILL)  # a stopped process takes no SIGTERM
+                w.proc.wait()
+
+
 def serve_until_stopped(cfg: DynamoServeConfig, timeout_s: float,
-                        on_ready: Callable[[DynamoDeployment], None]) -> None:
-    """``specserve serve --frontend dynamo``: start, report through ``on_ready``, run until
-    SIGINT / SIGTERM (then stop every child and return) or until a child dies (stop the rest,
-    ServerError naming it)."""
+                        on_ready: Callable[[DynamoDeployment], None],
+                        on_event: Callable[[Event], None] = lambda e: None,
+                        policy: sv.RestartPolicy | None = None) -> None:
+    """``specserve serve --frontend dynamo``: start, report through ``on_ready``, then
+    supervise (:class:`Supervisor`, events to ``on_event``) until SIGINT / SIGTERM (stop every
+    child and return), the frontend's exit or a crash loop (stop the rest, ServerError naming
+    it and its last error)."""
     from specserve.interrupts import sigterm_as_interrupt
 
     dep = DynamoDeployment(cfg)
@@ -363,10 +556,10 @@ def serve_until_stopped(cfg: DynamoServeConfig, timeout_s: float,
         try:
             dep.start(timeout_s)
             on_ready(dep)
-            dead = dep.wait()
+            Supervisor(dep, policy or sv.RestartPolicy(), on_event).run()
         except KeyboardInterrupt:
             dep.stop()
             return
-        rc, why = dead.exited(), dead.last_error()
-        dep.stop(keep_logs=True)
-    raise ServerError(f"{dead.role} exited with code {rc}: {why} (log {dead.log})")
+        except Exception:  # the frontend's exit, a crash loop, or our own failure
+            dep.stop(keep_logs=True)
+            raise

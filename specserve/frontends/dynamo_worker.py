@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.errors import SpecserveError
 from specserve.frontends.dynamo_kv_events import KvEventRelay
+from specserve.frontends.dynamo_registration import canary_request, has_chat_template
 from specserve.frontends.dynamo_request import admit
 from specserve.runtime.kv_pool import BLOCK_SIZE, PoolStats
 from specserve.runtime.native_memory import cap_primitive_cache, trimmer
@@ -85,6 +86,7 @@ class WorkerConfig:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB  # 0: no prefix cache
     metrics_port: int = 0  # 0: no Prometheus endpoint
+    kv_events: bool = True  # False: the prefix cache's blocks are not published to the router
 
     @property
     def endpoint(self) -> str:
@@ -270,6 +272,9 @@ class Worker:
                        ) -> AsyncIterator[dict[str, Any]]:
         """Dynamo's handler: admit, queue for the loop, yield its responses."""
         received = time.time()
+        if spent(request):
+            yield {"token_ids": [], "finish_reason": "length"}
+            return
         try:
             req, params = admit(request, self.limits, self.guides.compile_text)
         except (ValueError, SpecserveError) as e:
@@ -295,6 +300,17 @@ class Worker:
                     "request": {k: v for k, v in request.items() if k != "token_ids"}},
                     default=str) + "\n")
                 self.trace.flush()
+
+
+def spent(request: dict[str, Any]) -> bool:
+    """A request migrated after its last token reached the client: Dynamo's migration re-sends
+    it with the streamed tokens appended to the prompt and ``max_tokens`` less by as many
+    (ai-dynamo/dynamo ``docs/architecture/request_migration.md``), so a worker that died
+    between the last token and the final response leaves a budget of 0. The frontend refuses
+    ``max_tokens`` 0 from a client ("Max tokens must be greater than 0"), so only a migration
+    sends it; the answer is the final response alone."""
+    stop = request.get("stop_conditions") or {}
+    return isinstance(stop, dict) and stop.get("max_tokens") == 0
 
 
 async def _responses(sender: DynamoSender, context: Any) -> AsyncIterator[dict[str, Any]]:
@@ -344,16 +360,21 @@ async def serve(cfg: WorkerConfig) -> None:
                                     os.environ.get("DYN_REQUEST_PLANE", "tcp"))
     endpoint = runtime.endpoint(cfg.endpoint)
     block = None
-    if worker.kv_events is not None:  # the KV router hashes requests in the pool's blocks
+    if worker.kv_events is not None and cfg.kv_events:  # the router hashes in the pool's blocks
         from dynamo.llm import KvEventPublisher
 
         worker.kv_events.publisher = KvEventPublisher(endpoint=endpoint, kv_block_size=BLOCK_SIZE)
         block = BLOCK_SIZE
-    await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint,
+    # a base model (no chat template): completions only (frontends/dynamo_registration.py)
+    kinds = ModelType.Chat | ModelType.Completions if has_chat_template(
+        cfg.engine_dir / "target") else ModelType.Completions
+    await register_model(ModelInput.Tokens, kinds, endpoint,
                          str(cfg.engine_dir / "target"), cfg.name,
                          worker_type=WorkerType.Aggregated, kv_cache_block_size=block)
     print(f"specserve dynamo worker ready: {cfg.name} on {cfg.endpoint}", flush=True)
-    await endpoint.serve_endpoint(worker.generate)
+    # Dynamo's canary (when DYN_HEALTH_CHECK_ENABLED): a wedged engine turns /health not ready
+    await endpoint.serve_endpoint(worker.generate,
+                                  health_check_payload=canary_request(worker.limits.eos))
 
 
 def parse_args(argv: list[str] | None = None) -> WorkerConfig:
@@ -367,13 +388,15 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
     ap.add_argument("--metrics-port", type=int, default=0)
     ap.add_argument("--prefix-cache-mb", type=int, default=DEFAULT_PREFIX_CACHE_MB,
                     help="prefix cache budget in MiB (0: off)")
+    ap.add_argument("--no-kv-events", action="store_true",
+                    help="do not publish the prefix cache's blocks to Dynamo's KV router")
     a = ap.parse_args(argv)
     if a.prefix_cache_mb < 0:
         ap.error(f"--prefix-cache-mb must be >= 0, got {a.prefix_cache_mb}")
     return WorkerConfig(engine_dir=a.engine, name=a.name, namespace=a.namespace,
                         component=a.component, speculation=not a.no_speculation,
                         max_batch=max(1, a.max_batch), metrics_port=a.metrics_port,
-                        prefix_cache_mb=a.prefix_cache_mb)
+                        prefix_cache_mb=a.prefix_cache_mb, kv_events=not a.no_kv_events)
 
 
 def main(argv: list[str] | None = None) -> int:

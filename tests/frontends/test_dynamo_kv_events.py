@@ -120,7 +120,7 @@ def _served(engine: Path, router: str, tmp: Path) -> Iterator[Any]:
     )
 
     cfg = DynamoServeConfig(engine=engine, models=(ServedModel("m"),), workers=2,
-                            router=router, log_dir=tmp / f"logs-{router}")
+                            router=router, kv_events=True, log_dir=tmp / f"logs-{router}")
     with DynamoDeployment(cfg).start(180) as dep:
         yield dep
 
