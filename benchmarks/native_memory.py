@@ -3,7 +3,7 @@ each native-memory setting side by side (the goal: RSS stays flat; what is trace
 why in ``specserve/runtime/native_memory.py`` and ``docs/reliability.md`` §3).
 
 Each variant runs in a fresh child process (oneDNN reads its cache capacity once): the engine
-(default ``engines/demo-draft``) behind :class:`~specserve.triton.serving_loop.ServingLoop` with
+(default ``engines/demo-draft``) behind :class:`~specserve.serving.loop.ServingLoop` with
 an 8-row scheduler and a small prefix cache; each round queues ``--per-round`` requests drawn as
 ``benchmarks/kv_soak.py`` draws them (short, 256/500-token, shared-preamble prompts; 16/48/96
 tokens; every 10th cancelled after its first tokens). After each round the child prints its
@@ -60,9 +60,9 @@ def child(a: argparse.Namespace) -> None:
 
     from specserve.runtime.native_memory import Trimmer
     from specserve.runtime.params import SamplingParams
-    from specserve.triton.llm_engine import engine_limits, load_decoder
-    from specserve.triton.llm_io import LlmRequest
-    from specserve.triton.serving_loop import Pending, ServingLoop, external_verify, make_scheduler
+    from specserve.serving.engine import engine_limits, load_decoder
+    from specserve.serving.loop import Pending, ServingLoop, external_verify, make_scheduler
+    from specserve.serving.request import LlmRequest
     from tests.helpers.soak import rss_bytes
 
     dec, tok, rec = load_decoder(str(a.engine), True)

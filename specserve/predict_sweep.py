@@ -65,7 +65,7 @@ from specserve.runtime.timing import measure_step_times
 from specserve.spec import predictor as P
 
 #: the served batcher's prompt tokens per prefill forward
-#: (triton.model_params.DEFAULT_PREFILL_CHUNK)
+#: (serving.engine_params.DEFAULT_PREFILL_CHUNK)
 PREFILL_CHUNK = 256
 
 

@@ -22,7 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "specserve"
 FORBIDDEN = {("build", "runtime"), ("runtime", "build")} | {
     (pkg, "cli") for pkg in ("build", "runtime", "spec", "triton", "client", "train", "doctor",
-                            "watch", "frontends")}
+                            "watch", "frontends", "serving")} | {
+    # the serving core is below its doors; one door never goes through another
+    ("serving", "triton"), ("serving", "frontends"), ("frontends", "triton")}
+# what the serving core must never import: the doors' runtimes
+DOOR_RUNTIMES = ("tritonclient", "triton_python_backend_utils", "dynamo")
+BLS_LIB = "specserve.triton.models.bls_lib"
 
 
 def _node(module: str) -> str:
@@ -193,6 +198,47 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append((node.lineno, node.module))
     return out
+
+
+def test_doors_are_adapters_over_the_serving_core() -> None:
+    """``frontends/`` imports nothing of ``triton/`` (absolute or relative, lazy or type-only);
+    ``serving/`` imports neither a door nor a door's runtime; no product module outside the BLS
+    model imports the BLS model's private library (``triton/models/bls_lib``)."""
+    graph = module_graph(ROOT)
+    assert "specserve.serving.loop" in graph and "specserve.frontends.dynamo_worker" in graph
+    bad = [f"{src} -> {dst}" for src, out in graph.items() for dst in out
+           if (src.startswith("specserve.frontends") and dst.startswith("specserve.triton"))
+           or (src.startswith("specserve.serving") and dst.startswith(
+               ("specserve.triton", "specserve.frontends")))
+           or (dst.startswith(BLS_LIB) and not src.startswith(BLS_LIB)
+               and src != "specserve.triton.models.bls")]
+    bad += [f"{f.relative_to(ROOT)}:{line} {mod}" for f in (ROOT / "serving").rglob("*.py")
+            for line, mod in _imports(f) if mod.split(".")[0] in DOOR_RUNTIMES]
+    assert not bad, "door layering violations:\n" + "\n".join(sorted(bad))
+
+
+def test_serving_core_tests_need_no_door() -> None:
+    """tests/serving/ drives the core as a door would, without one (the door table is the one
+    test there that goes through every door on purpose)."""
+    tests = ROOT.parent / "tests" / "serving"
+    assert (tests / "test_loop.py").is_file()
+    bad = [f"{f.name}:{line} {mod}" for f in sorted(tests.glob("*.py"))
+           if f.name != "test_door_features.py" for line, mod in _imports(f)
+           if mod.startswith(("specserve.triton", "specserve.frontends"))
+           or mod.split(".")[0] in DOOR_RUNTIMES]
+    assert not bad, bad
+
+
+def test_door_layering_catches_a_relative_import(tmp_path: Path) -> None:
+    """The module graph resolves a relative import into ``triton/`` (``from ..triton import``),
+    which the package-level scan of absolute imports would miss."""
+    pkg = tmp_path / "specserve"
+    for rel, text in {"__init__.py": "", "triton/__init__.py": "", "triton/llm_io.py": "",
+                      "frontends/__init__.py": "",
+                      "frontends/w.py": "def f():\n    from ..triton import llm_io\n"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    assert module_graph(pkg)["specserve.frontends.w"] == {"specserve.triton.llm_io"}
 
 
 def test_product_imports_no_test_code() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from specserve.cli._output import FORMAT_OPTION, emit
-from specserve.triton.model_params import DEFAULT_PREFIX_CACHE_MB
+from specserve.serving.engine_params import DEFAULT_PREFIX_CACHE_MB
 
 EXAMPLES = """
 \b

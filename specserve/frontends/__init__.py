@@ -1,3 +1,4 @@
-"""Front doors other than our own Triton model: adapters from another serving runtime's request
-to the reference model's request types and serving loop (:mod:`specserve.triton.llm_io`,
-:mod:`specserve.triton.serving_loop`)."""
+"""Front doors other than Triton: adapters from another serving runtime's request to the serving
+core's request and serving loop (:mod:`specserve.serving.request`,
+:mod:`specserve.serving.loop`), and the processes that run them. Nothing here imports
+``specserve.triton``."""

@@ -1,4 +1,4 @@
-"""Dynamo's preprocessed request -> the reference model's request (pure, no Dynamo import).
+"""Dynamo's preprocessed request -> the serving core's request (pure, no Dynamo import).
 
 Dynamo's frontend tokenizes an OpenAI request and hands a worker a ``PreprocessedRequest`` dict:
 ``token_ids``, ``stop_conditions`` (``max_tokens``, ``stop``, ``stop_token_ids``,
@@ -10,12 +10,14 @@ the dict ai-dynamo 1.6.1's frontend sends a worker). The frontend applies stop
 *strings* and detokenizes; the worker yields ``{"token_ids": [...]}`` chunks and a
 ``finish_reason`` on the last one.
 
-No second copy of the request checks: the dict is written as the Triton ``tensorrt_llm`` inputs
-(``input_ids``, ``request_output_len``, ``stop_words_list``, ``end_id``, ...) and goes through
-:func:`specserve.triton.llm_io.parse_request` and :func:`~specserve.triton.llm_io.sampling_params`
-like a Triton request. What that model cannot serve (``prompt_logprobs``, penalties, beam
-search, ...) is refused with a one-line ValueError, which the worker sends to the client as an
-error, never ignored.
+No second copy of the request checks: the dict becomes the serving core's
+:class:`~specserve.serving.request.LlmRequest` (:func:`to_request`: streamed, the prompt
+excluded, every stop token in ``stop_token_ids``) and goes through
+:func:`specserve.serving.admission.sampling_params`, the checks every door applies. What the
+engine cannot serve (``prompt_logprobs``, penalties, beam search, ...) is refused with a
+one-line ValueError, which the worker sends to the client as an error, never ignored.
+``temperature`` and ``top_p`` are carried as FP32, the type of the Triton door's tensors, so a
+request samples the same tokens at either door.
 
 Logprobs: ``output_options.logprobs`` k (OpenAI completions ``logprobs``, chat ``top_logprobs``)
 becomes ``return_log_probs`` (+ ``num_top_log_probs`` k when k > 0); the worker sends each chunk's
@@ -33,17 +35,18 @@ worker and takes the choice of each chunk from its ``index`` (ai-dynamo/dynamo
 Its ``Backend`` operator (``lib/llm/src/backend.rs``) holds ONE incremental detokenizer and
 stop-string matcher per request, and passes a chunk that carries ``text`` through untouched:
 so with n > 1 the worker sends each choice's own text (``frontends/dynamo_worker.py``) and
-``n`` becomes ``num_return_sequences``; stop strings with n > 1 (which only that matcher
+``n`` becomes the request's ``n``; stop strings with n > 1 (which only that matcher
 applies) are refused.
 
 Structured output: OpenAI's ``response_format`` reaches the worker as
 ``sampling_options.guided_decoding`` (Dynamo's ``GuidedDecodingOptions``: one of ``json``,
 ``regex``, ``choice``, ``grammar``, ``structural_tag``, plus the modifiers ``backend`` and
 ``whitespace_pattern``; ``{"type": "json_object"}`` arrives as ``{"json": {"type": "object"}}``
-from ai-dynamo 1.6.1's frontend). ``json`` (a schema, object or string) becomes the Triton
-inputs ``guided_decoding_guide_type = json_schema`` / ``guided_decoding_guide``, ``regex`` ->
-``regex``, ``grammar`` -> ``ebnf_grammar`` (xgrammar's EBNF); ``choice``, ``structural_tag``,
-``whitespace_pattern`` and a ``backend`` other than xgrammar are refused by name.
+from ai-dynamo 1.6.1's frontend). ``json`` (a schema, object or string) becomes the guide type
+``json_schema`` (TensorRT-LLM's ``guided_decoding_guide_type`` values) with the schema as the
+guide, ``regex`` -> ``regex``, ``grammar`` -> ``ebnf_grammar`` (xgrammar's EBNF); ``choice``,
+``structural_tag``, ``whitespace_pattern`` and a ``backend`` other than xgrammar are refused by
+name.
 """
 
 from __future__ import annotations
@@ -54,13 +57,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specserve.triton.llm_io import (
-    CompileGuide,
-    EngineLimits,
-    LlmRequest,
-    parse_request,
-    sampling_params,
-)
+from specserve.serving.admission import CompileGuide, sampling_params
+from specserve.serving.request import EngineLimits, LlmRequest
 
 if TYPE_CHECKING:
     from specserve.runtime.params import SamplingParams
@@ -89,13 +87,8 @@ def _refuse_unserved(section: str, values: Mapping[str, Any] | None,
                          "worker")
 
 
-def _stop_words(ids: list[int]) -> np.ndarray[Any, Any]:
-    """TensorRT-LLM's ``[2, L]`` word list of single-token words (``llm_io.word_ids``)."""
-    return np.array([ids, list(range(1, len(ids) + 1))], dtype=np.int32)
-
-
 def _guided(options: Mapping[str, Any] | None) -> tuple[str, str] | None:
-    """Dynamo's ``guided_decoding`` -> (guide type, guide) of the Triton inputs, or None."""
+    """Dynamo's ``guided_decoding`` -> (guide type, guide), or None."""
     if not options:
         return None
     found = []
@@ -111,9 +104,10 @@ def _guided(options: Mapping[str, Any] | None) -> tuple[str, str] | None:
     return found[0] if found else None
 
 
-def to_arrays(request: Mapping[str, Any], max_seq_len: int) -> dict[str, np.ndarray[Any, Any]]:
-    """The Triton ``tensorrt_llm`` inputs of one Dynamo request (streamed, input excluded), or
-    ValueError naming the field refused. ``max_tokens`` unset: what ``max_seq_len`` leaves."""
+def to_request(request: Mapping[str, Any], max_seq_len: int) -> LlmRequest:
+    """The serving core's request of one Dynamo request (streamed, the prompt excluded, every
+    stop in ``stop_token_ids``), or ValueError naming the field refused. ``max_tokens`` unset:
+    what ``max_seq_len`` leaves."""
     stop = dict(request.get("stop_conditions") or {})
     sampling = dict(request.get("sampling_options") or {})
     _refuse_unserved("sampling_options", sampling, SAMPLING_SERVED)
@@ -121,64 +115,59 @@ def to_arrays(request: Mapping[str, Any], max_seq_len: int) -> dict[str, np.ndar
     output = dict(request.get("output_options") or {})
     _refuse_unserved("output_options", output, OUTPUT_SERVED)
     prompt = [int(t) for t in request.get("token_ids") or ()]
+    if not prompt:
+        raise ValueError("token_ids is empty")
     max_tokens = stop.get("max_tokens")
     if max_tokens is None:
         if not max_seq_len:
             raise ValueError("max_tokens is required (the engine records no max_seq_len)")
         max_tokens = max_seq_len - len(prompt)
+    if int(max_tokens) <= 0:
+        raise ValueError(f"request_output_len must be positive, got {int(max_tokens)}")
     stops = [int(t) for t in stop.get("stop_token_ids") or ()]
     eos = [int(t) for t in request.get("eos_token_ids") or ()]
     if not stop.get("ignore_eos"):
         stops += [int(t) for t in stop.get("stop_token_ids_hidden") or ()] + eos
-    stops = list(dict.fromkeys(stops))
     temperature = sampling.get("temperature")
-    arrays: dict[str, Any] = {
-        "input_ids": np.array(prompt, dtype=np.int32),
-        "request_output_len": np.array([int(max_tokens)], dtype=np.int32),
-        "end_id": np.array([-1], dtype=np.int32),  # every stop is in stop_words_list
-        "streaming": np.array([True]),
-        "exclude_input_in_output": np.array([True]),
-        "return_perf_metrics": np.array([True]),  # the final response: spec_stats_json
-        "temperature": np.array([OPENAI_TEMPERATURE if temperature is None else temperature],
-                                dtype=np.float32),
-        "min_tokens": np.array([int(stop.get("min_tokens") or 0)], dtype=np.int32),
-    }
-    if stops:
-        arrays["stop_words_list"] = _stop_words(stops)
-    if sampling.get("top_k") is not None:
-        arrays["runtime_top_k"] = np.array([max(0, int(sampling["top_k"]))], dtype=np.int32)
-    if sampling.get("top_p") is not None:
-        arrays["runtime_top_p"] = np.array([sampling["top_p"]], dtype=np.float32)
-    if sampling.get("seed") is not None:
-        arrays["seed"] = np.array([int(sampling["seed"])], dtype=np.uint64)
     n = int(sampling.get("n") or 1)
-    if n != 1:
-        if stop.get("stop"):  # the frontend applies stop strings to token-only chunks only
-            raise ValueError("stop_conditions.stop (stop strings) with sampling_options.n > 1 "
-                             "is not supported by the specserve worker")
-        arrays["num_return_sequences"] = np.array([n], dtype=np.int32)
-    logprobs = output.get("logprobs")
-    if logprobs is not None:  # OpenAI logprobs / top_logprobs: k alternatives (0: none)
-        arrays["return_log_probs"] = np.array([True])
-        if int(logprobs) > 0:
-            arrays["num_top_log_probs"] = np.array([int(logprobs)], dtype=np.int32)
+    if n != 1 and stop.get("stop"):  # the frontend applies stop strings to token-only chunks
+        raise ValueError("stop_conditions.stop (stop strings) with sampling_options.n > 1 "
+                         "is not supported by the specserve worker")
+    logprobs = output.get("logprobs")  # OpenAI logprobs / top_logprobs: k alternatives (0: none)
     guide = _guided(sampling.get("guided_decoding"))
-    if guide is not None:
-        arrays["guided_decoding_guide_type"] = np.array([guide[0].encode()], dtype=np.object_)
-        arrays["guided_decoding_guide"] = np.array([guide[1].encode()], dtype=np.object_)
-    return arrays
+    return LlmRequest(
+        prompt=prompt, max_tokens=int(max_tokens), streaming=True, exclude_input=True,
+        perf=True,  # the final response: spec_stats_json
+        temperature=_fp32(OPENAI_TEMPERATURE if temperature is None else temperature),
+        top_k=0 if sampling.get("top_k") is None else max(0, int(sampling["top_k"])),
+        top_p=1.0 if sampling.get("top_p") is None else _fp32(sampling["top_p"]),
+        seed=None if sampling.get("seed") is None else _seed(sampling["seed"]),
+        end_id=-1,  # every stop is in stop_token_ids
+        min_tokens=int(stop.get("min_tokens") or 0),
+        stop_token_ids=tuple(dict.fromkeys(stops)),
+        return_log_probs=logprobs is not None,
+        top_log_probs=0 if logprobs is None else max(0, int(logprobs)),
+        guide_type=None if guide is None else guide[0],
+        guide=None if guide is None else guide[1], n=n)
+
+
+def _fp32(value: Any) -> float:
+    """``value`` rounded to FP32, as a Triton FP32 input carries it."""
+    return float(np.float32(value))
+
+
+def _seed(value: Any) -> int:
+    """A seed as a UINT64 input carries it (Triton's ``seed``)."""
+    seed = int(value)
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"sampling_options.seed must be in [0, 2**64), got {seed}")
+    return seed
 
 
 def admit(request: Mapping[str, Any], limits: EngineLimits,
           guides: CompileGuide | None = None) -> tuple[LlmRequest, SamplingParams]:
-    """One Dynamo request -> (request, its sampling parameters), every check of a Triton
-    request done; ValueError / SpecserveError with a one-line reason. ``guides``: the model's
+    """One Dynamo request -> (request, its sampling parameters), every check of the serving
+    core done; ValueError / SpecserveError with a one-line reason. ``guides``: the model's
     grammar compiler (structured output)."""
-    req = parse_request(to_arrays(request, limits.max_seq_len), exclude_default=True)
+    req = to_request(request, limits.max_seq_len)
     return req, sampling_params(req, limits, guides=guides)
-
-
-def finish_reason(generated: int, params: SamplingParams) -> str:
-    """OpenAI's ``finish_reason`` of a request that ended with ``generated`` tokens: "length"
-    when it reached ``max_tokens``, else "stop" (a stop token, which is not in the output)."""
-    return "length" if generated >= params.max_tokens else "stop"

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from specserve.errors import ServerError, SpecserveError
+from specserve.ports import find_free_ports
 from specserve.processes import die_with_parent
-from specserve.triton.model_params import DEFAULT_PREFIX_CACHE_MB
-from specserve.triton.server import find_free_ports
+from specserve.serving.engine_params import DEFAULT_PREFIX_CACHE_MB
 
 ROUTERS = ("round-robin", "random", "kv")
 HOST = "127.0.0.1"

@@ -9,12 +9,12 @@ handlers.py``): ``create_runtime("file", "tcp")``, ``runtime.endpoint(NS.COMPONE
 handler is an async generator of ``{"token_ids": [...]}`` chunks, ``finish_reason`` on the last.
 
 Nothing here decides what a request means or when it runs: a request goes through
-:func:`specserve.frontends.dynamo_request.admit` (the Triton model's checks) into the Triton
-model's :class:`~specserve.triton.serving_loop.ServingLoop` (in-flight batching, backpressure,
-cancellation) on one thread, as the Triton model runs it. :class:`DynamoSender` is the loop's
-:class:`~specserve.triton.serving_loop.Sender`: it hands each response to the handler's asyncio
-queue; when the handler ends early (the frontend stopped the context, the client went away) it
-reports the client gone, and the loop frees the slot at the next step.
+:func:`specserve.frontends.dynamo_request.admit` (the serving core's request and checks) into
+the serving core's :class:`~specserve.serving.loop.ServingLoop` (in-flight batching,
+backpressure, cancellation) on one thread, as the Triton model runs it. :class:`DynamoSender`
+is the loop's :class:`~specserve.serving.loop.Sender`: it hands each response to the handler's
+asyncio queue; when the handler ends early (the frontend stopped the context, the client went
+away) it reports the client gone, and the loop frees the slot at the next step.
 
 Acceptance reaches the client through Prometheus (``--metrics-port``): vLLM's counter names
 (``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``,
@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.errors import SpecserveError
 from specserve.frontends.dynamo_kv_events import KvEventRelay
-from specserve.frontends.dynamo_request import admit, finish_reason
+from specserve.frontends.dynamo_request import admit
 from specserve.runtime.kv_pool import BLOCK_SIZE, PoolStats
 from specserve.runtime.native_memory import cap_primitive_cache, trimmer
-from specserve.triton.llm_io import EngineLimits
-from specserve.triton.model_params import (
+from specserve.serving.detok import IncrementalDetokenizer
+from specserve.serving.engine_params import (
     DEFAULT_MALLOC_TRIM_S,
     DEFAULT_MAX_PENDING,
     DEFAULT_PREFILL_CHUNK,
@@ -54,8 +54,8 @@ from specserve.triton.model_params import (
     env_threads,
     prefix_cache_split,
 )
-from specserve.triton.models.bls_lib.detok import IncrementalDetokenizer
-from specserve.triton.serving_loop import (
+from specserve.serving.finish import finish_reason
+from specserve.serving.loop import (
     Arrays,
     Pending,
     Sender,
@@ -63,6 +63,7 @@ from specserve.triton.serving_loop import (
     TextFn,
     external_verify,
 )
+from specserve.serving.request import EngineLimits
 
 if TYPE_CHECKING:
     from specserve.runtime.params import SamplingParams
@@ -151,7 +152,7 @@ class DynamoSender:
         self.finals = 1  # final responses that end the request (n with split)
 
     def split(self, n: int) -> list[Sender]:
-        """One sender per choice (:class:`~specserve.triton.serving_loop.SplitSender`)."""
+        """One sender per choice (:class:`~specserve.serving.loop.SplitSender`)."""
         self.finals = n
         out: list[Sender] = []
         for i in range(n):
@@ -228,8 +229,8 @@ class Worker:
 
     def __init__(self, cfg: WorkerConfig) -> None:
         from specserve.runtime.grammar import GuideCompiler
-        from specserve.triton.llm_engine import engine_limits, load_decoder
-        from specserve.triton.serving_loop import make_scheduler
+        from specserve.serving.engine import engine_limits, load_decoder
+        from specserve.serving.loop import make_scheduler
 
         self.cfg = cfg
         self.decoder, self.tokenizer, record = load_decoder(str(cfg.engine_dir),

@@ -1,4 +1,7 @@
-"""Pure request/response mapping for the reference ``tensorrt_llm`` model.
+"""Triton's ``tensorrt_llm`` inputs -> the serving core's request (pure): the reference
+``tensorrt_llm`` model's wire format. The request type and its checks are door-neutral
+(:mod:`specserve.serving.request`, :mod:`specserve.serving.admission`), the response tensors
+:mod:`specserve.serving.responses`.
 
 Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm`` (names, types,
 ``[batch, beams, tokens]`` output ids). Semantics copied from that release's Python
@@ -22,7 +25,7 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   each of the T generated tokens, :mod:`specserve.spec.logprobs`: the target's distribution
   after temperature, before top-k/top-p) and ``cum_log_probs`` [1, 1] FP32 (their sum), the
   shapes of TensorRT-LLM's ``[batch, beam, tokens]`` / ``[batch, beam]``; streamed, each
-  response carries its own tokens' log-probs (``serving_loop.stream_arrays``; refused with
+  response carries its own tokens' log-probs (``serving.loop.stream_arrays``; refused with
   ``draft_input_ids``). specserve's extensions on reference repositories (tensor names of
   their own, no upstream tensor carries these): input ``num_top_log_probs`` INT32 k (0..20, needs
   ``return_log_probs``) -> outputs ``top_log_probs`` [1, 1, T, k] FP32 and
@@ -44,22 +47,22 @@ Inputs and outputs follow TensorRT-LLM 1.2.1 ``inflight_batcher_llm/tensorrt_llm
   ``tensorrt_llm/1/model.py`` ``convert_response`` @ c2e65b8): n in [1, 16] independent
   sequences (``runtime.params.expand_n``), on a decoupled model only, not with
   ``draft_input_ids``; each response holds one sequence and ``sequence_index`` [1, 1]
-  (:func:`sequence_index_array`; the fan-out is ``serving_loop.fan_out``).
+  (``serving.responses.sequence_index_array``; the fan-out is ``serving.loop.fan_out``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specserve.runtime.params import SamplingParams, expand_n
-from specserve.triton.model_params import ModelParams
+from specserve.serving.admission import CompileGuide, Encode, sampling_params
+from specserve.serving.request import LlmRequest
 
 if TYPE_CHECKING:
-    from specserve.runtime.grammar import CompiledGuide
+    from specserve.runtime.params import SamplingParams
+    from specserve.serving.request import EngineLimits
+    from specserve.triton.model_params import ModelParams
 
 # Inputs the reference decoder honours; others must be absent or hold their neutral value.
 NEUTRAL: dict[str, float] = {
@@ -76,56 +79,6 @@ HONOURED = {
     "guided_decoding_guide_type", "guided_decoding_guide", "num_return_sequences",
 }
 MAYBE_EMPTY = {"draft_input_ids", "draft_logits"}  # empty = no drafts (a plain request)
-# draft_input_ids allowed on an engine whose record has no max_draft_len (a plain engine)
-PLAIN_ENGINE_MAX_DRAFT_LEN = 16
-@dataclass(frozen=True)
-class EngineLimits:
-    """What a request is checked against: the served model's vocabulary, the engine record's
-    ``max_draft_len`` / ``max_input_len`` / ``max_seq_len`` (0: not recorded) and the
-    tokenizer's EOS (the default ``end_id``)."""
-
-    vocab_size: int
-    max_draft_len: int = PLAIN_ENGINE_MAX_DRAFT_LEN
-    max_input_len: int = 0
-    max_seq_len: int = 0
-    eos: int | None = None
-
-
-@dataclass(frozen=True)
-class LlmRequest:
-    """One request as the reference decoder needs it."""
-
-    prompt: list[int]
-    max_tokens: int
-    streaming: bool = False
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    end_id: int | None = None  # None: the tokenizer's EOS; negative: never stop on a token
-    min_tokens: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    exclude_input: bool = False
-    perf: bool = False
-    num_input_tokens: bool = False
-    num_output_tokens: bool = False
-    # draft_input_ids: None = none (a plain request), else ONE verify step of these drafts
-    draft_ids: tuple[int, ...] | None = None
-    draft_logits: np.ndarray[Any, Any] | None = field(default=None, compare=False, repr=False)
-    return_generation_logits: bool = False
-    return_log_probs: bool = False
-    top_log_probs: int = 0
-    num_draft_tokens: int | None = None  # None: the engine's draft length
-    prediction: str | None = None  # Predicted Outputs: the expected output's text
-    guide_type: str | None = None  # guided_decoding_guide_type (None: no structured output)
-    guide: str | None = None  # guided_decoding_guide
-    n: int = 1  # num_return_sequences: independent sequences, one response stream each
-
-    @property
-    def verify_max_tokens(self) -> int:
-        """The tokens a draft_input_ids request can answer: min(request_output_len, K + 1)."""
-        assert self.draft_ids is not None
-        return min(self.max_tokens, len(self.draft_ids) + 1)
 
 
 def _scalar(a: np.ndarray[Any, Any]) -> Any:
@@ -228,76 +181,6 @@ def _text(arrays: dict[str, np.ndarray[Any, Any]], name: str) -> str | None:
         raise ValueError(f"input '{name}' is not valid UTF-8") from None
 
 
-Encode = Callable[[str], list[int]]
-# (guide type, guide text) -> the guide compiled for the model's tokenizer, or SpecserveError
-CompileGuide = Callable[[str, str], "CompiledGuide"]
-
-
-def sampling_params(req: LlmRequest, limits: EngineLimits, encode: Encode | None = None,
-                    guides: CompileGuide | None = None) -> SamplingParams:
-    """The validated SamplingParams of ``req``, or ValueError/SpecserveError with a one-line
-    reason (a bad request fails alone, before it reaches the batch). ``encode``: the model's
-    tokenizer (text -> ids without special tokens), for ``prediction``; ``guides``: its
-    grammar compiler, for ``guided_decoding_guide_type``."""
-    n = len(req.prompt)
-    bad = next((t for t in req.prompt if not 0 <= t < limits.vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"generate: token id {bad} outside the vocab ({limits.vocab_size})")
-    check_drafts(req, limits.vocab_size, limits.max_draft_len)
-    if limits.max_input_len and n > limits.max_input_len:
-        raise ValueError(f"prompt has {n} tokens, the engine's max_input_len is "
-                         f"{limits.max_input_len}")
-    # draft_input_ids: one verify step answers at most K + 1 tokens
-    max_tokens = req.max_tokens if req.draft_ids is None else req.verify_max_tokens
-    if limits.max_seq_len and n + max_tokens > limits.max_seq_len:
-        raise ValueError(f"prompt {n} + request_output_len {max_tokens} exceeds the "
-                         f"engine's max_seq_len {limits.max_seq_len}")
-    end_id = limits.eos if req.end_id is None else (req.end_id if req.end_id >= 0 else None)
-    min_tokens = req.min_tokens if req.draft_ids is None else min(req.min_tokens, max_tokens)
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-        seed=req.seed, end_id=end_id, stop_token_ids=req.stop_token_ids, min_tokens=min_tokens,
-        num_draft_tokens=req.num_draft_tokens, logprobs=req.return_log_probs,
-        top_logprobs=req.top_log_probs, prediction=_prediction(req, limits, encode),
-        guide=_guide(req, guides))
-    params.validate()
-    check_n(req)
-    return params
-
-
-def check_n(req: LlmRequest) -> None:
-    """``num_return_sequences`` in [1, MAX_RETURN_SEQUENCES], never with ``draft_input_ids``
-    (one verify step of the client's drafts has one answer); SpecserveError / ValueError."""
-    if req.n != 1 and req.draft_ids is not None:
-        raise ValueError("input 'num_return_sequences' > 1 cannot be combined with "
-                         "'draft_input_ids'")
-    expand_n(SamplingParams(), req.n)  # the range check, one message for every front door
-
-
-def _prediction(req: LlmRequest, limits: EngineLimits, encode: Encode | None
-                ) -> tuple[int, ...]:
-    if req.prediction is None:
-        return ()
-    if req.draft_ids is not None:
-        raise ValueError("input 'prediction' cannot be combined with 'draft_input_ids'")
-    if encode is None:
-        raise ValueError("input 'prediction' needs the model's tokenizer")
-    ids = tuple(encode(req.prediction))
-    context = limits.max_seq_len
-    if context and len(ids) > context:
-        raise ValueError(f"input 'prediction' has {len(ids)} tokens, more than the engine's "
-                         f"max_seq_len {context}")
-    return ids
-
-
-def _guide(req: LlmRequest, guides: CompileGuide | None) -> CompiledGuide | None:
-    if req.guide_type is None:
-        return None
-    if guides is None:
-        raise ValueError("input 'guided_decoding_guide_type' needs the model's tokenizer")
-    return guides(req.guide_type, req.guide or "")
-
-
 def admit(arrays: dict[str, np.ndarray[Any, Any]], model: ModelParams, decoupled: bool,
           limits: EngineLimits, encode: Encode | None = None,
           guides: CompileGuide | None = None) -> tuple[LlmRequest, SamplingParams]:
@@ -333,21 +216,3 @@ def _drafts(arrays: dict[str, np.ndarray[Any, Any]]
         raise ValueError("input 'draft_logits' holds NaN or +inf")
     return draft, q
 
-
-def check_drafts(req: LlmRequest, vocab_size: int, max_draft_len: int) -> None:
-    """Raise ValueError (naming the input) unless the drafts fit the target: at most
-    ``max_draft_len`` (the engine's; :data:`PLAIN_ENGINE_MAX_DRAFT_LEN` when it records none),
-    ids inside the vocabulary, ``draft_logits`` [K, vocab_size]."""
-    if req.draft_ids is None:
-        return
-    k = len(req.draft_ids)
-    if k > max_draft_len:
-        raise ValueError(f"input 'draft_input_ids' has {k} tokens, more than the engine's "
-                         f"max_draft_len {max_draft_len}")
-    bad = next((t for t in req.draft_ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"input 'draft_input_ids': token id {bad} outside the vocab "
-                         f"({vocab_size})")
-    if req.draft_logits is not None and req.draft_logits.shape[1] != vocab_size:
-        raise ValueError(f"input 'draft_logits' must be [K, V] = [{k}, {vocab_size}] (the "
-                         f"target's vocab), got {list(req.draft_logits.shape)}")

@@ -1,8 +1,9 @@
 """The parameters of a reference ``tensorrt_llm`` model's ``config.pbtxt`` (written by
 ``specserve repo``, :mod:`specserve.triton.repository`): the engine directory, batching limits,
 speculation on or off, which checkpoint it serves and the prefix-cache budget. Each value is
-checked here; one the model does not serve is refused in one line, never ignored. The Dynamo
-worker takes the same defaults (:mod:`specserve.frontends.dynamo_worker`).
+checked here; one the model does not serve is refused in one line, never ignored. The defaults
+are the serving core's (:mod:`specserve.serving.engine_params`), which the Dynamo worker takes
+too.
 
 TensorRT-LLM's own ``enable_kv_cache_reuse`` is honoured as the switch of the prefix cache
 (tensorrtllm_backend ``inflight_batcher_llm/src/model_instance_state.cc`` reads it with
@@ -17,18 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.errors import SpecserveError
+from specserve.serving.engine_params import (
+    DEFAULT_MALLOC_TRIM_S,
+    DEFAULT_MAX_PENDING,
+    DEFAULT_PREFILL_CHUNK,
+    DEFAULT_PREFIX_CACHE_MB,
+    prefix_cache_split,
+)
 
-DEFAULT_MAX_PENDING = 4096  # queued requests (parameter specserve_max_pending)
-DEFAULT_PREFILL_CHUNK = 256  # prompt tokens prefilled per step (parameter specserve_prefill_chunk)
-# prefix cache budget in MiB (parameter specserve_prefix_cache_mb; 0: off): 3/4 for the
-# in-flight scheduler's pool, 1/4 for the draft_input_ids (BLS) verify calls' target-only pool.
-# On by default: with nothing reused it costs 0-1% of tok/s once the pool's pages are touched
-# (3-10% at c = 8-16 while they are first written) and no TTFT; multi-turn chat gets TTFT p50
-# 0.24x (docs/results.md, "How much memory? The prefix cache"). 0 turns it off.
-DEFAULT_PREFIX_CACHE_MB = 256
-# seconds between malloc_trim calls under unbroken load (parameter specserve_malloc_trim_s; 0:
-# never; runtime/native_memory.py): RSS flat over a long mixed soak (docs/reliability.md §3)
-DEFAULT_MALLOC_TRIM_S = 10.0
 _OFF = ("off", "false", "0")
 
 
@@ -83,28 +80,6 @@ class ModelParams:
                                     "specserve_prefix_cache_mb"),
             malloc_trim_s=_seconds(params, "specserve_malloc_trim_s", DEFAULT_MALLOC_TRIM_S),
             kv_cache_reuse=_flag(params, "enable_kv_cache_reuse", default=True))
-
-
-def env_threads(name: str, default: int, env: dict[str, str] | None = None) -> int:
-    """A thread count from environment variable ``name`` (``SPECSERVE_TORCH_THREADS``: the
-    model's torch threads, default 1; ``SPECSERVE_PREFILL_THREADS``: its threads while it
-    prefills, default 0 = the same); SpecserveError naming it when not an integer >= 0."""
-    import os
-
-    value = (os.environ if env is None else env).get(name, "").strip()
-    try:
-        n = int(value) if value else default
-    except ValueError:
-        raise SpecserveError(f"{name} must be an integer, got {value!r}") from None
-    if n < 0:
-        raise SpecserveError(f"{name} must be >= 0, got {n}")
-    return n
-
-
-def prefix_cache_split(mb: int) -> tuple[int, int]:
-    """A prefix-cache budget of ``mb`` MiB as (in-flight pool, verify pool) bytes."""
-    total = mb << 20
-    return total - total // 4, total // 4
 
 
 def _nonneg(value: int, key: str) -> int:

@@ -48,14 +48,24 @@ def _python_model(name: str) -> str:
     return resources.files("specserve.triton.models").joinpath(f"{name}.py").read_text("utf-8")
 
 
+# serving-core modules the BLS helpers import as lib.<name> (standard library only)
+BLS_SHARED = ("detok",)
+
+
 def _bls_lib() -> dict[str, str]:
     """The BLS helpers (``specserve/triton/models/bls_lib/*.py``: stdlib and numpy, and
-    ``pb_utils`` in ``triton_io.py``) as
-    ``tensorrt_llm_bls/1/lib/*.py``: the Python backend puts the version folder on sys.path."""
+    ``pb_utils`` in ``triton_io.py``) and the serving core's incremental detokenizer
+    (``specserve/serving/detok.py``, :data:`BLS_SHARED`) as ``tensorrt_llm_bls/1/lib/*.py``:
+    the Python backend puts the version folder on sys.path, and the repository needs no
+    specserve installed for the BLS."""
     lib = resources.files("specserve.triton.models.bls_lib")
-    return {f"tensorrt_llm_bls/1/lib/{f.name}": f.read_text("utf-8")
-            for f in sorted(lib.iterdir(), key=lambda f: f.name)
-            if f.is_file() and f.name.endswith(".py")}
+    files = {f"tensorrt_llm_bls/1/lib/{f.name}": f.read_text("utf-8")
+             for f in lib.iterdir() if f.is_file() and f.name.endswith(".py")}
+    serving = resources.files("specserve.serving")
+    for name in BLS_SHARED:
+        files[f"tensorrt_llm_bls/1/lib/{name}.py"] = \
+            serving.joinpath(f"{name}.py").read_text("utf-8")
+    return dict(sorted(files.items()))
 
 
 def plan_repository(engine_dir: Path, cfg: EngineRecord, opts: RepoOptions) -> dict[str, str]:

@@ -23,13 +23,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Collection
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from specserve.errors import ServerError
+from specserve.ports import find_free_ports
 from specserve.processes import die_with_parent
 from specserve.triton.launch import (
     build_command,
@@ -51,23 +50,6 @@ _HARMLESS = ("CudaDriverHelper has not been initialized", "Unable to allocate pi
 def find_free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
     return find_free_ports(1, host)[0]
-
-
-def find_free_ports(n: int, host: str = "127.0.0.1", avoid: Collection[int] = (),
-                    new_socket: Callable[[], socket.socket] = socket.socket) -> list[int]:
-    """``n`` distinct TCP ports free on ``host`` right now, none of them in ``avoid``. The
-    sockets are held bound until all are picked: ports picked one at a time, each socket closed
-    before the next bind, can come back equal (seen: tritonserver refused to start with HTTP and
-    metrics on the same port). ``new_socket``: a TCP socket (the tests give a model kernel)."""
-    with ExitStack() as stack:
-        got: list[int] = []
-        while len(got) < n:
-            s = stack.enter_context(new_socket())
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-            if port not in avoid:
-                got.append(port)
-        return got
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

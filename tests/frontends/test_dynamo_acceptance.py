@@ -67,7 +67,7 @@ def _reference(engine: Path) -> dict[str, Any]:
     """Steps, drafts, accepted and per-position counts of PROMPTS through the reference
     decoder (speculation on, greedy, one request at a time, no end id: ``--ignore-eos``)."""
     from specserve.runtime.params import SamplingParams
-    from specserve.triton.llm_engine import load_decoder
+    from specserve.serving.engine import load_decoder
 
     decoder, tok, _ = load_decoder(str(engine), speculation=True)
     tot = {"steps": 0, "draft_tokens": 0, "accepted_draft_tokens": 0}

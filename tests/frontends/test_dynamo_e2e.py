@@ -53,7 +53,7 @@ def served(tiny_ckpt: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def reference(served: Any) -> Any:
     """The target alone, greedy: what every method must produce at temperature 0."""
     from specserve.runtime.params import SamplingParams
-    from specserve.triton.llm_engine import load_decoder
+    from specserve.serving.engine import load_decoder
 
     _, engines = served
     decoder, tok, _ = load_decoder(str(engines["draft"]), speculation=False)
@@ -155,7 +155,7 @@ def test_logprobs_equal_the_target_alone(served: Any, reference: Any, method: st
 
     dep, engines = served
     _, tok = reference
-    from specserve.triton.llm_engine import load_decoder
+    from specserve.serving.engine import load_decoder
 
     decoder, _, _ = load_decoder(str(engines["draft"]), speculation=False)
     prompt = PROMPTS[0]

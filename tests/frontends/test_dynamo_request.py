@@ -1,12 +1,13 @@
 """specserve.frontends.dynamo_request: Dynamo's preprocessed request (the fields ai-dynamo
-1.6.1's frontend sends) -> the Triton model's request checks; no Dynamo needed."""
+1.6.1's frontend sends) -> the serving core's request and checks; no Dynamo needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from specserve.frontends.dynamo_request import admit, finish_reason
-from specserve.triton.llm_io import EngineLimits
+from specserve.frontends.dynamo_request import admit
+from specserve.serving.finish import finish_reason
+from specserve.serving.request import EngineLimits
 
 LIMITS = EngineLimits(vocab_size=256, max_seq_len=64, eos=2)
 

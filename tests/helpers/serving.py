@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 
 from specserve.runtime.decoder import SpecDecoder
-from specserve.triton.llm_io import EngineLimits, admit
+from specserve.serving.loop import Pending, ServingLoop, external_verify, make_scheduler
+from specserve.serving.request import EngineLimits
+from specserve.triton.llm_io import admit
 from specserve.triton.model_params import ModelParams
-from specserve.triton.serving_loop import Pending, ServingLoop, external_verify, make_scheduler
-from tests.triton.test_serving_loop import Recorder
+from tests.serving.test_loop import Recorder
 
 
 def serve_requests(dec: SpecDecoder, reqs: list[dict[str, np.ndarray]], limits: EngineLimits,

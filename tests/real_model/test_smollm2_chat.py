@@ -55,7 +55,7 @@ def test_chat_answers_stop_at_the_end_of_turn(served: tuple[Any, Path]) -> None:
     from transformers import AutoTokenizer
 
     from specserve.runtime.params import SamplingParams
-    from specserve.triton.llm_engine import load_decoder
+    from specserve.serving.engine import load_decoder
 
     dep, engine = served
     tok = AutoTokenizer.from_pretrained(str(engine / "target"))

@@ -28,7 +28,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specserve.triton.llm_io import HONOURED, NEUTRAL, LlmRequest, parse_request
+from specserve.serving.request import LlmRequest
+from specserve.triton.llm_io import HONOURED, NEUTRAL, parse_request
 
 FUZZ_CASES = 400
 SETTINGS = settings(max_examples=FUZZ_CASES, derandomize=True, deadline=None,

@@ -1,7 +1,7 @@
 """``specserve/runtime/native_memory.py``: glibc's ``malloc_trim`` really hands free heap pages
 back (RSS measured), the :class:`Trimmer`'s two intervals (idle, busy) on a fake clock, and
 oneDNN's cache capacity set only where the operator set none. The serving loop's ticks:
-``tests/triton/test_serving_loop.py``."""
+``tests/serving/test_loop.py``."""
 
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ def test_cpu_layouts_give_the_same_logits(qwen3: Qwen3Set, monkeypatch: pytest.M
 def test_torch_engine_serves_like_hf(qwen3: Qwen3Set, hf_greedy: list[list[int]],
                                      tmp_path: Path) -> None:
     """``specserve build --backend torch`` then :func:`specserve.runtime.engine.load_engine`, the
-    loader of the Triton model (``triton/llm_engine.py: load_decoder``)."""
+    loader of the Triton model (``serving/engine.py: load_decoder``)."""
     from specserve.build.builder import build_engine
     from specserve.build.config import BuildConfig
     from specserve.runtime.engine import load_engine

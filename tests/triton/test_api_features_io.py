@@ -26,13 +26,14 @@ import pytest
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.model import load_model
 from specserve.runtime.proposers import NgramProposer
+from specserve.serving.request import EngineLimits
 from specserve.triton import params as tparams
-from specserve.triton.llm_io import EngineLimits, admit
+from specserve.triton.llm_io import admit
 from specserve.triton.model_params import ModelParams
 from specserve.triton.render import load_template
 from tests.helpers.serving import serve_requests
 from tests.helpers.tiny import TinyCheckpoint
-from tests.triton.test_serving_loop import Recorder
+from tests.serving.test_loop import Recorder
 
 DATA = json.loads((Path(__file__).parent / "data" / "api_features_io.json").read_text())
 PROMPT = [5, 6, 7, 5, 6, 7, 5, 6]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -625,13 +626,21 @@ def test_ngram_drafts_through_the_loop_are_greedy_exact() -> None:
 def test_lib_is_self_contained() -> None:
     """bls_lib/*.py run inside NVIDIA's containers without specserve: stdlib imports, numpy (the
     Python backend's own dependency: pb_utils tensors are numpy arrays), the Python backend's
-    ``triton_python_backend_utils`` (triton_io.py only) and each other."""
+    ``triton_python_backend_utils`` (triton_io.py only) and each other. The one exception is
+    the serving core's detokenizer, itself standard library only: the repository writer copies
+    it next to them as ``lib/detok.py`` (``BLS_SHARED``), and ``spec_text.py`` imports the
+    copy, falling back to ``specserve.serving.detok`` only when imported from the package."""
     import ast
     import sys
-    from pathlib import Path
 
+    from specserve import serving
+    from specserve.triton.repository import BLS_SHARED
+
+    shared = {f"specserve.serving.{name}" for name in BLS_SHARED}
     lib = Path(spec_loop.__file__).parent
-    for f in sorted(lib.glob("*.py")):
+    files = sorted(lib.glob("*.py")) + [Path(serving.__file__).parent / f"{name}.py"
+                                        for name in BLS_SHARED]
+    for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
@@ -639,5 +648,24 @@ def test_lib_is_self_contained() -> None:
                 top = name.split(".")[0]
                 relative = isinstance(node, ast.ImportFrom) and node.level > 0
                 backend = top == "triton_python_backend_utils" and f.name == "triton_io.py"
-                assert relative or backend or top in ("__future__", "numpy") or \
-                    top in sys.stdlib_module_names, (f.name, name)
+                assert relative or backend or name in shared or top in ("__future__", "numpy") \
+                    or top in sys.stdlib_module_names, (f.name, name)
+
+
+def test_lib_in_a_repository_imports_without_specserve(tmp_path: Path) -> None:
+    """A repository's ``tensorrt_llm_bls/1/lib`` imports with ``specserve`` unimportable (as in
+    NVIDIA's containers): the detokenizer is the copy beside it."""
+    import subprocess
+    import sys
+
+    from specserve.triton.repository import _bls_lib
+
+    for rel, text in _bls_lib().items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    code = ("import sys; sys.modules['specserve'] = None\n"
+            "from lib import spec_text, spec_io, spec_loop, ngram, background, detok\n"
+            "assert spec_text.IncrementalDetokenizer is detok.IncrementalDetokenizer\n")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   cwd=tmp_path / "tensorrt_llm_bls" / "1")

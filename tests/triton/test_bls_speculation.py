@@ -86,14 +86,19 @@ def test_bls_lib_is_copied_next_to_model_py(tiny_ckpt: TinyCheckpoint, tmp_path:
 
     engine = make_tiny_engine(tiny_ckpt, tmp_path / "engine", "ngram")
     repo = write_repository(engine, tmp_path / "repo")
+    from specserve import serving
+
     src = Path(bls_lib.__file__).parent
-    expected = sorted(f.name for f in src.glob("*.py"))
+    sources = {f.name: f for f in src.glob("*.py")}
+    # the serving core's detokenizer goes with them (the BLS's streamed text)
+    sources["detok.py"] = Path(serving.__file__).parent / "detok.py"
+    expected = sorted(sources)
     assert {"spec_loop.py", "spec_io.py", "ngram.py", "detok.py", "background.py",
             "__init__.py"} <= set(expected)
     lib = repo / "tensorrt_llm_bls" / "1" / "lib"
     assert sorted(f.name for f in lib.iterdir()) == expected
     for name in expected:
-        assert (lib / name).read_text() == (src / name).read_text(), name
+        assert (lib / name).read_text() == sources[name].read_text(), name
     assert sorted(f.name for f in lib.parent.iterdir()) == ["lib", "model.py"]
     models = Path(bls_lib.__file__).parent.parent
     assert (lib.parent / "model.py").read_text() == (models / "bls.py").read_text()

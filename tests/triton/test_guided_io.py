@@ -19,10 +19,10 @@ from specserve.runtime.grammar import GuideCompiler
 from specserve.runtime.loader import load_tokenizer
 from specserve.runtime.model import load_model
 from specserve.runtime.proposers import NgramProposer
-from specserve.triton.llm_io import EngineLimits
+from specserve.serving.request import EngineLimits
 from tests.helpers.serving import serve_requests
 from tests.helpers.tiny import TinyCheckpoint
-from tests.triton.test_serving_loop import Recorder
+from tests.serving.test_loop import Recorder
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
                                            "n": {"type": "integer", "minimum": 0,

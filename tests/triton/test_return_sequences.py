@@ -1,5 +1,5 @@
 """``num_return_sequences`` > 1 through the reference ``tensorrt_llm`` model's serving loop
-(``specserve/triton/serving_loop.py`` ``fan_out`` / ``SequenceGroup``).
+(``specserve/serving/loop.py`` ``fan_out`` / ``SequenceGroup``).
 
 TensorRT-LLM's contract (tensorrtllm_backend ``tensorrt_llm/1/model.py`` ``convert_response`` @
 c2e65b8): each response holds ONE sequence's tokens and ``sequence_index`` [1, 1]; the request's
@@ -32,10 +32,10 @@ from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.model import load_model
 from specserve.runtime.params import expand_n
 from specserve.runtime.proposers import DraftModelProposer, NgramProposer
-from specserve.triton.llm_io import EngineLimits
+from specserve.serving.request import EngineLimits
 from tests.helpers.serving import serve_requests
 from tests.helpers.tiny import TinyCheckpoint
-from tests.triton.test_serving_loop import Recorder
+from tests.serving.test_loop import Recorder
 
 torch.set_num_threads(1)
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specserve.triton.models.bls_lib.detok import REPLACEMENT, TokenHoldBack
+from specserve.serving.detok import REPLACEMENT, TokenHoldBack
 from tests.helpers.server import (
     TEARDOWN_STOP_S,
     TinyDeployment,

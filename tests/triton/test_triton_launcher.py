@@ -18,8 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from specserve.errors import ServerError
+from specserve.ports import find_free_ports
 from specserve.triton.launch import TritonInstall, build_command
-from specserve.triton.server import TritonServer, error_lines, find_free_ports
+from specserve.triton.server import TritonServer, error_lines
 
 BROKEN_CONFIG = """name: "broken"
 backend: "python"

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 
 from specserve.errors import SpecserveError
-from specserve.triton.llm_io import (
-    PLAIN_ENGINE_MAX_DRAFT_LEN,
-    EngineLimits,
-    admit,
-    check_drafts,
-    parse_request,
-    sampling_params,
-    word_ids,
+from specserve.serving.admission import check_drafts, sampling_params
+from specserve.serving.engine_params import DEFAULT_MALLOC_TRIM_S, DEFAULT_MAX_PENDING
+from specserve.serving.request import PLAIN_ENGINE_MAX_DRAFT_LEN, EngineLimits
+from specserve.serving.responses import (
+    PerfTimes,
+    generation_logits_array,
+    perf_arrays,
+    token_arrays,
 )
-from specserve.triton.llm_out import PerfTimes, generation_logits_array, perf_arrays, token_arrays
-from specserve.triton.model_params import DEFAULT_MALLOC_TRIM_S, DEFAULT_MAX_PENDING, ModelParams
+from specserve.triton.llm_io import admit, parse_request, word_ids
+from specserve.triton.model_params import ModelParams
 
 
 def base(**extra: Any) -> dict[str, np.ndarray[Any, Any]]:
@@ -281,7 +281,7 @@ def test_model_params_refuse_what_is_not_served(params: dict[str, str], message:
 
 
 def test_thread_counts_from_the_environment() -> None:
-    from specserve.triton.model_params import env_threads
+    from specserve.serving.engine_params import env_threads
 
     assert env_threads("SPECSERVE_PREFILL_THREADS", 0, env={}) == 0
     assert env_threads("SPECSERVE_PREFILL_THREADS", 0, env={"SPECSERVE_PREFILL_THREADS": "2"}) \

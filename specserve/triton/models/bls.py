@@ -172,10 +172,7 @@ class TritonPythonModel:
                 sender.send(resp, flags=flags)
 
         try:
-            k = int(rq.scalar(inputs, "num_draft_tokens", 0))
-            if collected is not None and int(rq.scalar(inputs, "num_return_sequences", 1)) > 1:
-                raise ValueError("num_return_sequences > 1 needs a decoupled tensorrt_llm_bls "
-                                 "(one response per sequence)")
+            k = rq.route(inputs, self.decoupled)
             if k != 0:
                 self._spec_generate(inputs, emit, k, arrival)
             else:
@@ -203,11 +200,8 @@ class TritonPythonModel:
 
     def _generate(self, inputs: dict[str, np.ndarray[Any, Any]], emit: Any) -> None:
         pre = self._preprocess(inputs)
-        llm_in = [pb_utils.Tensor(k, v) for k, v in pre.items()]
-        llm_in += [pb_utils.Tensor(rq.LLM[k], rq.as_batch(v))
-                   for k, v in inputs.items() if k in rq.LLM]
-        if not self.decoupled:
-            llm_in = [t for t in llm_in if t.name() != "streaming"]
+        llm_in = [pb_utils.Tensor(k, v)
+                  for k, v in rq.target_inputs(inputs, pre, self.decoupled).items()]
         wanted = ["output_ids", "sequence_length", *[o for o in rq.FORWARD if o in self.outputs]]
         llm = pb_utils.InferenceRequest(model_name=self.cfg.llm, inputs=llm_in,
                                         requested_output_names=wanted)

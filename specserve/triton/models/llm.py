@@ -7,9 +7,10 @@ the ``pb_utils`` half only, as tensorrtllm_backend's ``lib/triton_decoder.py`` i
 ``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/`` @
 04d96ce8e635739babc0aedaac8a2ee10fa8f909): it reads the config and the inputs into numpy
 copies, wraps the response sender, and starts the worker. The rest is pure and unit tested:
-parameters, request checks and response arrays in :mod:`specserve.triton.llm_io`, the loop
-(intake, backpressure, ``draft_input_ids`` routing, failure drain, cancellation) in
-:mod:`specserve.triton.serving_loop`.
+the inputs read into the serving core's request in :mod:`specserve.triton.llm_io`, its checks in
+:mod:`specserve.serving.admission`, the response arrays in :mod:`specserve.serving.responses`,
+the loop (intake, backpressure, ``draft_input_ids`` routing, failure drain, cancellation) in
+:mod:`specserve.serving.loop`.
 
 Concurrency, as Triton's Python backend wants it on a CPU: ``execute()`` checks each
 request, hands it with its sender to a bounded queue (parameter ``specserve_max_pending``; past
@@ -37,16 +38,17 @@ import triton_python_backend_utils as pb_utils
 
 from specserve.runtime.grammar import GuideCompiler
 from specserve.runtime.native_memory import cap_primitive_cache, trimmer
-from specserve.triton.llm_engine import engine_limits, load_decoder
-from specserve.triton.llm_io import admit
-from specserve.triton.model_params import ModelParams, env_threads
-from specserve.triton.serving_loop import (
+from specserve.serving.engine import engine_limits, load_decoder
+from specserve.serving.engine_params import env_threads
+from specserve.serving.loop import (
     Arrays,
     Pending,
     ServingLoop,
     external_verify,
     make_scheduler,
 )
+from specserve.triton.llm_io import admit
+from specserve.triton.model_params import ModelParams
 from specserve.triton.spec_counters import HELP, DeferredCounters, SpecCounters
 
 #: How long a request's "cancelled?" answer is reused. ``is_cancelled()`` is a round trip to
@@ -82,7 +84,7 @@ class Outbox:
 
 
 class TritonSender:
-    """Triton's decoupled response sender as a :class:`~specserve.triton.serving_loop.Sender`.
+    """Triton's decoupled response sender as a :class:`~specserve.serving.loop.Sender`.
     With an :class:`Outbox`, :meth:`send` queues the response and returns at once (False once
     the request is known to be cancelled, or a send failed), and :meth:`cancelled` answers from
     what the outbox last learnt, asking again through it every ``CANCEL_POLL_S``."""

@@ -1,6 +1,7 @@
 """Pure pieces of the ``tensorrt_llm_bls`` model (stdlib only; copied into the repository's
-``tensorrt_llm_bls/1/lib/``): which BLS input goes to which model input, the outputs forwarded,
-parameter reading, and TensorRT-LLM's word-list layout (tensorrt_llm_bls config of the pinned
+``tensorrt_llm_bls/1/lib/``): which BLS input goes to which model input (:func:`route`,
+:func:`target_inputs`: the BLS door's request mapping), the outputs forwarded, parameter
+reading, and TensorRT-LLM's word-list layout (tensorrt_llm_bls config of the pinned
 release)."""
 
 from __future__ import annotations
@@ -41,6 +42,29 @@ LOGITS_INPUTS = ("return_log_probs", "return_context_logits", "return_generation
 SPEC_PASS = ("length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
 MISSING = ("not found", "unknown model", "not ready", "unavailable")
 
+
+
+def route(inputs: dict[str, Any], decoupled: bool) -> int:
+    """``num_draft_tokens`` k of a BLS request: 0 forwards it to the target
+    (:func:`target_inputs`), else the speculation loop runs it; ValueError for what this BLS
+    cannot answer (``num_return_sequences`` > 1 on a BLS that is not decoupled)."""
+    k = int(scalar(inputs, "num_draft_tokens", 0))
+    if not decoupled and int(scalar(inputs, "num_return_sequences", 1)) > 1:
+        raise ValueError("num_return_sequences > 1 needs a decoupled tensorrt_llm_bls "
+                         "(one response per sequence)")
+    return k
+
+
+def target_inputs(inputs: dict[str, Any], pre: dict[str, Any], decoupled: bool
+                  ) -> dict[str, Any]:
+    """The target's inputs of a request forwarded without speculation: preprocessing's outputs
+    (under the target's names) and the client's inputs renamed by :data:`LLM` (``streaming``
+    dropped on a BLS that is not decoupled)."""
+    out = dict(pre)
+    out.update({LLM[k]: as_batch(v) for k, v in inputs.items() if k in LLM})
+    if not decoupled:
+        out.pop("streaming", None)
+    return out
 
 
 def param(params: dict[str, str], key: str, default: str) -> str:

@@ -6,8 +6,9 @@ outputs as arrays. :mod:`spec_io` builds the calls; ``bls.py`` turns these dicts
 ``lib/triton_decoder.py``, see :mod:`spec_io`).
 
 - :class:`TextStream`: the streamed per-iteration text and token counts (incremental
-  detokenization, :mod:`detok`), and the final response with the perf outputs
-  (:func:`perf_values`);
+  detokenization: the serving core's :mod:`specserve.serving.detok`, which the repository
+  writer copies next to these files as ``lib/detok.py``), and the final response with the
+  perf outputs (:func:`perf_values`);
 - :func:`response_arrays`: the declared outputs among those values.
 """
 
@@ -15,13 +16,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import spec_loop
-from .detok import IncrementalDetokenizer
 from .spec_io import Arrays, SpecOptions, i32
+
+if TYPE_CHECKING:
+    from specserve.serving.detok import IncrementalDetokenizer
+else:
+    try:  # in a repository: lib/detok.py, the serving core's module copied by the writer
+        from .detok import IncrementalDetokenizer
+    except ImportError:  # imported from the specserve package: the serving core's own
+        from specserve.serving.detok import IncrementalDetokenizer
 
 
 def perf_values(arrival: int, scheduled: int, result: spec_loop.LoopResult) -> Arrays:

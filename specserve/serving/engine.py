@@ -1,13 +1,13 @@
-"""The engine a reference ``tensorrt_llm`` model serves (no Triton, torch imported lazily): its
-decoder and tokenizer (:func:`load_decoder`) and the limits requests are checked against
-(:func:`engine_limits`). Shared by the Triton model (``triton/models/llm.py``) and the Dynamo
-worker (``frontends/dynamo_worker.py``), so both serve the same engine the same way."""
+"""The engine every door serves (no Triton, torch imported lazily): its decoder and tokenizer
+(:func:`load_decoder`) and the limits requests are checked against (:func:`engine_limits`).
+Shared by the reference Triton model (``triton/models/llm.py``) and the Dynamo worker
+(``frontends/dynamo_worker.py``), so both serve the same engine the same way."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from specserve.triton.llm_io import PLAIN_ENGINE_MAX_DRAFT_LEN, EngineLimits
+from specserve.serving.request import PLAIN_ENGINE_MAX_DRAFT_LEN, EngineLimits
 
 if TYPE_CHECKING:
     from specserve.engine_record import EngineRecord

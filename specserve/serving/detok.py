@@ -1,8 +1,8 @@
 """Incremental detokenization: streamed text chunks that concatenate to exactly the text of the
 whole sequence (``"".join(pushes) + flush() == decode(all ids)``).
 
-Self-contained (standard library only): copied into a repository as
-``tensorrt_llm_bls/1/lib/detok.py``.
+Self-contained (standard library only): the repository writer copies it into a repository as
+``tensorrt_llm_bls/1/lib/detok.py`` for the BLS model (:mod:`specserve.triton.repository`).
 
 The method is the standard one of vLLM's ``detokenize_incrementally``
 (``vllm/transformers_utils/detokenizer_utils.py``, itself from text-generation-inference): decode a
@@ -30,7 +30,7 @@ complete characters and the chunks' texts concatenate to the text of the whole s
 
 Exactness holds for decoders whose text, split at a character boundary, is the concatenation of
 the texts of the two parts (byte-level BPE such as GPT-2's and ours: the token bytes joined and
-decoded with replacement); the property tests in ``tests/triton/test_detok.py`` check it.
+decoded with replacement); the property tests in ``tests/serving/test_detok.py`` check it.
 """
 
 from __future__ import annotations

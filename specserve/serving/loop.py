@@ -1,6 +1,7 @@
-"""The serving loop of the reference ``tensorrt_llm`` Triton model, without Triton: what is
-taken from the model's queue and when, where each request goes, what is sent back, and what
-happens when a step fails or a client goes away.
+"""The in-flight serving loop every door runs (the reference ``tensorrt_llm`` Triton model, the
+Dynamo worker), without Triton or Dynamo: what is taken from the door's queue and when, where
+each request goes, what is sent back, and what happens when a step fails or a client goes
+away.
 
 Upstream's split, followed here: tensorrtllm_backend's BLS keeps its decoding logic over plain
 request/response objects in ``lib/decode.py`` and the ``pb_utils`` conversions in
@@ -8,10 +9,11 @@ request/response objects in ``lib/decode.py`` and the ``pb_utils`` conversions i
 ``all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/decode.py`` @
 38e7c9d1a63604b46a43d4952675779565a8f3a8, ``triton_decoder.py`` @
 04d96ce8e635739babc0aedaac8a2ee10fa8f909). This module is the first half: it sends numpy
-arrays to a :class:`Sender`; ``triton/models/llm.py`` wraps Triton's response sender as one and
-is the only place that imports ``pb_utils``. The unit tests drive it with a real
-:class:`~specserve.runtime.scheduler.Scheduler` and a recording sender
-(``tests/triton/test_serving_loop.py``).
+arrays (:mod:`specserve.serving.responses`) to a :class:`Sender`; ``triton/models/llm.py``
+wraps Triton's response sender as one and is the only place that imports ``pb_utils``, and the
+Dynamo worker's sender (``frontends/dynamo_worker.py``) turns them into Dynamo's chunks. The
+unit tests drive it with a real :class:`~specserve.runtime.scheduler.Scheduler` and a recording
+sender (``tests/serving/test_loop.py``).
 
 Policy (in-flight batching, :class:`~specserve.runtime.scheduler.Scheduler`):
 
@@ -47,8 +49,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specserve.triton.llm_io import LlmRequest
-from specserve.triton.llm_out import (
+from specserve.serving.detok import TokenHoldBack
+from specserve.serving.request import LlmRequest
+from specserve.serving.responses import (
     PerfTimes,
     generation_logits_array,
     logprob_arrays,
@@ -57,7 +60,6 @@ from specserve.triton.llm_out import (
     sequence_index_array,
     token_arrays,
 )
-from specserve.triton.models.bls_lib.detok import TokenHoldBack
 
 if TYPE_CHECKING:
     from specserve.runtime.batch import GenerationResult
@@ -72,7 +74,8 @@ OnStep = Callable[[int, list[int]], None]
 
 
 class Sender(Protocol):
-    """One request's response channel (Triton's decoupled response sender, wrapped)."""
+    """One request's response channel, a door's own (the Triton model wraps its decoupled
+    response sender, the Dynamo worker its handler's queue)."""
 
     def send(self, arrays: Arrays | None, error: str | None, final: bool) -> bool:
         """Send ``arrays``, or the error ``error``, or (both None) only the final flag; False

@@ -1,6 +1,6 @@
-"""Streamed text is exact: ``bls_lib.detok`` against the tiny byte-level BPE
-(bytes only) and one trained on Chinese, emoji and accented text (multi-byte tokens, whole
-characters and pieces of characters). Hypothesis runs derandomized."""
+"""Streamed text is exact: ``serving.detok`` (also the BLS's ``lib/detok.py``) against the tiny
+byte-level BPE (bytes only) and one trained on Chinese, emoji and accented text (multi-byte
+tokens, whole characters and pieces of characters). Hypothesis runs derandomized."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specserve.triton.models.bls_lib.detok import (
+from specserve.serving.detok import (
     REPLACEMENT,
     IncrementalDetokenizer,
     TokenHoldBack,

@@ -1,6 +1,7 @@
-"""Response tensors of the reference ``tensorrt_llm`` model, in TensorRT-LLM 1.2.1's names,
-types and ``[batch, beams, tokens]`` shapes (the contract is :mod:`specserve.triton.llm_io`'s
-docstring; the request side is there): output ids and counts, generation logits, log-probs,
+"""The serving loop's responses, as numpy arrays in TensorRT-LLM 1.2.1's names, types and
+``[batch, beams, tokens]`` shapes (the reference ``tensorrt_llm`` model sends them as they are;
+the contract is :mod:`specserve.triton.llm_io`'s docstring; the Dynamo worker reads them into
+its chunks): output ids and counts, generation logits, log-probs,
 ``sequence_index``, Predicted Outputs' counts and the perf outputs."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from specserve.triton.llm_io import LlmRequest
+from specserve.serving.request import LlmRequest
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""The reference ``tensorrt_llm`` model's serving loop without Triton
-(``specserve/triton/serving_loop.py``): a real Scheduler over the tiny target, requests checked
-as ``execute()`` checks them (``llm_io.admit``), and a recording sender that behaves as
-Triton's wrapped response sender does (once the client is gone, only a final flag goes out and
-``send`` answers False).
+"""The serving loop every door runs, without Triton or Dynamo
+(``specserve/serving/loop.py``): a real Scheduler over the tiny target, the serving core's
+requests checked as every door checks them (``serving.admission.sampling_params``), and a
+recording sender that behaves as Triton's wrapped response sender does (once the client is
+gone, only a final flag goes out and ``send`` answers False).
 
 Each test guards one rule of the loop: completion, backpressure at exactly ``max_pending``,
 ``draft_input_ids`` routed to their own verify call, a failed step failing what was in flight
@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -30,10 +29,8 @@ from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.model import load_model
 from specserve.runtime.proposers import OracleProposer
 from specserve.runtime.scheduler import Scheduler
-from specserve.spec.stats import AcceptanceStats
-from specserve.triton.llm_io import EngineLimits, admit
-from specserve.triton.model_params import ModelParams
-from specserve.triton.serving_loop import (
+from specserve.serving.admission import sampling_params
+from specserve.serving.loop import (
     Arrays,
     Pending,
     ServingLoop,
@@ -41,11 +38,12 @@ from specserve.triton.serving_loop import (
     final_arrays,
     make_scheduler,
 )
+from specserve.serving.request import EngineLimits, LlmRequest
+from specserve.spec.stats import AcceptanceStats
 from tests.helpers.tiny import TinyCheckpoint
 
 torch.set_num_threads(1)
 
-MODEL = ModelParams(engine_dir="unused")
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 
 
@@ -91,14 +89,13 @@ def limits(d: SpecDecoder) -> EngineLimits:
 
 
 def pending(d: SpecDecoder, prompt: list[int], n: int, sender: Recorder | None = None,
-            **inputs: Any) -> Pending:
-    arrays = {"input_ids": np.array([prompt], dtype=np.int32),
-              "request_output_len": np.array([[n]], dtype=np.int32),
-              "end_id": np.array([[-1]], dtype=np.int32),
-              "exclude_input_in_output": np.array([[True]])}
-    arrays.update({k: np.array([v]) for k, v in inputs.items()})
-    req, params = admit(arrays, MODEL, True, limits(d))
-    return Pending(req=req, params=params, sender=sender or Recorder(), arrival=1)
+            **fields: Any) -> Pending:
+    """A request as a door hands it to the loop: ``fields`` of the core's ``LlmRequest``
+    (never stopping on a token, the prompt excluded unless asked), checked."""
+    req = LlmRequest(prompt=list(prompt), max_tokens=n, end_id=-1,
+                     **{"exclude_input": True, **fields})
+    return Pending(req=req, params=sampling_params(req, limits(d)), sender=sender or Recorder(),
+                   arrival=1)
 
 
 def make_loop(d: SpecDecoder, capacity: int = 2, max_pending: int = 8,
@@ -152,8 +149,8 @@ def test_draft_input_ids_get_a_verify_call_of_their_own(decoder: SpecDecoder) ->
     want = greedy(decoder, PROMPT, 4)
     loop, q = make_loop(decoder)
     wrong = (want[2] + 1) % decoder.target.cfg.vocab_size
-    drafts = np.array([want[0], want[1], wrong], dtype=np.int32)
-    ext = pending(decoder, PROMPT, 8, draft_input_ids=drafts, return_perf_metrics=True)
+    drafts = (want[0], want[1], wrong)
+    ext = pending(decoder, PROMPT, 8, draft_ids=drafts, perf=True)
     plain = pending(decoder, PROMPT, 4)
     for p in (ext, plain, None):
         q.put(p)
@@ -223,7 +220,7 @@ def test_a_client_that_goes_away_frees_its_slot(decoder: SpecDecoder) -> None:
 
 def test_streamed_chunks_add_up_to_the_tokens(decoder: SpecDecoder) -> None:
     loop, q = make_loop(decoder)
-    p = pending(decoder, PROMPT, 7, streaming=True, return_num_output_tokens=True)
+    p = pending(decoder, PROMPT, 7, streaming=True, num_output_tokens=True)
     q.put(p)
     q.put(None)
     loop.run()
@@ -243,7 +240,7 @@ def test_final_arrays_tokens_and_perf_outputs(decoder: SpecDecoder) -> None:
     stats.observe(2, 0)
     result = GenerationResult(token_ids=[40, 41, 42, 43, 44], stats=stats, finish_reason="length",
                               first_token_time_ns=0, last_token_time_ns=0)
-    p = pending(decoder, PROMPT, 5, return_perf_metrics=True, exclude_input_in_output=False)
+    p = pending(decoder, PROMPT, 5, perf=True, exclude_input=False)
     p.first_scheduled, p.first_token, p.last_token = 10, 0, 30
     out = final_arrays(p, result)
     assert [int(t) for t in out["output_ids"].reshape(-1)] == PROMPT + [40, 41, 42, 43, 44]
@@ -267,7 +264,7 @@ def test_a_streamed_final_with_nothing_left_is_the_flag_alone(decoder: SpecDecod
     result = GenerationResult(token_ids=[40, 41], stats=AcceptanceStats(), finish_reason="length",
                               first_token_time_ns=0, last_token_time_ns=0)
     assert final_arrays(pending(decoder, PROMPT, 2, streaming=True), result) is None
-    perf = final_arrays(pending(decoder, PROMPT, 2, streaming=True, return_perf_metrics=True),
+    perf = final_arrays(pending(decoder, PROMPT, 2, streaming=True, perf=True),
                         result)
     assert perf is not None and int(perf["sequence_length"][0, 0]) == 0
     assert "total_draft_tokens" in perf
@@ -286,11 +283,11 @@ def test_finished_requests_reach_the_counters_and_a_failing_counter_costs_nothin
     it); when it raises, the responses still go out."""
     want = greedy(decoder, PROMPT, 4)
     wrong = (want[2] + 1) % decoder.target.cfg.vocab_size
-    drafts = np.array([want[0], want[1], wrong], dtype=np.int32)
+    drafts = (want[0], want[1], wrong)
     for raising in (False, True):
         seen: list[dict[str, Any]] = []
         finals_then: list[int] = []  # final responses sent when on_stats was called
-        ext = pending(decoder, PROMPT, 8, draft_input_ids=drafts)
+        ext = pending(decoder, PROMPT, 8, draft_ids=drafts)
         plain = pending(decoder, PROMPT, 4)
         senders = [p.sender for p in (ext, plain) if isinstance(p.sender, Recorder)]
 
