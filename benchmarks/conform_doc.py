@@ -3,7 +3,8 @@
 ``WORK/vllm-rows.json``). Copies every evidence file the rows name (and each run's
 ``matrix.json``) from ``WORK`` into ``DOCS/conformance/`` and rewrites the part of
 ``DOCS/conformance.md`` between the ``BEGIN``/``END`` markers: per engine, verdict counts per
-configuration, the pivot (check x configuration) and every non-pass row with its evidence path.
+configuration, the pivot (check x configuration) and every non-pass verdict with its evidence
+paths (one line per check, verdict and detail, naming the configurations that share it).
 A rows file not in ``WORK`` (that engine not rerun) is taken from ``DOCS/conformance/`` as it is.
 
     .venv/bin/python benchmarks/conform_doc.py --work reports/conform --docs docs
@@ -107,14 +108,18 @@ def section(title: str, rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"| {group} | {name} | " + " | ".join(cell.get((name, c), "")
                                                          for c in configs) + " |")
     lines += ["", "<details><summary>every non-pass verdict, with its detail and evidence"
-              "</summary>", "", "| configuration | check | verdict | detail | evidence |",
-              "|---|---|---|---|---|"]
+              "</summary>", "", "| check | verdict | detail | configurations (evidence) |",
+              "|---|---|---|---|"]
+    # one line per (check, verdict, detail): the configurations that share it, each linked to
+    # its evidence file where it has one
+    same: dict[tuple[str, str, str], list[str]] = {}
     for r in typed:
         if r.verdict != "pass":
-            ev = f"[{Path(r.evidence).name}]({r.evidence.removeprefix('docs/')})" \
-                if r.evidence else ""
-            lines.append(f"| {label[r.config]} | {r.check} | {SYMBOL[r.verdict]} | "
-                         f"{_cell(r.detail)[:400]} | {ev} |")
+            cfg = f"[{label[r.config]}]({r.evidence.removeprefix('docs/')})" \
+                if r.evidence else label[r.config]
+            same.setdefault((r.check, SYMBOL[r.verdict], _cell(r.detail)[:400]), []).append(cfg)
+    for (check, verdict, detail), cfgs in same.items():
+        lines.append(f"| {check} | {verdict} | {detail} | {', '.join(cfgs)} |")
     lines += ["", "</details>", ""]
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
 """The same engine through NVIDIA Dynamo's OpenAI frontend and through our Triton model, side by
-side in one run (figures in docs/benchmarks.md "Behind NVIDIA Dynamo").
+side in one run (figures in docs/results.md, "Through Dynamo or through Triton?").
 
 Starts, all at once on 127.0.0.1: tritonserver on a repository of ``--engine`` (``specserve
 repo``; the ``ensemble`` model over gRPC), Dynamo with one specserve worker and Dynamo with two

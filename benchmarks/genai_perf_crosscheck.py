@@ -54,7 +54,8 @@ def genai_perf(args: argparse.Namespace, dep: Any, art: Path) -> dict[str, float
     gp = json.loads(next(art.rglob("profile_export_genai_perf.json")).read_text())
     osl = gp["output_sequence_length"]["avg"]
     itl = gp["inter_token_latency"]["p50"]
-    # genai-perf re-tokenizes streamed text (over-counts, see docs/benchmarks.md): its ITL is
+    # genai-perf re-tokenizes streamed text (over-counts; docs/results.md, "Does the client
+    # measure right?"): its ITL is
     # (latency - TTFT) / (OSL - 1); rescale to the tokens the server really produced.
     return {"ttft": gp["time_to_first_token"]["p50"], "e2e": gp["request_latency"]["p50"],
             "tpot": itl * (osl - 1) / (args.max_tokens - 1), "osl": osl}

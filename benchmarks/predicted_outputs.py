@@ -1,5 +1,5 @@
-"""Predicted Outputs on the code-edit set (docs/benchmarks.md "Predicted
-Outputs"): per-user tokens/s at concurrency 1 of the demo target with and without each
+"""Predicted Outputs on the code-edit set (docs/results.md, "On which
+prompts?"): per-user tokens/s at concurrency 1 of the demo target with and without each
 request's ``prediction``, in one process (the reference engine, no server: what the
 prediction changes is the decoder's steps, which this isolates).
 

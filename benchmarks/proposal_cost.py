@@ -1,5 +1,5 @@
 """Proposal cost per verify step and tau of speculation methods on the demo pair, in one
-process (``make bench-proposal``; docs/benchmarks.md, "EAGLE-3 heads").
+process (``make bench-proposal``; docs/results.md, "Which method is fastest?").
 
 Each method is a reference decoder over ``checkpoints/demo/target``; the prompts (builtin code,
 batch 1, T = 0, ``--max-tokens`` each) go through every method in turn, prompt by prompt, so

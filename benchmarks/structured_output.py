@@ -1,5 +1,5 @@
 """Structured output under speculation on the demo checkpoint
-(docs/benchmarks.md "Structured output"): tau and per-user tokens/s at concurrency 1 of guided
+(docs/results.md, "On which prompts?"): tau and per-user tokens/s at concurrency 1 of guided
 (JSON schema) greedy requests, for the target alone and each method, in one process (the
 reference engine, no server), plus the share of valid answers and a check that every guided
 output equals the target's guided output (greedy is lossless under the grammar).

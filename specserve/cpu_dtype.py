@@ -4,7 +4,7 @@ bfloat16 autocast is fast only where the CPU has bfloat16 instructions (AVX-512 
 which oneDNN uses); on an AVX2-only CPU (AMD Zen 3, most laptops and CI runners) oneDNN and
 ATen emulate it and a bfloat16 matmul runs tens of times slower than the float32 one (measured
 here under ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2``: 14 ms against 0.35 ms for a
-256 x 256 product; docs/benchmarks.md, "Training dtype"). So ``auto`` asks oneDNN whether it
+256 x 256 product; docs/results.md, "Training time and dtype"). So ``auto`` asks oneDNN whether it
 has bfloat16 kernels (``torch.ops.mkldnn._is_mkldnn_bf16_supported``, the check PyTorch's own
 inductor makes before it emits bf16 oneDNN ops), then times one small matmul in each dtype and
 keeps bfloat16 only when both agree it is faster. CUDA: bfloat16 (every GPU this project

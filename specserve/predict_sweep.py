@@ -19,7 +19,7 @@ new tokens. Its model, for a verify step of ``n`` tokens per row (``n = 1``: the
   each a one-token forward at batch ``c`` over the same context with its LM head, timed here
   like the target's (the draft in its served decode layout, at the shortest and longest context,
   linear between) or, without ``--measure``, its roofline. 0 for n-gram (the lookup was measured
-  at under 0.2 ms per step, docs/benchmarks.md) and for the baseline (``n = 1``); Medusa's one
+  at under 0.2 ms per step on the toy model) and for the baseline (``n = 1``); Medusa's one
   heads pass is not modelled per cell (0).
 - With a draft model a newcomer's prompt is also fed through the draft (``admit``: one forward
   of ``L - 1`` tokens, not chunked), inside the running step too: the speculative step's

@@ -38,7 +38,7 @@ SERVED = ("draft", "eagle3", "ngram")  # fastest_method values built as such; ot
 DRAFT_LEN = 4
 # the checkpoint's draft (distilled on 128-token windows) proposes from its last 64 keys on the
 # torch backend: 1.07-1.17x tok/s at c = 16 on builtin, 256- and 512-token prompts, acceptance
-# equal or higher (docs/benchmarks.md, "A windowed draft")
+# equal or higher (docs/results.md, "Against vLLM-CPU")
 DEMO_DRAFT_WINDOW = 64
 TUNED_TREE = "medusa_tree_cpu.json"
 BACKENDS = ("torch", "trtllm", "auto")

@@ -147,7 +147,7 @@ def _serve_targets(kw: dict[str, Any], path: str | None) -> None:
                    "\"max_tokens\": optional}) or ShareGPT JSON.")
 @click.option("--prompts", default=None,
               help="Builtin prompt set: builtin-code (default), builtin-prose, builtin-json, "
-                   "builtin-chat (multi-turn), builtin-mix (docs/benchmarks.md, Workloads).")
+                   "builtin-chat (multi-turn), builtin-mix (docs/workloads.md).")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @click.option("--temperature", type=float, default=None)
 @click.option("--top-k", type=int, default=None)

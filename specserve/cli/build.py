@@ -162,7 +162,7 @@ def _text(summary: dict[str, Any]) -> str:
               help="--draft, torch backend: the draft model attends only the last N positions "
                    "of the shortest running row when it proposes (lossless: the target "
                    "verifies every draft; at long context the draft reads less KV). See "
-                   "docs/benchmarks.md, 'A windowed draft'.")
+                   "docs/results.md, 'Against vLLM-CPU'.")
 @click.option("--eagle-choices", help="EAGLE-3: a static tree, '{0}, {0, 0}' or a file "
               "holding it (--flow pytorch: eagle_choices; --backend torch: the reference "
               "decoder's tree at T = 0) [default: a chain of --max-draft-len].")

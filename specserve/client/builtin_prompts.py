@@ -15,8 +15,7 @@ the running interpreter, the same for the same seed and Python version; the regi
 - ``builtin-mix``: the four above in turn (code, prose, structured, multi-turn, code, ...).
 
 Categories follow SPEED-Bench's point (arXiv 2604.09557) that acceptance differs about 2x between
-categories (coding easy, writing hard), so one pooled number misleads (``docs/benchmarks.md``,
-"Workloads").
+categories (coding easy, writing hard), so one pooled number misleads (``docs/workloads.md``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Per-request latency records for streamed generation (pure; no I/O).
 
-Definitions follow the benchmark clients surveyed in ``docs/benchmarks.md`` (genai-perf/AIPerf,
+Definitions follow the benchmark clients compared in ``docs/results.md`` ("Does the client
+measure right?": genai-perf/AIPerf,
 vLLM ``bench serve``, SGLang ``bench_serving``) with their known fault fixed: under speculative
 decoding one streamed chunk carries several tokens, so inter-token latency (ITL) is the gap
 between two chunks *divided over the tokens of the later chunk*, never one gap per chunk.

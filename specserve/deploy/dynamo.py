@@ -114,8 +114,9 @@ def graph_deployment(name: str, cfg: DeployConfig, src: EngineSource, model: str
 
 
 WORKER_MODULE = "specserve.frontends.dynamo_worker"
-#: Dynamo's frontend, unchanged, with TCP_NODELAY on its HTTP listener (docs/benchmarks.md: the
-#: shipped frontend's Nagle delay cost ~40 ms of first-token latency per keep-alive request)
+#: Dynamo's frontend, unchanged, with TCP_NODELAY on its HTTP listener (docs/results.md,
+#: "Through Dynamo or through Triton?": the shipped frontend's Nagle delay cost ~40 ms of
+#: first-token latency per keep-alive request)
 FRONTEND_MODULE = "specserve.frontends.dynamo_frontend"
 WORKER_METRICS_PORT = 9090
 MIGRATION_LIMIT = 3

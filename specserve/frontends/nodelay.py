@@ -8,8 +8,8 @@ changes it (none in ``frontend_args.py``, none among the runtime's ``DYN_HTTP_*`
 keep-alive connection the frontend writes the response headers as soon as the worker's stream
 opens, then the first SSE chunk a few ms later: Nagle holds that small second write until the
 client ACKs the headers, and the client (its last act was sending the request, so Linux delays
-the ACK) ACKs after ~40 ms. Measured here (docs/benchmarks.md, "Where Dynamo's first-token
-40 ms went"): first event 47.9 ms with Nagle, 10.5 ms with TCP_NODELAY, on one running frontend,
+the ACK) ACKs after ~40 ms. Measured here (docs/results.md, "Through Dynamo or through
+Triton?"): first event 47.9 ms with Nagle, 10.5 ms with TCP_NODELAY, on one running frontend,
 by turning the option on and off.
 
 How: Linux copies TCP_NODELAY from a listening socket to the sockets it accepts (tcp(7):

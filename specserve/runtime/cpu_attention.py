@@ -4,8 +4,8 @@ Decode (T = 1), verify (T = K + 1) and draft-tree levels attend few new tokens p
 CPU flash kernel (``F.scaled_dot_product_attention``) takes one key span for the whole batch,
 so every row is padded to the longest with masked keys (a third of them at batch 16 on the
 builtin prompts), and at T this small its per-(row, head) cost dominates: an ablation put
-decode attention at ~30% of an in-flight step at c = 16 (docs/benchmarks.md, "Decode
-attention"). ``csrc/attn_rows.c`` reads row b's keys ``start[b] .. len[b] - 1`` and its new
+decode attention at ~30% of an in-flight step at c = 16 (docs/results.md, "The C
+kernels"). ``csrc/attn_rows.c`` reads row b's keys ``start[b] .. len[b] - 1`` and its new
 slots only: the semantics of :func:`specserve.runtime.kvcache.step_mask` (keys before a row's
 length all visible, new slot w visible to new token t iff ``node[t, w]``), without padding.
 

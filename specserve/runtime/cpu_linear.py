@@ -24,7 +24,7 @@ oneDNN has no bfloat16 kernels (:func:`uses_kernel`; summed in float32, rounded 
 only with one torch thread and no autograd; with no C compiler or ``SPECSERVE_CPU_LINEAR=off``
 the layouts above remain.
 
-Numbers: ``docs/benchmarks.md`` ("oneDNN prepacked weights", "Few-row linears";
+Numbers: ``docs/results.md`` ("The C kernels: decode attention and few-row linears";
 ``benchmarks/fewrow_linear.py``). Checked in ``tests/runtime/test_model.py`` and
 ``tests/runtime/test_cpu_linear_kernel.py``.
 """
@@ -140,7 +140,7 @@ def uses_kernel(dtype: torch.dtype) -> bool:
     """The few-row kernel is built and serves ``dtype``: float32; bfloat16 only where oneDNN
     has no bfloat16 kernels (AVX2-only CPUs, where it emulates them). Where it has them (AVX-512
     BF16, AMX) its prepacked bfloat16 costs the same for 1 to 16 rows, and ours, faster for
-    one or two rows, slower from four (``docs/benchmarks.md``, "Few-row linears")."""
+    one or two rows, slower from four (``docs/results.md``, "The C kernels")."""
     ok = dtype == torch.float32 or (dtype == torch.bfloat16 and not can_prepack(dtype))
     return ok and prepare()
 

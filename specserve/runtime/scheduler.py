@@ -262,7 +262,8 @@ class Scheduler:
         row stores its prompt's blocks (the step after its prefill: what a concurrent request
         with the same prefix can reuse); the blocks it generates go in one store when it
         leaves (what the next turn of a conversation resends). Storing each block as it
-        filled cost 6-8% of tok/s at c = 8-16 when nothing was reused (docs/benchmarks.md)."""
+        filled cost 6-8% of tok/s at c = 8-16 when nothing was reused (docs/results.md, "How
+        much memory?")."""
         if self.kv is None:
             return []
         out = []

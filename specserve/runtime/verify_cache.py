@@ -12,8 +12,8 @@ full blocks' chain hash and the tail's tokens): the BLS loop's next context is t
 context plus the accepted drafts and the target's token, whose K/V up to that last token this
 call computed. With it the next call restores everything but its pending token and runs one
 target forward (the verify step) instead of two (the tail's prefill, then the step): the prefill
-of a tail of 0-15 tokens cost about as much as the verify step itself (py-spy, docs/benchmarks.md
-"The BLS loop's per-call cost").
+of a tail of 0-15 tokens cost about as much as the verify step itself (py-spy, docs/results.md,
+"The BLS loop against the engine's own speculation").
 
 Outputs are unchanged: position p's K/V depends only on tokens 0..p, and a block or a tail is
 found only after exactly the same tokens (:func:`~specserve.runtime.kv_pool.chain_hashes`, the

@@ -14,7 +14,7 @@ DEFAULT_PREFILL_CHUNK = 256  # prompt tokens prefilled per step (parameter specs
 # in-flight scheduler's pool, 1/4 for the draft_input_ids (BLS) verify calls' target-only pool.
 # On by default: with nothing reused it costs 0-1% of tok/s once the pool's pages are touched
 # (3-10% at c = 8-16 while they are first written) and no TTFT; multi-turn chat gets TTFT p50
-# 0.24x (docs/benchmarks.md, "The prefix cache ... turned back on"). 0 turns it off.
+# 0.24x (docs/results.md, "How much memory? The prefix cache"). 0 turns it off.
 DEFAULT_PREFIX_CACHE_MB = 256
 # seconds between malloc_trim calls under unbroken load (parameter specserve_malloc_trim_s; 0:
 # never; runtime/native_memory.py): RSS flat over a long mixed soak (docs/reliability.md §3)

@@ -14,7 +14,7 @@ agrees, else float32; ``--dtype`` overrides), recorded with its evidence in ``ev
 ("dtype"). Without that choice an AVX2-only CPU ran bf16 autocast emulated, ~10x slower than
 float32. The wall time is what the machine takes for those steps: ``--minutes 5`` took 5.1
 minutes on 2 lightly shared AVX-512-BF16 cores in bfloat16 and 10.8 minutes on an (emulated)
-AVX2-only CPU in float32 (docs/benchmarks.md, "Training dtype").
+AVX2-only CPU in float32 (docs/results.md, "Training time and dtype").
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class DemoConfig(JsonConfig):
     # EAGLE-3: a slim head (MLP 256, 2 attention heads, 1024 draft ids: ~2.7 MB against the
     # full-width layer's 6 MB): on this 4-layer target a head as wide as a target layer costs a
     # quarter of a verify forward per draft token; the slim one reaches the same tau
-    # (docs/benchmarks.md, "EAGLE-3 heads")
+    # (docs/results.md, "Which method is fastest?")
     eagle3_steps: int = 450
     eagle3_batch_seqs: int = 8
     eagle3_lr: float = 3e-3

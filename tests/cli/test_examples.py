@@ -1,8 +1,8 @@
 """Every ``specserve ...`` example is a command line the CLI accepts: the examples in every
 command's ``--help`` (as Click prints them, so a re-wrapped line fails too) and the command lines
-in README.md and docs/*.md (read at test time). Each line goes through the command's own Click
-option parser, which runs no callbacks and checks no paths: an unknown command or option, an
-option missing its value, a stray argument or a value outside a Choice fails."""
+in README.md, docs/*.md and docs/methods/*.md (read at test time). Each line goes through the
+command's own Click option parser, which runs no callbacks and checks no paths: an unknown command
+or option, an option missing its value, a stray argument or a value outside a Choice fails."""
 
 from __future__ import annotations
 
@@ -151,10 +151,11 @@ def test_every_command_has_a_description() -> None:
             f"`specserve {name} --help` has no description"
 
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "docs" / "methods").glob("*.md"))]
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
 def test_document_command_lines_parse(doc: Path) -> None:
     bad = []
     for line in examples(_code_blocks(doc.read_text())):
@@ -165,7 +166,7 @@ def test_document_command_lines_parse(doc: Path) -> None:
     assert not bad, f"{doc.name}:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
 def test_document_inline_commands_name_real_options(doc: Path) -> None:
     """Inline spans may mention an option without its value, but every command, option and
     choice they name exists."""

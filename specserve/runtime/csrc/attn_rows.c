@@ -2,7 +2,7 @@
  *
  * Decode, verify and draft-tree forwards attend T <= 16 new tokens per row. ATen's CPU flash
  * kernel pads every row to the longest (a third of the keys at batch 16 are padding) and pays a
- * per-(row, head) cost that dominates at T this small (docs/benchmarks.md, "Decode attention").
+ * per-(row, head) cost that dominates at T this small (docs/results.md, "The C kernels").
  * Here row b reads only keys start[b] .. len[b] - 1 (all visible) and its W new slots
  * len[b] .. len[b] + W - 1 (slot w visible to new token t iff node[t * W + w]): the same
  * semantics as the boolean mask of specserve.runtime.kvcache.step_mask, without the padding.

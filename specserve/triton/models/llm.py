@@ -53,7 +53,7 @@ from specserve.triton.spec_counters import HELP, DeferredCounters, SpecCounters
 
 #: How long a request's "cancelled?" answer is reused. ``is_cancelled()`` is a round trip to
 #: tritonserver; asked for every live request at every step and before every streamed
-#: response, it was ~10% of the serving loop at c = 16 (py-spy, docs/benchmarks.md). A final
+#: response, it was ~10% of the serving loop at c = 16 (py-spy on the toy model). A final
 #: response always asks afresh (a cancelled request must get its final flag alone).
 CANCEL_POLL_S = 0.01
 

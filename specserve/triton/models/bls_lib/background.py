@@ -3,11 +3,11 @@ copied into a repository as ``tensorrt_llm_bls/1/lib/background.py``).
 
 The BLS loop's iterations are synchronous Triton calls (draft, then verify). Turning an
 iteration's tokens into a streamed response costs two more round trips (postprocessing's decode
-and the response send, ~0.9 + 0.5 ms on 2 cores, docs/benchmarks.md "The BLS loop's per-call
-cost"), and the next iteration needs neither. :class:`Background` runs those jobs in order on
-one thread per request while the loop goes on with its next draft call (the Triton calls wait
-with the GIL released, so the two overlap). The Python backend allows a response sender and BLS
-calls from any thread of the stub.
+and the response send, ~0.9 + 0.5 ms on 2 cores, docs/results.md "The BLS loop against the
+engine's own speculation"), and the next iteration needs neither. :class:`Background` runs
+those jobs in order on one thread per request while the loop goes on with its next draft call
+(the Triton calls wait with the GIL released, so the two overlap). The Python backend allows a
+response sender and BLS calls from any thread of the stub.
 
 Rules: jobs run in the order they were put; a job that raises :class:`Cancelled` (the client
 went away) or any other error stops the jobs after it, and the next :meth:`Background.put` or

@@ -77,7 +77,8 @@ class BlsParams:
     draft_ahead: bool = True
     # ... while at most this many requests are in the BLS (parameter
     # specserve_draft_ahead_max_inflight): under load the calls started ahead and dropped
-    # take cores the others need (docs/benchmarks.md: c = 8 lost 5% output tok/s; c = 4 was even)
+    # take cores the others need (docs/results.md, "The BLS loop": c = 8 lost 5% output
+    # tok/s; c = 4 was even)
     ahead_max_inflight: int = DEFAULT_AHEAD_MAX_INFLIGHT
 
     @property
