@@ -1,6 +1,7 @@
-"""The shipped code, tests and benchmarks name no work items and nothing outside the repository:
-no tracker numbers in comments, docstrings, test or benchmark names, no paths into a sibling
-checkout of reference notes, no remarks about which machines a session was given."""
+"""The shipped code, tests, benchmarks, README and docs name no work items and nothing outside
+the repository: no tracker numbers in comments, docstrings, test or benchmark names or pages of
+the docs, no paths into a sibling checkout of reference notes, no remarks about which machines a
+session was given."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ SUFFIXES = {".py", ".sh", ".json", ".pbtxt", ".yaml", ".yml", ".toml", ".txt", "
 
 
 def _files() -> list[Path]:
-    out = [ROOT / "Makefile"]
+    out = [ROOT / "Makefile", ROOT / "README.md"]
     for top in ("specserve", "tests", "benchmarks"):
         out += [p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in SUFFIXES
                 and "__pycache__" not in p.parts]
+    out += sorted((ROOT / "docs").rglob("*.md"))  # every page of the docs, sub-folders included
     return out
 
 
@@ -38,6 +40,12 @@ def offenders() -> list[str]:
 def test_no_work_items_or_outside_paths() -> None:
     bad = offenders()
     assert not bad, "\n".join(bad)
+
+
+def test_the_scan_covers_readme_and_docs() -> None:
+    files = set(_files())
+    assert ROOT / "README.md" in files
+    assert {ROOT / "docs" / "architecture.md", ROOT / "docs" / "reliability.md"} <= files
 
 
 def test_the_pattern_catches_them() -> None:
