@@ -4,9 +4,10 @@ The server's count is the truth: TensorRT-LLM >= 0.20 returns ``num_output_token
 request sets ``return_num_output_tokens``. In streaming mode each
 response carries the tokens of one step; whether its ``num_output_tokens`` counts that response
 (``per_response``) or the request so far (``cumulative``) is fixed in ``docs/architecture.md``
-("Extensions of the contract"). Only when the server sends no count do we re-tokenize the text
-(genai-perf's method, which over-counts when per-step detokenization yields U+FFFD pieces), and
-with no tokenizer either, each chunk counts as one token. The record says which was used.
+("Triton contract": per response, as in the pinned release). Only when the server sends no
+count do we re-tokenize the text (genai-perf's method, which over-counts when per-step
+detokenization yields U+FFFD pieces), and with no tokenizer either, each chunk counts as one
+token. The record says which was used.
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ scheduler (:mod:`specserve.runtime.scheduler`); the model runner copies rows' st
 (:meth:`KVPool.read` / :meth:`KVPool.write`). ``on_event`` (optional) is told of every block
 stored and removed (:class:`BlockStored` / :class:`BlockRemoved`, the events of vLLM's
 ``vllm/distributed/kv_events.py`` that Dynamo's KV router consumes).
+
+What is paged and what is not: the running rows' K/V stay contiguous (one
+``[capacity, n_kv, max_len + lookahead, D]`` buffer per layer; attention never reads the pool).
+The pool is a paged copy of full blocks: a newcomer's cached prefix is copied into its row and
+only the rest is prefilled; a row's full blocks are stored as they fill and kept after it
+leaves. A full pool skips a store (never an error), and a request never waits for the pool.
 """
 
 from __future__ import annotations

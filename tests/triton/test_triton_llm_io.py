@@ -172,7 +172,7 @@ def test_check_drafts_against_the_engine() -> None:
     with pytest.raises(ValueError, match=r"'draft_logits' must be \[K, V\] = \[3, 32\] \(the "
                                          r"target's vocab\), got \[3, 16\]"):
         check_drafts(req, vocab_size=32, max_draft_len=4)
-    assert PLAIN_ENGINE_MAX_DRAFT_LEN == 16  # documented in docs/architecture.md
+    assert PLAIN_ENGINE_MAX_DRAFT_LEN == 16  # documented in serving/admission.check_drafts
 
 
 def test_generation_logits_array_shape() -> None:
