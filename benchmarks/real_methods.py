@@ -124,6 +124,20 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def eval_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The offline figures in the layout ``specserve engine --method fastest`` and ``specserve
+    demo`` read (``demo-model``'s eval.json): per method tau and tokens/s over all categories,
+    ``fastest_method`` the speculative method with the highest tokens/s."""
+    overall = {r["method"]: r for r in result["rows"].values() if r["category"] == "all"}
+    methods = {m: {"tau": r["tau"], "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"],
+                   "matches_baseline": r["equal_to_plain"]}
+               for m, r in overall.items() if m != "plain"}
+    fastest = max(methods, key=lambda m: methods[m]["tokens_per_s"]) if methods else None
+    return {"source": "benchmarks/real_methods.py", "date": result["date"], "cpu": result["cpu"],
+            "baseline_tokens_per_s": overall["plain"]["tokens_per_s"],
+            "fastest_method": fastest, **methods}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "smollm2")
@@ -134,10 +148,15 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="draft length for every method")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "real-methods.json")
+    ap.add_argument("--eval-json", type=Path, default=None,
+                    help="also write the figures as an eval.json (the fastest method) that "
+                         "`specserve engine --method fastest` and `specserve demo --eval` read")
     args = ap.parse_args()
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.eval_json is not None:
+        args.eval_json.write_text(json.dumps(eval_json(result), indent=2) + "\n")
     print(markdown(result))
 
 

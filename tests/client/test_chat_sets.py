@@ -132,3 +132,15 @@ def test_demo_serves_a_dataset_when_given(tmp_path: Path) -> None:
     ps = demo_prompts(DemoRunConfig(repo="r", out="o", dataset=str(data), warmup=1,
                                     requests=4))
     assert [p.text for p in ps] == ["p0", "p1", "p2", "p0", "p1"]
+
+
+def test_demo_on_a_dataset_shows_the_offline_tau_without_checking_it() -> None:
+    from specserve.demo import summary_lines
+
+    fig = {"ttft_ms": {"mean": 1.0, "p50": 1.0}, "tpot_ms": {"mean": 1.0, "p50": 1.0},
+           "per_user_tok_s": {"mean": 1.0},
+           "acceptance": {"tau_server": 1.4, "acceptance_rate": 0.5}}
+    summary = {"variants": {"spec": fig, "baseline": fig}}
+    check = {"tau_eval": 1.7, "ok": None, "tolerance": 0.1, "mode": "ngram"}
+    text = "\n".join(summary_lines(summary, check))
+    assert "offline eval.json 1.70 (not compared: other prompts)" in text
