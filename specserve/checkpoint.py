@@ -50,6 +50,15 @@ _DTYPE_BYTES = {
 MEDUSA_WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
 
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    """The sha256 of a file's bytes, read in ``chunk``-byte blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 # --- JSON and safetensors headers -----------------------------------------------------------
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -12,12 +12,12 @@ TensorRT-LLM route; the PyTorch route's engine directory holds ``extra_llm_api_o
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from specserve.build.config import BuildConfig
 from specserve.build.pins import DEFAULT_RELEASE
+from specserve.checkpoint import sha256_file
 from specserve.versions import collect_versions
 
 RECORD_VERSION = 1
@@ -26,14 +26,6 @@ _HASHED_NAMES = ("config.json", "generation_config.json", "tokenizer.json",
                  "model.safetensors.index.json", "medusa_lm_head.safetensors",
                  "medusa_lm_head.pt")
 _HASHED_SUFFIXES = (".safetensors", ".bin", ".pt")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def input_hashes(cfg: BuildConfig) -> dict[str, str]:

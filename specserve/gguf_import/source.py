@@ -12,11 +12,11 @@ every problem into one :class:`SpecserveError` line.
 from __future__ import annotations
 
 import collections
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specserve.checkpoint import sha256_file
 from specserve.errors import SpecserveError
 
 if TYPE_CHECKING:
@@ -48,14 +48,6 @@ class GGUFSummary:
         return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256,
                 "gguf_version": self.version, "architecture": self.architecture,
                 "name": self.name, "tensor_types": dict(self.tensor_types)}
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _check_magic(path: Path) -> None:

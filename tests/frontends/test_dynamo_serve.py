@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.dynamo import alive, descendants
+from tests.helpers.dynamo import alive, descendants, json_from
 from tests.helpers.server import make_tiny_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,23 +27,6 @@ def _serve(args: list[str]) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "specserve.cli.main", "serve", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def _json_from(proc: subprocess.Popen[str], timeout_s: float = 180.0) -> dict[str, Any]:
-    """The JSON object the command prints once ready (read line by line until it parses)."""
-    assert proc.stdout is not None
-    text, deadline = "", time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            err = proc.stderr.read() if proc.stderr else ""
-            pytest.fail(f"serve exited ({proc.wait()}): {err}")
-        text += line
-        try:
-            return dict(json.loads(text))
-        except ValueError:
-            continue
-    pytest.fail("serve printed no JSON")
 
 
 def _close(proc: subprocess.Popen[str]) -> None:
@@ -67,7 +50,7 @@ def test_serve_prints_urls_and_a_signal_stops_every_child(engine: Path, sig: int
     proc = _serve(["--frontend", "dynamo", "--engine", str(engine), "--workers", "2",
                    "--name", "tiny", "--format", "json"])
     try:
-        d = _json_from(proc)
+        d = json_from(proc)
         assert d["models"] == ["tiny"] and d["frontend"].startswith("http://127.0.0.1:")
         with urllib.request.urlopen(d["frontend"] + "/v1/models", timeout=10) as r:
             assert [m["id"] for m in json.loads(r.read())["data"]] == ["tiny"]

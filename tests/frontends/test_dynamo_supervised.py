@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.dynamo import descendants, post, stream, streamed_text
+from tests.helpers.dynamo import descendants, json_from, post, stream, streamed_text
 from tests.helpers.dynamo_failover import migrations
 from tests.helpers.server import make_tiny_engine
 from tests.helpers.sockets import listeners
@@ -95,21 +95,7 @@ def _start(args: list[str], timeout_s: float = 180.0) -> Serve:
     proc = subprocess.Popen([sys.executable, "-m", "specserve.cli.main", "serve", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     s = Serve(proc)
-    assert proc.stdout is not None
-    text, deadline = "", time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            err = proc.stderr.read() if proc.stderr else ""
-            pytest.fail(f"serve exited ({proc.wait()}): {err}")
-        text += line
-        try:
-            s.info = dict(json.loads(text))
-            break
-        except ValueError:
-            continue
-    else:
-        pytest.fail("serve printed no JSON")
+    s.info = json_from(proc, timeout_s)
     threading.Thread(target=s._read_events, daemon=True).start()
     return s
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+import pytest
 
 from tests.helpers.server import make_tiny_engine
 from tests.helpers.tiny import TinyCheckpoint
@@ -139,3 +143,20 @@ def dynamo_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("dynamo") is not None and os.name == "posix"
+
+
+def json_from(proc: subprocess.Popen[str], timeout_s: float = 180.0) -> dict[str, Any]:
+    """The JSON object the command prints once ready (read line by line until it parses)."""
+    assert proc.stdout is not None
+    text, deadline = "", time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            err = proc.stderr.read() if proc.stderr else ""
+            pytest.fail(f"serve exited ({proc.wait()}): {err}")
+        text += line
+        try:
+            return dict(json.loads(text))
+        except ValueError:
+            continue
+    pytest.fail("serve printed no JSON")

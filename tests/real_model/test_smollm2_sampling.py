@@ -20,23 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.stats import chi2_p
+
 pytestmark = pytest.mark.real_model
 
 N, TOP_K = 2000, 8
 PROMPT_TEXT = "The three most useful things to pack for a trip are"
-
-
-def _chi2_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    from scipy.stats import chisquare
-
-    expected = probs.flatten() * counts.sum()
-    keep = expected >= 5
-    obs = torch.cat([counts.flatten()[keep], counts.flatten()[~keep].sum()[None]])
-    exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
-    if exp[-1] < 5:
-        obs, exp = obs[:-1], exp[:-1]
-    exp = exp * obs.sum() / exp.sum()
-    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
 def _topk_probs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,7 +86,7 @@ def _p_values(toks: list[list[int]], joint: dict[tuple[int, int], float],
 
     c12, e12 = _as_tensors(Counter((t[0], t[1]) for t in toks), joint)  # type: ignore[arg-type]
     c3, e3 = _as_tensors(Counter(t[2] for t in toks), p3)  # type: ignore[arg-type]
-    return _chi2_p(c12, e12), _chi2_p(c3, e3)
+    return chi2_p(c12, e12), chi2_p(c3, e3)
 
 
 def test_eagle3_sampling_follows_the_target(monkeypatch: pytest.MonkeyPatch) -> None:

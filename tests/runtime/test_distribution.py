@@ -25,6 +25,7 @@ from specserve.runtime.model import Transformer, load_model
 from specserve.runtime.proposers import DraftModelProposer, MedusaProposer, Proposer
 from specserve.runtime.proposers.eagle3 import Eagle3Proposer
 from specserve.spec.tree import MedusaTree
+from tests.helpers.stats import chi2_p
 
 torch.set_num_threads(1)
 V, N, PROMPT = 8, 2000, [1, 2, 3]
@@ -54,19 +55,6 @@ def _exact(model_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
         p3 = hf(pre3).logits[:, -1].softmax(-1).view(V, V, V)
     joint12 = p1[:, None] * p2
     return joint12.double(), (joint12[..., None] * p3).sum((0, 1)).double()
-
-
-def _chi2_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    from scipy.stats import chisquare
-
-    expected = probs.flatten() * counts.sum()
-    keep = expected >= 5  # pool small cells into one
-    obs = torch.cat([counts.flatten()[keep], counts.flatten()[~keep].sum()[None]])
-    exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
-    if exp[-1] < 5:
-        obs, exp = obs[:-1], exp[:-1]
-    exp = exp * obs.sum() / exp.sum()
-    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +97,11 @@ def test_speculation_matches_target_sampling(models: tuple[Path, Path], kind: st
     joint, p3 = _exact(target_dir)
     c12 = torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V).double()
     c3 = torch.bincount(toks[:, 2], minlength=V).double()
-    assert _chi2_p(c12, joint) > 1e-3
-    assert _chi2_p(c3, p3) > 1e-3
+    assert chi2_p(c12, joint) > 1e-3
+    assert chi2_p(c3, p3) > 1e-3
     # Power: the draft's own distribution of (t1, t2) is rejected by the same test.
     d_joint, _ = _exact(draft_dir)
-    assert _chi2_p((d_joint * N).round(), joint) < 1e-3
+    assert chi2_p((d_joint * N).round(), joint) < 1e-3
 
 
 def test_a_draft_length_that_changes_between_steps_is_lossless(models: tuple[Path, Path]
@@ -140,5 +128,5 @@ def test_a_draft_length_that_changes_between_steps_is_lossless(models: tuple[Pat
     joint, p3 = _exact(target_dir)
     c12 = torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V).double()
     c3 = torch.bincount(toks[:, 2], minlength=V).double()
-    assert _chi2_p(c12, joint) > 1e-3
-    assert _chi2_p(c3, p3) > 1e-3
+    assert chi2_p(c12, joint) > 1e-3
+    assert chi2_p(c3, p3) > 1e-3

@@ -44,8 +44,9 @@ from specserve.runtime.proposers import DraftModelProposer
 from specserve.runtime.scheduler import Scheduler
 from specserve.spec.grammar import bitmask_to_allowed, mask_logits, mask_probs
 from tests.helpers.negative_control import skip_residual_sample
+from tests.helpers.stats import chi2_p as _chi2_p
 from tests.runtime.conftest import TinyModels
-from tests.runtime.test_distribution import PROMPT, N, V, _chi2_p, _tiny
+from tests.runtime.test_distribution import PROMPT, N, V, _tiny
 from tests.runtime.test_distribution import _proposer as _v8_proposer
 from tests.runtime.test_scheduler import PROMPTS, TREE, _proposer
 

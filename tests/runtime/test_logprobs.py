@@ -25,8 +25,9 @@ from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.model import Transformer, load_model
 from specserve.runtime.params import MAX_TOP_LOGPROBS
 from specserve.runtime.scheduler import Scheduler
+from tests.helpers.stats import chi2_p as _chi2_p
 from tests.runtime.conftest import TinyModels
-from tests.runtime.test_distribution import PROMPT, N, V, _chi2_p, _exact, _tiny
+from tests.runtime.test_distribution import PROMPT, N, V, _exact, _tiny
 from tests.runtime.test_distribution import _proposer as _v8_proposer
 from tests.runtime.test_scheduler import _proposer
 

@@ -29,8 +29,9 @@ from specserve.runtime.proposers import DraftModelProposer
 from specserve.runtime.proposers.prediction import prediction_drafts
 from specserve.runtime.scheduler import Scheduler
 from tests.helpers.negative_control import skip_residual_sample
+from tests.helpers.stats import chi2_p as _chi2_p
 from tests.runtime.conftest import TinyModels
-from tests.runtime.test_distribution import PROMPT, N, V, _chi2_p, _exact, _tiny
+from tests.runtime.test_distribution import PROMPT, N, V, _exact, _tiny
 from tests.runtime.test_scheduler import PROMPTS, _proposer
 
 torch.set_num_threads(1)

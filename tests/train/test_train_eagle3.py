@@ -20,6 +20,7 @@ from specserve.train.eagle3 import Eagle3Result, run_train_eagle3
 from specserve.train.eagle3_config import Eagle3TrainConfig
 from specserve.train.eagle3_data import draft_vocabulary, vocab_maps
 from specserve.train.eagle3_loss import ttt_loss
+from tests.helpers.crash import Crash, CrashAt
 from tests.helpers.tiny import TinyCheckpoint
 
 SHARPEN = 10.0  # a random-init target is near uniform; scaled logits give it a clear argmax
@@ -202,27 +203,6 @@ def test_minutes_set_the_steps_and_data_prompts_work(sharp_target: Path, tmp_pat
     assert len(info["heldout"]["top1_per_step"]) == 3  # the 6th sequence is held out
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAt:
-    """A reporter that interrupts the head's training after ``step`` steps (a killed run)."""
-
-    def __init__(self, step: int) -> None:
-        self.step, self.phase = step, ""
-
-    def start(self, name: str, total: int) -> None:
-        self.phase = name
-
-    def update(self, done: int, info: str = "") -> None:
-        if self.phase == "eagle3 head" and done > self.step:
-            raise _Crash
-
-    def log(self, line: str) -> None:
-        pass
-
-
 def test_an_interrupted_run_resumes_to_the_same_head(sharp_target: Path, tmp_path: Path) -> None:
     """Killed in step 26 (checkpoint at 20), rerun with the same flags: the sequences are not
     regenerated and the head equals an uninterrupted run's, bit for bit."""
@@ -239,20 +219,15 @@ def test_an_interrupted_run_resumes_to_the_same_head(sharp_target: Path, tmp_pat
 
     run_train_eagle3(cfg(tmp_path / "a" / "e3"))
     assert not (tmp_path / "a" / ".e3.partial").exists()
-    with pytest.raises(_Crash):
-        run_train_eagle3(cfg(tmp_path / "b" / "e3"), _CrashAt(SAVE_EVERY + 5))
+    with pytest.raises(Crash):
+        run_train_eagle3(cfg(tmp_path / "b" / "e3"), CrashAt("eagle3 head", SAVE_EVERY + 5))
     work = tmp_path / "b" / ".e3.partial"
     assert torch.load(work / "state.pt", weights_only=True)["step"] == SAVE_EVERY
     assert (work / "sequences.safetensors").is_file() and not (tmp_path / "b" / "e3").exists()
-    logs: list[str] = []
-
-    class _Log(_CrashAt):
-        def log(self, line: str) -> None:
-            logs.append(line)
-
-    run_train_eagle3(cfg(tmp_path / "b" / "e3"), _Log(10**6))
-    assert any("resuming at step 20" in ln for ln in logs)
-    assert any("reusing the sequences" in ln for ln in logs)
+    rep = CrashAt("eagle3 head", 10**6)  # never crashes: keeps the log lines
+    run_train_eagle3(cfg(tmp_path / "b" / "e3"), rep)
+    assert any("resuming at step 20" in ln for ln in rep.logs)
+    assert any("reusing the sequences" in ln for ln in rep.logs)
     a = load_file(str(tmp_path / "a" / "e3" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "e3" / "model.safetensors"))
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)

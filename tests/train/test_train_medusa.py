@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from specserve.cli.main import cli
 from specserve.train.medusa_train import MedusaTrainConfig, run_train_medusa
+from tests.helpers.crash import Crash, CrashAt
 from tests.helpers.tiny import TinyCheckpoint
 
 TINY_FLAGS = ["--heads", "2", "--samples", "6", "--prompt-len", "4", "--gen-len", "8",
@@ -69,27 +70,6 @@ def test_bad_model_and_existing_output_are_one_line_errors(tiny_ckpt: TinyCheckp
     assert code == 2 and "already exists" in text
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAt:
-    """A reporter that interrupts training after ``step`` steps (like a killed process)."""
-
-    def __init__(self, step: int) -> None:
-        self.step, self.phase = step, ""
-
-    def start(self, name: str, total: int) -> None:
-        self.phase = name
-
-    def update(self, done: int, info: str = "") -> None:
-        if self.phase == "medusa heads" and done > self.step:
-            raise _Crash
-
-    def log(self, line: str) -> None:
-        pass
-
-
 def test_interrupted_run_resumes_to_the_same_heads(tiny_ckpt: TinyCheckpoint,
                                                    tmp_path: Path) -> None:
     from safetensors.torch import load_file
@@ -102,8 +82,8 @@ def test_interrupted_run_resumes_to_the_same_heads(tiny_ckpt: TinyCheckpoint,
                                  batch_tokens=16, save_every=2)
 
     run_train_medusa(cfg(tmp_path / "a" / "h"))
-    with pytest.raises(_Crash):
-        run_train_medusa(cfg(tmp_path / "b" / "h"), _CrashAt(3))  # dies in step 4
+    with pytest.raises(Crash):
+        run_train_medusa(cfg(tmp_path / "b" / "h"), CrashAt("medusa heads", 3))  # dies in step 4
     assert (tmp_path / "b" / ".h.partial" / "state.pt").is_file()
     state = torch.load(tmp_path / "b" / ".h.partial" / "state.pt", weights_only=True)
     assert state["step"] == 2
