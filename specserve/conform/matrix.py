@@ -1,6 +1,6 @@
 """The compatibility matrix: one row per (engine, version, method, protocol, check) with its
 verdict, detail, evidence file and date; written as JSON and Markdown, pivoted across runs
-(check x configuration) for ``docs/conformance.md``, and a one-screen summary. Pure."""
+(check x configuration) for ``docs/conformance/matrices.md``, and a one-screen summary. Pure."""
 
 from __future__ import annotations
 
