@@ -154,11 +154,8 @@ def _serve_dynamo(engine: Path, host: str, http_port: int | None, timeout_s: flo
                   baseline_name: str | None, max_batch: int, log_dir: str | None,
                   prefix_cache_mb: int, kv_events: bool) -> None:
     from specserve.errors import SpecserveError
-    from specserve.frontends.dynamo_serve import (
-        DynamoServeConfig,
-        ServedModel,
-        serve_until_stopped,
-    )
+    from specserve.frontends.dynamo_serve import DynamoServeConfig, ServedModel
+    from specserve.frontends.dynamo_supervisor import serve_until_stopped
 
     if host != "127.0.0.1":
         raise SpecserveError("--frontend dynamo binds 127.0.0.1 only (--host)")

@@ -1,7 +1,7 @@
 """When to restart a worker, when it is hung, when to give up (pure: events and times in,
 decisions out; no processes, no clocks).
 
-The runner (:class:`specserve.frontends.dynamo_serve.Supervisor`) feeds it what it sees: a
+The runner (:class:`specserve.frontends.dynamo_supervisor.Supervisor`) feeds it what it sees: a
 worker's exit, each liveness probe's answer, a start; it acts on what comes back. A worker that
 exits is restarted after a backoff that doubles with its recent failures (bounded by
 ``max_backoff_s``); ``crash_loop_failures`` failures of one worker within

@@ -484,6 +484,7 @@ def test_a_wedged_engine_is_found_by_dynamo_s_canary_and_replaced(
     within 30 s of the wedge. (The one fault the command cannot plant from outside, so this
     runs the library's deployment and supervisor in the test.)"""
     from specserve.frontends import dynamo_serve as ds
+    from specserve.frontends.dynamo_supervisor import Supervisor
     from specserve.frontends.supervision import RestartPolicy
 
     wedge = tmp_path / "wedge"
@@ -512,7 +513,7 @@ def test_a_wedged_engine_is_found_by_dynamo_s_canary_and_replaced(
             wedge.unlink(missing_ok=True)  # the restarted worker must not wedge again
 
     done = threading.Event()
-    sup = ds.Supervisor(dep, RestartPolicy(), on_event)
+    sup = Supervisor(dep, RestartPolicy(), on_event)
 
     def supervise() -> None:
         while not done.is_set():

@@ -1,5 +1,5 @@
 """The supervisor's decisions (pure: :mod:`specserve.frontends.supervision`) and its runner
-(:class:`specserve.frontends.dynamo_serve.Supervisor`) on stand-in processes (``sleep``, a
+(:class:`specserve.frontends.dynamo_supervisor.Supervisor`) on stand-in processes (``sleep``, a
 process that exits at once, a listener that never answers): restart with bounded backoff, a
 crash loop ends the service in one line, a worker that stops answering its probe is killed and
 restarted, the frontend's exit ends the service. No Dynamo needed."""
@@ -126,7 +126,7 @@ FAST = sv.RestartPolicy(initial_backoff_s=0.1, max_backoff_s=0.4, crash_loop_fai
 
 
 def test_a_killed_worker_is_restarted_and_the_rest_keeps_running(tmp_path: Path) -> None:
-    from specserve.frontends.dynamo_serve import Supervisor
+    from specserve.frontends.dynamo_supervisor import Supervisor
 
     dep = _deployment(tmp_path, "import time; time.sleep(60)")
     events: list[dict[str, Any]] = []
@@ -145,7 +145,7 @@ def test_a_killed_worker_is_restarted_and_the_rest_keeps_running(tmp_path: Path)
 
 
 def test_a_crash_loop_ends_the_service_in_one_line(tmp_path: Path) -> None:
-    from specserve.frontends.dynamo_serve import Supervisor
+    from specserve.frontends.dynamo_supervisor import Supervisor
 
     dep = _deployment(tmp_path, "import sys; print('error: no such engine'); sys.exit(2)")
     events: list[dict[str, Any]] = []
@@ -162,7 +162,7 @@ def test_a_crash_loop_ends_the_service_in_one_line(tmp_path: Path) -> None:
 
 
 def test_the_frontends_exit_ends_the_service(tmp_path: Path) -> None:
-    from specserve.frontends.dynamo_serve import Supervisor
+    from specserve.frontends.dynamo_supervisor import Supervisor
 
     dep = _deployment(tmp_path, "import time; time.sleep(60)")
     try:
@@ -180,7 +180,7 @@ def test_a_worker_that_stops_answering_its_probe_is_killed_and_restarted(
         tmp_path: Path) -> None:
     """The worker answers its health probe ready, then is SIGSTOPped: the probe times out,
     the supervisor kills it and starts it again."""
-    from specserve.frontends.dynamo_serve import Supervisor
+    from specserve.frontends.dynamo_supervisor import Supervisor
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
