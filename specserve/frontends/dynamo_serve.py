@@ -21,14 +21,15 @@ is reported as soon as it is logged, with Dynamo's reason.
 Once serving, :mod:`specserve.frontends.dynamo_supervisor` keeps it so (the decisions:
 :mod:`specserve.frontends.supervision`): a worker that exits is restarted after a bounded
 backoff, a crash loop ends the service; a worker that stops answering is found by probing
-Dynamo's own system status server of each worker from here (``DYN_SYSTEM_PORT``, ``GET /health``, endpoint health on with
-``DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]'``; the port is read as a signed 16-bit
-integer by ai-dynamo-runtime 1.6.1, so it must be below 32768), killed, and restarted. A
-stopped process does not answer at all; a wedged engine in a live process is found by Dynamo's
-canary (``canary``: ``DYN_HEALTH_CHECK_ENABLED``, a request through the idle engine, whose
-time-out turns that ``/health`` not ready: :mod:`specserve.frontends.dynamo_registration`). Requests
-on a dead worker are re-sent by the frontend with ``--migration-limit`` (else they end with an
-error); the service ends only on SIGINT/SIGTERM, the frontend's exit, or a crash loop.
+Dynamo's own system status server of each worker from here (``DYN_SYSTEM_PORT``, ``GET
+/health``, endpoint health on with ``DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]'``; the
+port is read as a signed 16-bit integer by ai-dynamo-runtime 1.6.1, so it must be below 32768),
+killed, and restarted. A stopped process does not answer at all; a wedged engine in a live
+process is found by Dynamo's canary (``canary``: ``DYN_HEALTH_CHECK_ENABLED``, a request through
+the idle engine, whose time-out turns that ``/health`` not ready:
+:mod:`specserve.frontends.dynamo_registration`). Requests on a dead worker are re-sent by the
+frontend with ``--migration-limit`` (else they end with an error); the service ends only on
+SIGINT/SIGTERM, the frontend's exit, or a crash loop.
 
 Loopback: besides the variables above, each worker's KV-event publisher is Dynamo's direct-mode
 ZMQ PUB socket, which ai-dynamo-runtime 1.6.1 binds to ``tcp://0.0.0.0:0`` whatever
