@@ -148,3 +148,20 @@ def test_expected_tau_compares_like_with_like(tmp_path: Path) -> None:
     summary = {"variants": {"spec": {"acceptance": {"tau_server": 3.7}}}}
     assert tau_check(summary, str(tmp_path), str(ev), 0.1, served)["ok"] is True
     assert tau_check(summary, str(tmp_path), str(ev), 0.1)["ok"] is False  # 12% off 3.3
+
+
+def test_an_engine_that_picks_k_is_not_held_to_a_fixed_k_tau(tmp_path: Path) -> None:
+    """eval.json's tau is measured at a fixed K; a torch engine with the default draft-length
+    policy picks k per step, so its served tau is reported, not compared."""
+    from tests.helpers.server import trtllm_build_config
+
+    rec = trtllm_build_config("medusa") | {"spec_mode": "ngram", "medusa_choices": None,
+                                           "backend": "torch"}
+    (tmp_path / "build_config.json").write_text(json.dumps(rec))
+    ev = tmp_path / "eval.json"
+    ev.write_text(json.dumps({"ngram": {"tau": 3.3}}))
+    summary = {"variants": {"spec": {"acceptance": {"tau_server": 1.9}}}}
+    check = tau_check(summary, str(tmp_path), str(ev), 0.1)
+    assert check["ok"] is None and check["why"] == "the engine picks k per step"
+    (tmp_path / "build_config.json").write_text(json.dumps(rec | {"draft_len_policy": "fixed"}))
+    assert tau_check(summary, str(tmp_path), str(ev), 0.1)["ok"] is False

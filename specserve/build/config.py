@@ -63,6 +63,8 @@ class BuildConfig(JsonConfig):
     draft_len_schedule: str | None = None  # "1:4,8:2,16:0" (torch backend: load-aware budget)
     lookahead: str | None = None  # "W,N,G" (engine flow, trtllm: lookahead_decoding)
     draft_window: int | None = None  # torch backend, --draft: the draft attends its last N keys
+    # torch backend: "adaptive" (None: the default) picks k per step; "fixed" keeps max_draft_len
+    draft_len_policy: str | None = None
     # --- the PyTorch route only (specserve.build.llmapi) ---
     eagle3: str | None = None  # EAGLE-3 head directory
     eagle_choices: tuple[tuple[int, ...], ...] | None = None  # static EAGLE-3 tree
@@ -209,6 +211,12 @@ class BuildConfig(JsonConfig):
                                  "has no lookahead proposer)")
 
     def _validate_schedule(self) -> None:
+        if self.draft_len_policy not in (None, "adaptive", "fixed"):
+            raise SpecserveError(f"--draft-len-policy {self.draft_len_policy!r}: adaptive or "
+                                 "fixed")
+        if self.draft_len_policy is not None and self.backend != "torch":
+            raise SpecserveError("--draft-len-policy: the reference decoder's (--backend "
+                                 "torch); TensorRT-LLM's own is --draft-len-schedule")
         if self.draft_len_schedule is None:
             return
         from specserve.spec.schedule import DraftSchedule

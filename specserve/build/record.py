@@ -76,6 +76,8 @@ def cli_argv(cfg: BuildConfig) -> list[str]:
         argv += ["--draft-len-schedule", DraftSchedule.parse(cfg.draft_len_schedule).text()]
     if cfg.draft_window:
         argv += ["--draft-window", str(cfg.draft_window)]
+    if cfg.draft_len_policy:
+        argv += ["--draft-len-policy", cfg.draft_len_policy]
     return argv + _pytorch_argv(cfg) + ["--out", cfg.out]
 
 
@@ -139,6 +141,8 @@ def make_record(cfg: BuildConfig, commands: list[list[str]],
         from specserve.spec.schedule import DraftSchedule
 
         rec["draft_len_schedule"] = DraftSchedule.parse(cfg.draft_len_schedule).text()
+    if cfg.draft_len_policy:  # read by runtime/engine.py (absent: adaptive)
+        rec["draft_len_policy"] = cfg.draft_len_policy
     if cfg.draft_window:  # read by runtime/engine.py (absent: the whole context)
         rec["draft_window"] = cfg.draft_window
     if cfg.lookahead is not None:  # read by triton/params.py (the lookahead_* parameters)

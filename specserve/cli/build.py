@@ -158,6 +158,10 @@ def _text(summary: dict[str, Any]) -> str:
               help="Load-aware speculation (torch backend): draft budget by running batch size, "
                    "each key a lower bound from 1, e.g. 1:4,8:2,16:0 (chain K, or Medusa tree "
                    "nodes; 0 = no speculation). See `specserve bench --sweep`.")
+@click.option("--draft-len-policy", type=click.Choice(["adaptive", "fixed"]),
+              help="Torch backend: 'adaptive' [default] picks the draft length per step (0 "
+                   "included) from measured acceptance and step cost, so speculation is off "
+                   "where it does not pay; 'fixed' drafts --max-draft-len every step.")
 @click.option("--draft-window", type=int, metavar="N",
               help="--draft, torch backend: the draft model attends only the last N positions "
                    "of the shortest running row when it proposes (lossless: the target "
@@ -198,7 +202,8 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
             quantize: str | None, kv_cache_dtype: str | None,
             tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
             max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
-            draft_len_schedule: str | None, draft_window: int | None,
+            draft_len_schedule: str | None, draft_len_policy: str | None,
+            draft_window: int | None,
             eagle_choices: str | None,
             dynamic_tree_top_k: int | None, max_total_draft_tokens: int | None,
             ngram_size: int | None, max_num_tokens: int | None, kv_cache_fraction: float | None,
@@ -230,7 +235,8 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
         quantize=quantize, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, pp_size=pp_size,
         max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices),
-        draft_len_schedule=draft_len_schedule, draft_window=draft_window, lookahead=lookahead,
+        draft_len_schedule=draft_len_schedule, draft_len_policy=draft_len_policy,
+        draft_window=draft_window, lookahead=lookahead,
         eagle_choices=_choices(eagle_choices, "eagle"),
         dynamic_tree_top_k=dynamic_tree_top_k, max_total_draft_tokens=max_total_draft_tokens,
         ngram_size=ngram_size, max_num_tokens=max_num_tokens,

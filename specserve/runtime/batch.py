@@ -81,6 +81,7 @@ class Batch:
         self.done = [False] * n
         self.finish = [""] * n
         self.stats = [AcceptanceStats() for _ in range(n)]
+        self.history = [AcceptanceStats() for _ in range(n)]  # each row's stats before `stats`
         self.stop = [p.stop_ids for p in params]
         self.first, self.last = [0] * n, [0] * n
         self.gens = []
@@ -92,6 +93,7 @@ class Batch:
                 g.manual_seed(p.seed)
             self.gens.append(g)
         self.k: list[int] = []  # per-sequence draft length (chain steps)
+        self.one_step = False  # SpecDecoder.verify: the caller's drafts, verified as given
         self.prop: Proposer | None = None  # this call's proposer
         self.logits: list[list[torch.Tensor]] | None = None  # per row, when some row asked
         self.want: list[bool] = [False] * n
@@ -117,10 +119,12 @@ class Batch:
         st.base = [len(o) for o in st.out]
         st.done, st.finish = [p.done[0] for p in parts], [p.finish[0] for p in parts]
         st.stats = [AcceptanceStats() for _ in parts]
+        st.history = [p.stats[0] for p in parts]  # the parts' own, read only
         st.stop = [p.stop[0] for p in parts]
         st.first, st.last = [p.first[0] for p in parts], [p.last[0] for p in parts]
         st.gens, st.prop = [p.gens[0] for p in parts], prop
         st.k = [p.k[0] for p in parts] if all(p.k for p in parts) else []
+        st.one_step = False
         st.want = [p.want[0] for p in parts]
         st.lps, st.tops = [[] for _ in parts], [[] for _ in parts]
         st.pred, st.predicted = [[0] for _ in parts], set()

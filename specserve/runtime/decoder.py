@@ -31,6 +31,7 @@ is the one that follows the context.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -38,6 +39,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
+from specserve.runtime.draft_policy import DraftLenPolicy
 from specserve.runtime.grammar import DraftGuide, GuidedStep
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Forward, Transformer
@@ -87,17 +89,22 @@ class SpecDecoder:
     (None = plain decoding, the baseline)."""
 
     def __init__(self, target: Transformer, proposer: Proposer | None = None,
-                 adaptive_draft_len: bool = False, schedule: DraftSchedule | None = None) -> None:
+                 adaptive_draft_len: bool = False, schedule: DraftSchedule | None = None,
+                 draft_policy: DraftLenPolicy | None = None) -> None:
         """``adaptive_draft_len``: per sequence, draft up to 2 more tokens after a step that
         accepted everything and 1 fewer (at least 1) after a rejection, within the proposer's
         ``max_draft_len`` (the schedule of HF's assisted generation; chain proposers only).
         ``schedule``: load-aware speculation, the draft budget (chain K, or Medusa tree nodes;
         0 = none) from the number of sequences in each step (:mod:`specserve.spec.schedule`).
-        Lossless either way; off by default so that K is what was asked for."""
+        ``draft_policy``: the draft length per step (0 included) from measured acceptance and
+        step cost (:mod:`specserve.runtime.draft_policy`; chain proposers), within the
+        schedule's budget and each request's cap. Lossless either way; all off by default so
+        that K is what was asked for."""
         self.target = target
         self.proposer = proposer
         self.adaptive_draft_len = adaptive_draft_len
         self.schedule = schedule
+        self.draft_policy = draft_policy
         self.device = target.device
         self._cache: KVCache | None = None
         self._lock = threading.Lock()  # one generate() at a time: the KV cache is reused
@@ -154,7 +161,7 @@ class SpecDecoder:
                   want_logits: list[bool],
                   prefix: PrefixSource | None = None) -> list[GenerationResult]:
         st = Batch(prompts, plist, self.device)
-        st.prop = prop
+        st.prop, st.one_step = prop, verify
         st.keep_logits(want_logits)
         look = self._lookahead(prop)
         # the longest any row can grow (not max prompt + max budget: rows valid alone stay valid)
@@ -304,16 +311,40 @@ class SpecDecoder:
         chain_only = bool(predicting) or any(st.params[b].draft_cap(k_max) < k_max
                                              for b in st.active())
         guide = DraftGuide(st.guides, st.active()) if any(st.guides) else None
+        policy = self._policy_for(p, st, limits)
+        if policy is not None:
+            limits = policy.plan(st, limits)
+        t0 = time.perf_counter()
         prop = None if p is None else p.get_proposal(
             ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only, guide))
+        t1 = time.perf_counter()
+        if policy is not None and isinstance(prop, ChainProposal):
+            limits = policy.trim(st, prop.counts, limits)
         st.predicted = set()
         if predicting:
             prop, limits = self._predict(st, prop, limits, predicting)
         if isinstance(prop, TreeProposal):
             tree_step(self.target, st, cache, prop, on_step)
-        else:
-            chain_step(self.target, st, cache, prop, limits, on_step,
-                       self.adaptive_draft_len)
+            return
+        before = DraftLenPolicy.snapshot(st) if policy is not None else []
+        chain_step(self.target, st, cache, prop, limits, on_step, self.adaptive_draft_len)
+        if policy is not None:
+            drafted = 0 if prop is None else max(prop.counts, default=0)
+            width = 0 if prop is None else max(
+                (min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)), default=0)
+            policy.observe(st, before, len(st.seqs), width, drafted, t1 - t0,
+                           time.perf_counter() - t1)
+
+    def _policy_for(self, p: Proposer | None, st: Batch,
+                    limits: list[int]) -> DraftLenPolicy | None:
+        """The draft-length policy for this step: chain proposers only (a tree's budget is
+        the schedule's; not in :meth:`verify`, whose drafts the caller chose), its step-cost
+        curve measured as far as this step's forward reaches."""
+        if (self.draft_policy is None or p is None or p.lookahead != p.max_draft_len
+                or st.one_step):
+            return None
+        self.draft_policy.ensure_cost(self.target, len(st.seqs) * (max(limits, default=0) + 1))
+        return self.draft_policy
 
     def _predict(self, st: Batch, prop: Proposal | None, limits: list[int],
                  rows: list[int]) -> tuple[ChainProposal | None, list[int]]:

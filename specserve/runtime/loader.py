@@ -18,6 +18,7 @@ from specserve.checkpoint import check_tokenizers_match
 from specserve.errors import SpecserveError
 from specserve.runtime.checkpoint import load_medusa_heads
 from specserve.runtime.decoder import SpecDecoder
+from specserve.runtime.draft_policy import DraftLenPolicy
 from specserve.runtime.model import load_model
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import (
@@ -76,6 +77,7 @@ def build_decoder(
     draft_min_confidence: float = 0.0,
     draft_dtype: str | None = None,
     draft_len_schedule: str | None = None,
+    draft_len_policy: str = "fixed",
     draft_window: int = 0,
     eagle3_dir: str | Path | None = None,
     eagle_choices: str | list[list[int]] | None = None,
@@ -88,7 +90,9 @@ def build_decoder(
     ``dtype``) runs the draft model in another dtype: its proposals only steer acceptance, so any
     dtype is lossless (on CPU a float32 draft beside a bfloat16 target is ~1.5x faster here).
     ``draft_len_schedule`` ("1:4,8:2,16:0"): load-aware draft budget by batch size
-    (:mod:`specserve.spec.schedule`). ``draft_window`` > 0: the draft model proposes from the
+    (:mod:`specserve.spec.schedule`). ``draft_len_policy`` "adaptive": the draft length per
+    step from measured acceptance and step cost (:mod:`specserve.runtime.draft_policy`); "fixed":
+    ``max_draft_len`` (within the schedule). ``draft_window`` > 0: the draft model proposes from the
     last ``draft_window`` keys (:attr:`DraftModelProposer.window`). ``eagle_choices`` (brace
     or list form): a static EAGLE-3 tree instead of the chain of ``max_draft_len``."""
     if not 0.0 <= draft_min_confidence <= 1.0:
@@ -126,8 +130,11 @@ def build_decoder(
     elif ngram:
         proposer = NgramProposer(max_draft_len, device=device)
     schedule = DraftSchedule.parse(draft_len_schedule) if draft_len_schedule else None
+    if draft_len_policy not in ("adaptive", "fixed"):
+        raise SpecserveError(f"draft_len_policy {draft_len_policy!r}: adaptive or fixed")
+    policy = DraftLenPolicy() if draft_len_policy == "adaptive" else None
     return SpecDecoder(target, proposer, adaptive_draft_len=adaptive_draft_len,
-                       schedule=schedule)
+                       schedule=schedule, draft_policy=policy)
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:

@@ -35,6 +35,9 @@ class AcceptanceStats:
     per_position_accepted: list[int] = field(default_factory=list)
     accept_hist: list[int] = field(default_factory=list)
     accepted_nodes: dict[str, int] = field(default_factory=dict)
+    # steps that rejected a draft (alpha's MLE: accepted / (accepted + these)); the engine's own
+    # (runtime/draft_policy.py), not in to_dict
+    rejected_steps: int = field(default=0, compare=False)
 
     def observe(
         self,
@@ -58,6 +61,7 @@ class AcceptanceStats:
         self.accepted_tokens += num_accepted
         self.emitted_tokens += num_accepted + 1 if num_emitted is None else num_emitted
         self.steps += 1
+        self.rejected_steps += int(num_accepted < num_drafted)
         self.per_position_drafted = _add_lists(self.per_position_drafted, [1] * depth)
         self.per_position_accepted = _add_lists(
             self.per_position_accepted, [1] * num_accepted + [0] * (depth - num_accepted))
@@ -84,6 +88,7 @@ class AcceptanceStats:
             ),
             accept_hist=_add_lists(self.accept_hist, other.accept_hist),
             accepted_nodes=nodes,
+            rejected_steps=self.rejected_steps + other.rejected_steps,
         )
 
     @property
@@ -95,6 +100,11 @@ class AcceptanceStats:
     def tau(self) -> float:
         """Mean tokens emitted per verify step (1.0 means no gain)."""
         return self.emitted_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def plain_steps(self) -> int:
+        """Steps that verified no draft (a draft length of 0: plain decoding steps)."""
+        return self.steps - (self.per_position_drafted[0] if self.per_position_drafted else 0)
 
     @property
     def per_position_acceptance(self) -> list[float]:

@@ -174,3 +174,21 @@ def test_bad_draft_len_schedule_is_one_line(tiny_ckpt: TinyCheckpoint, tmp_path:
                                       str(tmp_path / "e")])
     assert result.exit_code == 2 and why in result.output, result.output
     assert not (tmp_path / "e").exists()
+
+
+def test_draft_len_policy_is_adaptive_by_default_and_recorded(tiny_ckpt: TinyCheckpoint,
+                                                              tmp_path: Path) -> None:
+    plain = tmp_path / "default"
+    build(tiny_ckpt, plain, "--draft", str(tiny_ckpt.draft))
+    assert "draft_len_policy" not in json.loads((plain / "build_config.json").read_text())
+    assert load_engine(plain).decoder.draft_policy is not None
+    fixed = tmp_path / "fixed"
+    build(tiny_ckpt, fixed, "--draft", str(tiny_ckpt.draft), "--draft-len-policy", "fixed")
+    rec = json.loads((fixed / "build_config.json").read_text())
+    assert rec["draft_len_policy"] == "fixed"
+    assert rec["command"][-4:-2] == ["--draft-len-policy", "fixed"]
+    assert load_engine(fixed).decoder.draft_policy is None
+    result = CliRunner().invoke(cli, ["build", "--model", str(tiny_ckpt.target), "--ngram",
+                                      "--backend", "trtllm", "--draft-len-policy", "fixed",
+                                      "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2 and "--draft-len-policy" in result.output, result.output

@@ -73,7 +73,9 @@ def make_tiny_engine(ckpt: TinyCheckpoint, out: Path, spec_mode: str = "medusa",
     """A reference (torch, float32) engine directory built by ``specserve build``'s library
     (:func:`specserve.build.builder.build_engine`) from the tiny checkpoints; reused if present.
     ``draft_is_target``: the draft is the target itself, so greedy speculation accepts every
-    draft token (K + 1 tokens per step)."""
+    draft token (K + 1 tokens per step). The draft length is fixed (``--draft-len-policy
+    fixed``): tests here count tokens per step; ``tests/reliability/test_lossless_server.py``
+    serves the default (adaptive) engines."""
     if out.exists():
         return out
     from specserve.build.builder import build_engine
@@ -85,7 +87,8 @@ def make_tiny_engine(ckpt: TinyCheckpoint, out: Path, spec_mode: str = "medusa",
         medusa=str(ckpt.medusa) if spec_mode == "medusa" else None,
         draft=str(ckpt.target if draft_is_target else ckpt.draft) if spec_mode == "draft"
         else None, max_draft_len=4 if spec_mode in ("draft", "ngram") else None,
-        medusa_choices=TINY_MEDUSA_CHOICES if spec_mode == "medusa" else None)
+        medusa_choices=TINY_MEDUSA_CHOICES if spec_mode == "medusa" else None,
+        draft_len_policy="fixed")
     build_engine(cfg)
     return out
 

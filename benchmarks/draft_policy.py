@@ -1,0 +1,159 @@
+"""Does speculation ever lose? The draft-length policy against fixed draft lengths and plain
+decoding on the real model, in flight, at several concurrencies (docs/results.md, "Speculation
+that never loses").
+
+In-process, no server: the engine's in-flight :class:`~specserve.runtime.scheduler.Scheduler`
+over one target (``--model``, one torch thread) with each configuration's proposer: plain,
+n-gram and (when ``--eagle3`` exists) the EAGLE-3 head, each at fixed K (``--fixed``, the
+engine's ``--draft-len-policy fixed``) and with the adaptive policy (the engine's default).
+``c`` closed-loop clients each send ``--requests-per-client`` held-out chat prompts (chat
+template applied, T = 0, ``--max-tokens`` or the end-of-turn token). The step-cost curve is
+measured once, as an engine measures it at load, and shared. Configurations run one after
+another inside each concurrency, so compare ratios within one run only. Every output is checked
+against plain decoding's (lossless at T = 0).
+
+    .venv/bin/python benchmarks/draft_policy.py --concurrency 1,8,16 --out reports/policy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _prompts(model: Path, data: Path, n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    from specserve.client.datasets import load_dataset
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    out = []
+    for p in load_dataset(data)[:n]:
+        msgs = [{"role": r, "content": c} for r, c in p.messages]
+        enc: Any = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)
+        out.append(list(enc["input_ids"]))
+    return out
+
+
+def _configs(args: argparse.Namespace, target: Any,
+             fixed: list[int]) -> dict[str, tuple[Any, bool]]:
+    """name -> (a proposer factory, adaptive?)."""
+    from specserve.runtime.proposers import NgramProposer
+
+    out: dict[str, tuple[Any, bool]] = {"plain": (lambda: None, False)}
+    makers: dict[str, Any] = {"ngram": lambda k: NgramProposer(k)}
+    if args.eagle3 and (args.eagle3 / "config.json").is_file():
+        from specserve.runtime.eagle3_dir import load_eagle3
+        from specserve.runtime.proposers.eagle3 import Eagle3Proposer
+
+        head = load_eagle3(args.eagle3, target.cfg, target.dtype, target.device)
+        makers["eagle3"] = lambda k: Eagle3Proposer(head, k)
+    for name, make in makers.items():
+        for k in fixed:
+            out[f"{name} K={k}"] = ((lambda m=make, k=k: m(k)), False)
+        out[f"{name} adaptive"] = ((lambda m=make: m(args.k)), True)
+    return out
+
+
+def _run(target: Any, proposer: Any, policy: Any, prompts: list[list[int]], c: int,
+         per_client: int, max_tokens: int, eot: int) -> dict[str, Any]:
+    from specserve.runtime.decoder import SamplingParams, SpecDecoder
+    from specserve.runtime.scheduler import Scheduler
+
+    dec = SpecDecoder(target, proposer, draft_policy=policy)
+    params = SamplingParams(max_tokens=max_tokens, end_id=eot)
+    sch = Scheduler(dec, c, max_len=max(map(len, prompts)) + max_tokens + 8)
+    sent, users, outs = [0], [], {}
+
+    def submit(i: int) -> None:
+        t0 = time.perf_counter()
+        toks: list[int] = []
+
+        def on_done(_r: object) -> None:
+            users.append(len(toks) / max(time.perf_counter() - t0, 1e-9))
+            outs[i] = list(toks)
+            if sent[0] < c * per_client:
+                sent[0] += 1
+                submit(sent[0] - 1)
+        sch.submit(prompts[i % len(prompts)], params, on_tokens=toks.extend, on_done=on_done)
+
+    start = time.perf_counter()
+    for _ in range(c):
+        sent[0] += 1
+        submit(sent[0] - 1)
+    sch.run_until_idle()
+    wall = time.perf_counter() - start
+    n = sum(len(o) for o in outs.values())
+    return {"output_tok_s": n / wall, "per_user_tok_s": statistics.mean(users), "tokens": n,
+            "outputs": [outs[i] for i in sorted(outs)],
+            "plain_share": None if policy is None else policy.plain_share(),
+            "steps_by_k": None if policy is None else dict(sorted(policy.steps_by_k.items()))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=ROOT / "checkpoints/smollm2")
+    ap.add_argument("--eagle3", type=Path, default=ROOT / "checkpoints/smollm2-drafts/eagle3")
+    ap.add_argument("--data", type=Path, default=ROOT / ".cache/data/chat-heldout.jsonl")
+    ap.add_argument("--concurrency", default="1,8,16")
+    ap.add_argument("--requests-per-client", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--k", type=int, default=4, help="the adaptive policy's longest chain")
+    ap.add_argument("--fixed", default="1,2,4", help="fixed draft lengths to compare")
+    ap.add_argument("--fixed-above-c1", default="4", help="fixed K beyond c = 1 (fewer runs)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from specserve.runtime.draft_policy import DraftLenPolicy, measure_step_cost, probe_rows
+    from specserve.runtime.model import load_model
+
+    target = load_model(args.model)
+    from transformers import AutoTokenizer
+    eot = AutoTokenizer.from_pretrained(str(args.model)).convert_tokens_to_ids("<|im_end|>")
+    prompts = _prompts(args.model, args.data, args.prompts)
+    conc = [int(x) for x in args.concurrency.split(",")]
+    t0 = time.perf_counter()
+    cost = measure_step_cost(target, probe_rows(max(conc) * (args.k + 1)))
+    curve = zip(cost.rows, cost.seconds, strict=True)
+    print(f"step cost measured in {time.perf_counter() - t0:.1f} s: " + ", ".join(
+        f"T({r})/T(1)={s / cost.seconds[0]:.2f}" for r, s in curve))
+    results: dict[str, dict[str, Any]] = {}
+    for c in conc:
+        fixed = [int(x) for x in (args.fixed_above_c1 if c > 1 else args.fixed).split(",")]
+        for name, (make, adaptive) in _configs(args, target, fixed).items():
+            policy = DraftLenPolicy(cost) if adaptive else None
+            r = _run(target, make(), policy, prompts, c, args.requests_per_client,
+                     args.max_tokens, eot)
+            results.setdefault(str(c), {})[name] = r
+            base = results[str(c)]["plain"]
+            r["equal_to_plain"] = r["outputs"] == base["outputs"]
+            share = "-" if r["plain_share"] is None else f"{r['plain_share']:.2f}"
+            print(f"c={c:<3} {name:18s} output {r['output_tok_s']:6.1f} tok/s "
+                  f"({r['output_tok_s'] / base['output_tok_s']:.2f}x)  per-user "
+                  f"{r['per_user_tok_s']:6.1f} "
+                  f"({r['per_user_tok_s'] / base['per_user_tok_s']:.2f}x)  K=0 steps {share}"
+                  f"  equal {r['equal_to_plain']}", flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        for per_c in results.values():
+            for r in per_c.values():
+                r.pop("outputs")
+        args.out.write_text(json.dumps({
+            "cpu": platform.processor() or platform.machine(), "threads": 1,
+            "step_cost": {"rows": cost.rows, "seconds": cost.seconds},
+            "max_tokens": args.max_tokens, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The engine's draft-length policy: k per step (0 included) from the acceptance it measures
+online and the step-cost curve it measures at load (:mod:`specserve.spec.draft_policy` has the
+objective; this module feeds it and keeps its state).
+
+- T(rows), the target's forward + LM head over ``rows`` token rows, is timed on first use at a
+  few row counts up to that step's verify forward, and further when a wider one comes (best of
+  3, after a warm-up; more rows never cost less); what a real verify step takes beyond it (the
+  step's bookkeeping, attention over long contexts) is added, measured online.
+- Acceptance: each row's own accepted drafts and rejecting steps (its whole request, through
+  :attr:`Batch.history`), shrunk towards an engine-wide rate that forgets at 3% per step.
+- The proposer's cost per drafted position is timed online.
+- Each step: before proposing, the k that maximises expected tokens per second (proposal cost
+  included); after proposing, greedy rows' drafts cut again by the same choice over what was
+  proposed (n-gram rows without a match), the proposal now paid for. While k = 0 is chosen, a probe step at k = 1 now
+  and then (every 4th such step, backing off to every 64th) keeps the estimates fresh.
+- Rows the policy leaves alone: sampled rows with a ``seed`` keep their configured length, so a
+  seed gives the same text whatever the load (rejection sampling's draws depend on k).
+
+Lossless at any k: verification never depends on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specserve.runtime.batch import Batch
+from specserve.runtime.kvcache import KVCache
+from specserve.runtime.model import Transformer
+from specserve.spec.draft_policy import DraftLenChoice, StepCost, choose_draft_len, row_alpha
+
+__all__ = ["DraftLenPolicy", "measure_step_cost"]
+
+PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def probe_rows(rows_needed: int) -> list[int]:
+    """The probe points up to the first at or above ``rows_needed`` (at least two)."""
+    out = []
+    for r in PROBE_ROWS:
+        out.append(r)
+        if r >= max(rows_needed, 2):
+            break
+    return out
+
+
+def measure_step_cost(target: Transformer, rows: Sequence[int], reps: int = 3) -> StepCost:
+    """T(r) at ``rows`` (increasing, at least two)."""
+    return StepCost(tuple(rows), tuple(time_rows(target, rows, reps)))
+
+
+def time_rows(target: Transformer, rows: Sequence[int], reps: int = 3) -> list[float]:
+    """For each of ``rows`` (increasing): the best of ``reps`` timings of one forward of
+    [1, r] new tokens + their logits, in seconds."""
+    cache = KVCache(target.cfg, 1, rows[-1] + 1, target.dtype, target.device)
+    tokens = torch.zeros(1, rows[-1], dtype=torch.long, device=target.device)  # [1, R]
+    secs = []
+    with torch.inference_mode():
+        for i, r in enumerate(rows):
+            best = float("inf")
+            for _ in range(reps + (i == 0)):  # one warm-up run first
+                cache.lengths = [0]
+                _sync(target.device)
+                t0 = time.perf_counter()
+                target.logits(target.run(tokens[:, :r], cache).hidden)  # [1, r, V]
+                _sync(target.device)
+                best = min(best, time.perf_counter() - t0)
+            secs.append(best)
+    for i in range(len(secs) - 2, -1, -1):  # more rows never cost less: a point above its
+        secs[i] = min(secs[i], secs[i + 1])  # right-hand neighbour was slowed by other load
+    return secs
+
+
+class DraftLenPolicy:
+    """Per-step draft length for chain proposers (state over the decoder's lifetime)."""
+
+    DECAY = 0.97  # the engine-wide rate forgets 3% per step
+    EWMA = 0.1  # timing averages: weight of the newest step
+    PROBE_GAPS = (4, 8, 16, 32, 64)
+
+    def __init__(self, cost: StepCost | None = None) -> None:
+        self.cost = cost  # None: measured on first use
+        self.acc, self.rej = 2.0, 2.0  # engine-wide pseudo-counts: alpha 0.5 to start
+        self.draft_s = 0.0  # proposer seconds per drafted position
+        self.overhead = 0.0  # seconds a verify step takes beyond the curve's forward
+        self._gap, self._zeros, self._probing = 0, 0, 0
+        self.steps_by_k: Counter[int] = Counter()
+
+    @property
+    def alpha(self) -> float:
+        """The engine-wide acceptance rate now."""
+        return self.acc / (self.acc + self.rej)
+
+    def ensure_cost(self, target: Transformer, rows_needed: int) -> StepCost:
+        """The curve, measured now where it does not reach ``rows_needed`` yet."""
+        if self.cost is not None and self.cost.rows[-1] >= rows_needed:
+            return self.cost
+        have = {} if self.cost is None else dict(zip(self.cost.rows, self.cost.seconds,
+                                                      strict=True))
+        top = max(have, default=0)
+        todo = [r for r in probe_rows(rows_needed) if r > top]
+        if todo:
+            have.update(zip(todo, time_rows(target, todo), strict=True))
+            self.cost = StepCost(tuple(sorted(have)), tuple(have[r] for r in sorted(have)))
+        assert self.cost is not None
+        return self.cost
+
+    def row_alphas(self, st: Batch, rows: Sequence[int]) -> list[float]:
+        """Each of ``rows``'s acceptance rate: its request's counts, shrunk to the engine's."""
+        out = []
+        for b in rows:
+            h, s = st.history[b], st.stats[b]
+            out.append(row_alpha(h.accepted_tokens + s.accepted_tokens,
+                                 h.rejected_steps + s.rejected_steps, self.alpha))
+        return out
+
+    def _choose(self, st: Batch, caps: list[int], k_max: int, draft_cost: float,
+                fixed: Callable[[Batch, int], bool]) -> DraftLenChoice:
+        """The best k for the rows ``fixed`` does not hold at their cap."""
+        assert self.cost is not None
+        act = [b for b in st.active() if caps[b] > 0]
+        free, held = [b for b in act if not fixed(st, b)], [b for b in act if fixed(st, b)]
+        pins = list(zip(self.row_alphas(st, held), [caps[b] for b in held], strict=True))
+        cost = StepCost(self.cost.rows, tuple(s + self.overhead for s in self.cost.seconds))
+        return choose_draft_len(self.row_alphas(st, free), [caps[b] for b in free], pins,
+                                len(st.seqs), cost, draft_cost, k_max)
+
+    def plan(self, st: Batch, limits: list[int]) -> list[int]:
+        """Before proposing: each free row's limit cut to the chosen k (a choice from past
+        steps only, so sampled rows stay exact)."""
+        k_max = max(limits, default=0)
+        if k_max == 0:
+            return limits
+        k = self._probe(self._choose(st, limits, k_max, self.draft_s, _pinned).k)
+        return [lim if _pinned(st, b) else min(lim, k) for b, lim in enumerate(limits)]
+
+    def trim(self, st: Batch, counts: list[int], limits: list[int]) -> list[int]:
+        """After proposing: the choice again over the drafts proposed (their cost is paid),
+        for greedy rows only: cutting a sampled row's chain by what its drafts turned out to
+        be would bias rejection sampling (its proof takes the drafts as sampled from q)."""
+        caps = [min(c, lim) for c, lim in zip(counts, limits, strict=True)]
+        k_max = max(caps, default=0)
+        if k_max == 0:
+            return limits
+        k = max(self._choose(st, caps, k_max, 0.0, _sampled).k, self._probing)
+        return [lim if _sampled(st, b) else min(lim, k) for b, lim in enumerate(limits)]
+
+    def _probe(self, k: int) -> int:
+        """k = 0 chosen again and again: every so often k = 1, to measure acceptance."""
+        self._probing = 0
+        if k > 0:
+            self._gap, self._zeros = 0, 0
+            return k
+        self._zeros += 1
+        if self._zeros < self.PROBE_GAPS[self._gap]:
+            return 0
+        self._zeros, self._gap = 0, min(self._gap + 1, len(self.PROBE_GAPS) - 1)
+        self._probing = 1
+        return 1
+
+    def observe(self, st: Batch, before: Sequence[tuple[int, int]], rows: int,
+                width: int, drafted: int, propose_s: float, verify_s: float) -> None:
+        """After a step: acceptance deltas per row (``before``: each row's (accepted, rejected
+        steps) before it), the forward's ``rows`` and draft ``width``, the proposal's drafted
+        positions and the two timings."""
+        acc = sum(s.accepted_tokens for s in st.stats) - sum(a for a, _ in before)
+        rej = sum(s.rejected_steps for s in st.stats) - sum(r for _, r in before)
+        self.acc = self.acc * self.DECAY + acc
+        self.rej = self.rej * self.DECAY + rej
+        if drafted:
+            self.draft_s += self.EWMA * (propose_s / drafted - self.draft_s)
+        if self.cost is not None and verify_s > 0:
+            extra = max(verify_s - self.cost.at(rows * (width + 1)), 0.0)
+            self.overhead += self.EWMA * (extra - self.overhead)
+        self.steps_by_k[width] += 1
+
+    @staticmethod
+    def snapshot(st: Batch) -> list[tuple[int, int]]:
+        """Each row's (accepted, rejected steps) in this batch's stats now."""
+        return [(s.accepted_tokens, s.rejected_steps) for s in st.stats]
+
+    def plain_share(self) -> float:
+        """The share of steps it ran at k = 0."""
+        n = sum(self.steps_by_k.values())
+        return self.steps_by_k[0] / n if n else 0.0
+
+
+def _sampled(st: Batch, b: int) -> bool:
+    return st.params[b].temperature > 0
+
+
+def _pinned(st: Batch, b: int) -> bool:
+    """A sampled row with its own seed keeps its configured draft length."""
+    p = st.params[b]
+    return p.temperature > 0 and p.seed is not None

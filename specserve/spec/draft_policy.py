@@ -1,0 +1,111 @@
+"""Choosing the draft length per step from measured acceptance and a measured step cost (pure).
+
+Speculation pays when the tokens a step emits grow faster than what the step costs. With a
+per-token acceptance rate alpha, a chain of k drafts emits ``1 + alpha + ... + alpha^k`` tokens
+in expectation (Leviathan et al. 2023, eq. 1, "Fast Inference from Transformers via Speculative
+Decoding"), while the verify forward of a batch of B rows costs T(B (k + 1)): the target's time
+for that many token rows, flat while the step is bound by reading the weights and rising once
+it is bound by compute. So the best k maximises the batch's expected tokens per second,
+
+    sum_b E(alpha_b, min(k, cap_b)) / (T(B (k + 1)) + k c_draft),
+
+with k = 0 (plain decoding) among the candidates, so that speculation is chosen only where it
+is expected to pay. The same objective as Leviathan et al. §3.4's choice of gamma, per step and
+with a measured T instead of a constant cost ratio; TensorRT-LLM's ``draft_len_schedule`` and
+vLLM's adaptive draft length act on the same trade-off with a schedule written by hand.
+
+alpha is estimated per row from its own verify steps: each step that verified drafts is a run
+of Bernoulli(alpha) trials ended by the first rejection, so ``accepted / (accepted + rejected
+steps)`` is alpha's maximum-likelihood estimate; a few pseudo-trials at the engine-wide rate
+shrink a new row's estimate towards it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specserve.errors import SpecserveError
+
+__all__ = ["DraftLenChoice", "StepCost", "chain_expected_tokens", "choose_draft_len",
+           "row_alpha"]
+
+
+def chain_expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens one verify step of ``k`` chained drafts emits: 1 + alpha + ... + alpha^k
+    (the corrected or bonus token included)."""
+    return float(sum(alpha ** i for i in range(k + 1)))
+
+
+def row_alpha(accepted: int, rejected: int, prior: float, weight: float = 4.0) -> float:
+    """A row's acceptance rate: its ``accepted`` drafts and ``rejected`` steps (steps that
+    rejected a draft), with ``weight`` pseudo-trials at ``prior``."""
+    return (accepted + weight * prior) / (accepted + rejected + weight)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """T(rows): seconds of one target forward (logits included) over ``rows`` token rows,
+    measured at ``rows`` (increasing); linear between points and beyond the last two."""
+
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.rows) < 2 or len(self.rows) != len(self.seconds):
+            raise SpecserveError("a step cost needs at least two (rows, seconds) points")
+        if list(self.rows) != sorted(set(self.rows)) or self.rows[0] < 1:
+            raise SpecserveError(f"step cost rows must increase from >= 1, got {self.rows}")
+        if any(s <= 0 for s in self.seconds):
+            raise SpecserveError("step cost seconds must be > 0")
+
+    def at(self, rows: int) -> float:
+        """Seconds for ``rows`` token rows (at least the first point's)."""
+        i = min(max(bisect_left(self.rows, rows), 1), len(self.rows) - 1)
+        r0, r1 = self.rows[i - 1], self.rows[i]
+        s0, s1 = self.seconds[i - 1], self.seconds[i]
+        return max(s0 + (s1 - s0) * (rows - r0) / (r1 - r0), self.seconds[0])
+
+    def ratio(self, rows: int, base: int) -> float:
+        """T(rows) / T(base)."""
+        return self.at(rows) / self.at(base)
+
+
+@dataclass(frozen=True)
+class DraftLenChoice:
+    """The chosen draft length and what the objective said: expected tokens per second at the
+    chosen ``k`` and at k = 0 (``rate / plain_rate`` is the expected speedup of this step)."""
+
+    k: int
+    rate: float
+    plain_rate: float
+
+
+def choose_draft_len(alphas: Sequence[float], caps: Sequence[int],
+                     pinned: Sequence[tuple[float, int]], batch_rows: int, cost: StepCost,
+                     draft_cost: float, k_max: int) -> DraftLenChoice:
+    """The k in 0..``k_max`` with the most expected tokens per second for one step.
+
+    Row i drafts ``min(k, caps[i])`` tokens at acceptance ``alphas[i]``; ``pinned``: (alpha,
+    draft length) of rows whose length the policy does not set (their tokens count, and the
+    forward is at least that long). ``batch_rows``: the sequences of the verify forward (all
+    of the batch's: the forward pads them to one length); ``draft_cost``: seconds per drafted
+    position."""
+    if len(alphas) != len(caps):
+        raise SpecserveError("one acceptance rate per capped row")
+    fixed = sum(chain_expected_tokens(a, k) for a, k in pinned)
+    k_pin = max((k for _, k in pinned), default=0)
+    best: DraftLenChoice | None = None
+    plain = 0.0
+    for k in range(k_max + 1):
+        width = max(k, k_pin)
+        tokens = fixed + sum(chain_expected_tokens(a, min(k, c))
+                             for a, c in zip(alphas, caps, strict=True))
+        rate = tokens / (cost.at(batch_rows * (width + 1)) + draft_cost * k)
+        if k == 0:
+            plain = rate
+        if best is None or rate > best.rate:
+            best = DraftLenChoice(k, rate, plain)
+    assert best is not None
+    return DraftLenChoice(best.k, best.rate, plain)

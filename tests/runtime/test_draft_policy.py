@@ -1,0 +1,127 @@
+"""The engine's draft-length policy (specserve.runtime.draft_policy) in the decoder: lossless
+whatever k it picks (greedy tokens equal plain decoding's, alone and in flight); off where the
+step cost says speculation cannot pay, on where it is free, with probe steps while off; seeded
+sampled rows keep their configured k (the same text as the fixed decoder's for that seed); the
+step-cost curve is measured on the model. Plants: a policy that ignores the curve (always
+k_max) fails the compute-bound case; dropping the seed pin fails the seeded case; probes off
+fail the probe count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.runtime.batch import Batch
+from specserve.runtime.decoder import SamplingParams, SpecDecoder
+from specserve.runtime.draft_policy import DraftLenPolicy, measure_step_cost, probe_rows
+from specserve.runtime.proposers import DraftModelProposer, NgramProposer
+from specserve.runtime.scheduler import Scheduler
+from specserve.spec.draft_policy import StepCost
+from tests.runtime.conftest import TinyModels
+
+torch.set_num_threads(1)
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [20, 21, 22, 20, 21], [9, 9, 9, 9], [3, 4, 3, 4, 3]]
+FLAT = StepCost((1, 1024), (1.0, 1.0))
+LINEAR = StepCost((1, 2, 1024), (1.0, 2.0, 1024.0))
+MIXED = StepCost((1, 4, 8, 1024), (1.0, 1.2, 2.4, 300.0))  # k depends on alpha and batch
+
+
+def _greedy(n: int = 24) -> SamplingParams:
+    return SamplingParams(max_tokens=n)
+
+
+@pytest.mark.parametrize("cost", [FLAT, LINEAR, MIXED], ids=["flat", "linear", "mixed"])
+def test_greedy_tokens_equal_plain_decoding_whatever_k(tiny_models: TinyModels,
+                                                       cost: StepCost) -> None:
+    plain = SpecDecoder(tiny_models.target).generate(PROMPTS, _greedy())
+    for prop in (NgramProposer(4), DraftModelProposer(tiny_models.target_copy, 4)):
+        dec = SpecDecoder(tiny_models.target, prop, draft_policy=DraftLenPolicy(cost))
+        got = dec.generate(PROMPTS, _greedy())
+        assert [g.token_ids for g in got] == [p.token_ids for p in plain]
+
+
+def test_in_flight_tokens_equal_and_rows_keep_their_acceptance(tiny_models: TinyModels) -> None:
+    policy = DraftLenPolicy(MIXED)
+    sch = Scheduler(SpecDecoder(tiny_models.target, DraftModelProposer(tiny_models.target_copy, 4),
+                                draft_policy=policy), 3, max_len=64)
+    handles = [sch.submit(p, _greedy(20)) for p in PROMPTS]
+    sch.run_until_idle()
+    plain = SpecDecoder(tiny_models.target).generate(PROMPTS, _greedy(20))
+    assert [h.result.token_ids for h in handles if h.result] == [p.token_ids for p in plain]
+    assert max(policy.steps_by_k) >= 2 and policy.alpha > 0.8  # the copy accepts everything
+
+
+def test_a_row_in_flight_keeps_its_own_acceptance() -> None:
+    """A step's batch over in-flight rows (Batch.detach) starts with empty stats: the policy
+    reads each row's whole request from its history."""
+    parts = [Batch([[1, 2]], [SamplingParams()], torch.device("cpu")) for _ in range(2)]
+    for _ in range(20):
+        parts[0].stats[0].observe(4, 4)
+        parts[1].stats[0].observe(4, 0)
+    st = Batch.detach(parts, None)
+    policy = DraftLenPolicy(FLAT)
+    good, bad = policy.row_alphas(st, [0, 1])
+    assert good > 0.95 and bad < 0.1 and policy.alpha == 0.5
+
+
+def test_compute_bound_turns_speculation_off_with_probes(tiny_models: TinyModels) -> None:
+    policy = DraftLenPolicy(LINEAR)
+    dec = SpecDecoder(tiny_models.target, DraftModelProposer(tiny_models.target_copy, 4),
+                      draft_policy=policy)
+    r = dec.generate(PROMPTS, _greedy(40))
+    assert policy.plain_share() > 0.7
+    assert 0 < policy.steps_by_k[1]  # probes
+    assert set(policy.steps_by_k) <= {0, 1}
+    assert sum(x.stats.plain_steps for x in r) > 0
+
+
+def test_memory_bound_drafts_the_most(tiny_models: TinyModels) -> None:
+    policy = DraftLenPolicy(FLAT)
+    dec = SpecDecoder(tiny_models.target, DraftModelProposer(tiny_models.target_copy, 4),
+                      draft_policy=policy)
+    dec.generate(PROMPTS, _greedy(40))
+    assert policy.plain_share() == 0.0 and max(policy.steps_by_k) == 4
+
+
+def test_seeded_sampled_rows_keep_the_configured_k(tiny_models: TinyModels) -> None:
+    p = SamplingParams(max_tokens=30, temperature=0.9, seed=11)
+    fixed = SpecDecoder(tiny_models.target, DraftModelProposer(tiny_models.draft, 4))
+    adaptive = SpecDecoder(tiny_models.target, DraftModelProposer(tiny_models.draft, 4),
+                           draft_policy=DraftLenPolicy(LINEAR))
+    want = fixed.generate(PROMPTS, p)
+    got = adaptive.generate(PROMPTS, p)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+
+
+def test_the_step_cost_is_measured_on_the_model(tiny_models: TinyModels) -> None:
+    rows = probe_rows(10)
+    assert rows[0] == 1 and rows[-1] >= 10 and rows == sorted(rows)
+    cost = measure_step_cost(tiny_models.target, rows, reps=1)
+    assert cost.rows == tuple(rows) and all(s > 0 for s in cost.seconds)
+    policy = DraftLenPolicy()
+    dec = SpecDecoder(tiny_models.target, NgramProposer(3), draft_policy=policy)
+    dec.generate(PROMPTS[:2], _greedy(8))
+    assert policy.cost is not None and policy.cost.rows[-1] >= 2 * 4
+
+
+def test_verify_checks_the_callers_drafts_as_given(tiny_models: TinyModels) -> None:
+    """SpecDecoder.verify (TensorRT-LLM's draft_input_ids, the BLS loop): the caller chose the
+    drafts, so the policy cuts none (here it would choose k = 0)."""
+    from specserve.runtime.proposers import ExternalDraftProposer
+
+    prompt = PROMPTS[0]
+    plain = SpecDecoder(tiny_models.target).generate([prompt], _greedy(6))[0].token_ids
+    dec = SpecDecoder(tiny_models.target, NgramProposer(4),
+                      draft_policy=DraftLenPolicy(LINEAR))
+    r = dec.verify([prompt], _greedy(6), ExternalDraftProposer([plain[:5]]))[0]
+    assert r.token_ids == plain and r.stats.accepted_tokens == 5
+
+
+def test_only_greedy_rows_are_cut_after_the_proposal() -> None:
+    """Cutting a sampled row's chain by what its drafts turned out to be would bias rejection
+    sampling; a greedy row may be cut to anything."""
+    st = Batch([[1, 2], [3, 4]], [SamplingParams(), SamplingParams(temperature=0.8)],
+               torch.device("cpu"))
+    policy = DraftLenPolicy(LINEAR)
+    assert policy.trim(st, [4, 0], [4, 4]) == [0, 4]
