@@ -47,6 +47,14 @@ from ai-dynamo 1.6.1's frontend). ``json`` (a schema, object or string) becomes 
 guide, ``regex`` -> ``regex``, ``grammar`` -> ``ebnf_grammar`` (xgrammar's EBNF); ``choice``,
 ``structural_tag``, ``whitespace_pattern`` and a ``backend`` other than xgrammar are refused by
 name.
+
+Predicted Outputs and speculation control: ai-dynamo 1.6.1's frontend refuses OpenAI's top-level
+``prediction`` (400 "Unsupported parameter(s)") and any ``nvext`` key but its own, and its
+preprocessed request has no field for either; it hands the worker ``nvext.annotations`` (a list
+of strings) intact as the request's ``annotations``. So the worker reads
+``"prediction:<text>"`` (the expected output: everything after the first colon) and
+``"num_draft_tokens:<k>"`` there (:data:`ANNOTATIONS`), the Triton inputs of those names and
+semantics; other annotations are Dynamo's own and left to it.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specserve.serving.admission import CompileGuide, sampling_params
+from specserve.serving.admission import CompileGuide, Encode, sampling_params
 from specserve.serving.request import EngineLimits, LlmRequest
 
 if TYPE_CHECKING:
@@ -76,6 +84,31 @@ NEUTRAL: Mapping[str, tuple[Any, ...]] = {
     "skip_special_tokens": (True,), "formatted_prompt": (),
 }
 OPENAI_TEMPERATURE = 1.0  # OpenAI's default when the client sends none
+# nvext.annotations the worker reads: "<name>:<value>" (the value is text)
+ANNOTATIONS = ("prediction", "num_draft_tokens")
+
+
+def specserve_annotations(request: Mapping[str, Any]) -> dict[str, str]:
+    """The request's :data:`ANNOTATIONS` (name -> value), or ValueError for one given twice."""
+    found: dict[str, str] = {}
+    for item in request.get("annotations") or ():
+        name, sep, value = str(item).partition(":")
+        if not sep or name not in ANNOTATIONS:
+            continue  # one of Dynamo's own
+        if name in found:
+            raise ValueError(f"nvext.annotations: '{name}:' given more than once")
+        found[name] = value
+    return found
+
+
+def _draft_tokens(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"nvext.annotations: num_draft_tokens must be an integer, got "
+                         f"{value!r}") from None
 
 
 def _refuse_unserved(section: str, values: Mapping[str, Any] | None,
@@ -135,6 +168,7 @@ def to_request(request: Mapping[str, Any], max_seq_len: int) -> LlmRequest:
                          "is not supported by the specserve worker")
     logprobs = output.get("logprobs")  # OpenAI logprobs / top_logprobs: k alternatives (0: none)
     guide = _guided(sampling.get("guided_decoding"))
+    notes = specserve_annotations(request)
     return LlmRequest(
         prompt=prompt, max_tokens=int(max_tokens), streaming=True, exclude_input=True,
         perf=True,  # the final response: spec_stats_json
@@ -148,7 +182,8 @@ def to_request(request: Mapping[str, Any], max_seq_len: int) -> LlmRequest:
         return_log_probs=logprobs is not None,
         top_log_probs=0 if logprobs is None else max(0, int(logprobs)),
         guide_type=None if guide is None else guide[0],
-        guide=None if guide is None else guide[1], n=n)
+        guide=None if guide is None else guide[1], n=n, prediction=notes.get("prediction"),
+        num_draft_tokens=_draft_tokens(notes.get("num_draft_tokens")))
 
 
 def _fp32(value: Any) -> float:
@@ -165,9 +200,10 @@ def _seed(value: Any) -> int:
 
 
 def admit(request: Mapping[str, Any], limits: EngineLimits,
-          guides: CompileGuide | None = None) -> tuple[LlmRequest, SamplingParams]:
+          guides: CompileGuide | None = None,
+          encode: Encode | None = None) -> tuple[LlmRequest, SamplingParams]:
     """One Dynamo request -> (request, its sampling parameters), every check of the serving
     core done; ValueError / SpecserveError with a one-line reason. ``guides``: the model's
-    grammar compiler (structured output)."""
+    grammar compiler (structured output); ``encode``: its tokenizer (the prediction's text)."""
     req = to_request(request, limits.max_seq_len)
-    return req, sampling_params(req, limits, guides=guides)
+    return req, sampling_params(req, limits, encode, guides)

@@ -265,6 +265,10 @@ class Worker:
         trace = os.environ.get("SPECSERVE_DYNAMO_TRACE")
         self.trace = open(trace, "a", encoding="utf-8") if trace else None  # noqa: SIM115
 
+    def _encode(self, text: str) -> list[int]:
+        """The model's tokens of ``text`` without special tokens (a prediction's)."""
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
     def _text(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
@@ -276,7 +280,7 @@ class Worker:
             yield {"token_ids": [], "finish_reason": "length"}
             return
         try:
-            req, params = admit(request, self.limits, self.guides.compile_text)
+            req, params = admit(request, self.limits, self.guides.compile_text, self._encode)
         except (ValueError, SpecserveError) as e:
             raise client_error(400, f"specserve: {e}") from None
         sender = DynamoSender(asyncio.get_running_loop(), params, self.counters, self._text)

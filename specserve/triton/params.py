@@ -67,18 +67,37 @@ REFERENCE_OUTPUTS = (
     ',\n  { name: "accepted_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }'
     ',\n  { name: "rejected_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }')
 SPEC_STATS_MAP = '\n      output_map { key: "spec_stats_json" value: "spec_stats_json" }'
-# the reference ensemble passes the top-k log-probabilities through (OpenAI
-# top_logprobs over the ensemble; upstream's ensemble has no such tensors)
+# the reference ensemble and BLS carry the reference model's own tensors (upstream's have no
+# such tensors): top-k log-probabilities, per-request speculation control and Predicted
+# Outputs (text, tokenized by the tensorrt_llm model as it is at its own door)
 ENSEMBLE_TOP_INPUTS = (
-    ',\n  { name: "num_top_log_probs" data_type: TYPE_INT32 dims: [ 1 ] optional: true }')
+    ',\n  { name: "num_top_log_probs" data_type: TYPE_INT32 dims: [ 1 ] optional: true }'
+    ',\n  { name: "num_draft_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }'
+    ',\n  { name: "prediction" data_type: TYPE_STRING dims: [ 1 ] optional: true '
+    'allow_ragged_batch: true }')
 ENSEMBLE_TOP_INPUT_MAP = (
-    '\n      input_map { key: "num_top_log_probs" value: "num_top_log_probs" }')
+    '\n      input_map { key: "num_top_log_probs" value: "num_top_log_probs" }'
+    '\n      input_map { key: "num_draft_tokens" value: "num_draft_tokens" }'
+    '\n      input_map { key: "prediction" value: "prediction" }')
 ENSEMBLE_TOP_OUTPUTS = (
     ',\n  { name: "top_log_probs" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] }'
-    ',\n  { name: "top_log_prob_ids" data_type: TYPE_INT32 dims: [ -1, -1, -1 ] }')
+    ',\n  { name: "top_log_prob_ids" data_type: TYPE_INT32 dims: [ -1, -1, -1 ] }'
+    ',\n  { name: "accepted_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }'
+    ',\n  { name: "rejected_prediction_tokens" data_type: TYPE_INT32 dims: [ 1 ] }')
 ENSEMBLE_TOP_OUTPUT_MAP = (
     '\n      output_map { key: "top_log_probs" value: "top_log_probs" }'
-    '\n      output_map { key: "top_log_prob_ids" value: "top_log_prob_ids" }')
+    '\n      output_map { key: "top_log_prob_ids" value: "top_log_prob_ids" }'
+    '\n      output_map { key: "accepted_prediction_tokens" value: "accepted_prediction_tokens" }'
+    '\n      output_map { key: "rejected_prediction_tokens" value: "rejected_prediction_tokens" }')
+# the BLS's own num_draft_tokens is upstream's input (its loop's); these it forwards to the
+# reference target (reshaped to scalars like the BLS's other inputs)
+BLS_REFERENCE_INPUTS = (
+    ',\n  { name: "num_top_log_probs" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [ ] } '
+    'optional: true }'
+    ',\n  { name: "prediction" data_type: TYPE_STRING dims: [ 1 ] optional: true '
+    'allow_ragged_batch: true }')
+BLS_REFERENCE_PARAMETER = (
+    '\nparameters: { key: "specserve_reference_target" value: { string_value: "true" } }')
 
 
 def _b(flag: bool) -> str:
@@ -229,7 +248,12 @@ def bls_mapping(batch: int, opts: RepoOptions, reference: bool, draft: bool,
         # the draft's generation_logits are then a fast-logits handle, passed to the target as
         # they are (lib/spec_io.py); "" = per-position logits
         "speculative_decoding_fast_logits": "1" if opts.fast_logits and draft else "",
-        "specserve_extra_outputs": SPEC_STATS_OUTPUT if reference else "",
+        "specserve_extra_inputs": BLS_REFERENCE_INPUTS if reference else "",
+        "specserve_extra_outputs": SPEC_STATS_OUTPUT + ENSEMBLE_TOP_OUTPUTS if reference
+        else "",
+        # the target is the reference model: it takes num_draft_tokens (0 = no speculation),
+        # num_top_log_probs and prediction (lib/request.py target_inputs)
+        "specserve_parameters": BLS_REFERENCE_PARAMETER if reference else "",
         **spec,
     }
 

@@ -130,3 +130,26 @@ def test_bad_n_is_refused(n: int, stop: list[str] | None, message: str) -> None:
 
     with pytest.raises((ValueError, SpecserveError), match=message):
         admit(_with(n, stop), LIMITS)
+
+
+def test_prediction_and_num_draft_tokens_come_in_nvext_annotations() -> None:
+    """The frontend hands the client's nvext.annotations to the worker as ``annotations``; the
+    prediction's text (after the first colon, colons kept) is tokenized like the Triton
+    model's ``prediction``; Dynamo's own annotations are left alone."""
+    notes = ["formatted_prompt", "prediction:a: b", "num_draft_tokens:0"]
+    req, params = admit(request(annotations=notes), LIMITS, encode=lambda t: [ord(c) for c in t])
+    assert req.prediction == "a: b" and params.prediction == (97, 58, 32, 98)
+    assert req.num_draft_tokens == 0 == params.num_draft_tokens
+
+
+@pytest.mark.parametrize(("notes", "message"), [
+    (["num_draft_tokens:x"], "num_draft_tokens must be an integer, got 'x'"),
+    (["num_draft_tokens:-1"], "num_draft_tokens must be >= 0, got -1"),
+    (["prediction:a", "prediction:b"], "'prediction:' given more than once"),
+    (["prediction:" + "a" * 65], "input 'prediction' has 65 tokens, more than the engine's"),
+])
+def test_bad_annotations_are_refused(notes: list[str], message: str) -> None:
+    from specserve.errors import SpecserveError
+
+    with pytest.raises((ValueError, SpecserveError), match=message):
+        admit(request(annotations=notes), LIMITS, encode=lambda t: [ord(c) for c in t])

@@ -15,13 +15,14 @@ The doors and their adapters, all real code:
   speculation loop's checks (``bls_lib/spec_io.py`` ``check_spec_request``) or the target's;
 - ``tensorrt_llm``: the model's declared inputs and :func:`specserve.triton.llm_io.admit`;
 - ``dynamo``: the Dynamo worker's mapping of a preprocessed request
-  (:func:`specserve.frontends.dynamo_request.admit`).
+  (:func:`specserve.frontends.dynamo_request.admit`), the prediction and ``num_draft_tokens``
+  in its ``annotations`` (where Dynamo's frontend puts the client's ``nvext.annotations``).
 
 A Triton model refuses an input its config does not declare (Triton's own error,
 "unexpected inference input"); a field Dynamo's preprocessed request has no place for never
-reaches the worker ("not carried"). Differences a door's protocol forces are named in
-:data:`FORCED`; every other difference in :data:`EXPECTED` is today's state, recorded so that
-a door dropping a feature fails here.
+reaches the worker ("not carried"). Every door serves every feature and refuses every bad value
+alike, but for the differences a door's protocol forces, named in :data:`FORCED`; a door
+dropping a feature fails here.
 """
 
 from __future__ import annotations
@@ -94,10 +95,6 @@ FORCED = {
     # token-only chunks; with n > 1 the worker sends each choice's text, which that matcher
     # does not see, so the worker refuses the combination rather than ignore the stops.
     ("stop strings, n = 2", "dynamo"),
-    # Dynamo's preprocessed request (ai-dynamo 1.6.1) has no field for Predicted Outputs or
-    # for per-request speculation control: the frontend never hands them to a worker.
-    ("prediction", "dynamo"), ("bad: prediction too long", "dynamo"),
-    ("num_draft_tokens 0", "dynamo"), ("bad: num_draft_tokens -1", "dynamo"),
 }
 
 _N_RANGE = r"refused: n \(num_return_sequences\) must be in \[1, 16\], got 17"
@@ -105,24 +102,21 @@ _TOP = r"refused: top_logprobs must be in \[0, 20\], got 21"
 _TEMP = r"refused: temperature must be >= 0, got -1(\.0)?"
 _SCHEMA_BAD = r"refused: guided_decoding_guide: the JSON schema is not JSON \(.*\)"
 _PRED_LONG = r"refused: input 'prediction' has \d+ tokens, more than the engine's max_seq_len \d+"
+_DRAFTS_BAD = r"refused: num_draft_tokens must be >= 0, got -1"
 
 # case -> door -> "served", "not carried", or a regex of the refusal (re.fullmatch)
 EXPECTED: dict[str, dict[str, str]] = {
     "greedy": dict.fromkeys(DOORS, SERVED),
     "sampled with seed": dict.fromkeys(DOORS, SERVED),
     "n = 2": dict.fromkeys(DOORS, SERVED),
-    "top logprobs": {"ensemble": SERVED,
-                     "bls": re.escape(_unknown("num_top_log_probs", "tensorrt_llm_bls")),
-                     "tensorrt_llm": SERVED, "dynamo": SERVED},
+    "top logprobs": dict.fromkeys(DOORS, SERVED),
     "json schema": dict.fromkeys(DOORS, SERVED),
-    "prediction": {"ensemble": re.escape(_unknown("prediction", "ensemble")),
-                   "bls": re.escape(_unknown("prediction", "tensorrt_llm_bls")),
-                   "tensorrt_llm": SERVED, "dynamo": NOT_CARRIED},
+    # Dynamo: the prediction and num_draft_tokens travel in nvext.annotations
+    # (frontends/dynamo_request.py: its frontend refuses OpenAI's top-level prediction)
+    "prediction": dict.fromkeys(DOORS, SERVED),
     # the BLS's num_draft_tokens is its own loop's (TensorRT-LLM's BLS input): 0 turns the
-    # loop off and forwards the request, and the target then speculates as its engine does
-    "num_draft_tokens 0": {"ensemble": re.escape(_unknown("num_draft_tokens", "ensemble")),
-                           "bls": "served without num_draft_tokens", "tensorrt_llm": SERVED,
-                           "dynamo": NOT_CARRIED},
+    # loop off and forwards the request, with num_draft_tokens 0, to the reference target
+    "num_draft_tokens 0": dict.fromkeys(DOORS, SERVED),
     "stop strings": dict.fromkeys(DOORS, SERVED),
     "stop strings, n = 2": {
         "ensemble": SERVED, "bls": SERVED, "tensorrt_llm": SERVED,
@@ -130,19 +124,10 @@ EXPECTED: dict[str, dict[str, str]] = {
                   r"is not supported by the specserve worker"},
     "bad: temperature -1": dict.fromkeys(DOORS, _TEMP),
     "bad: n = 17": dict.fromkeys(DOORS, _N_RANGE),
-    "bad: top logprobs 21": {"ensemble": _TOP,
-                             "bls": re.escape(_unknown("num_top_log_probs", "tensorrt_llm_bls")),
-                             "tensorrt_llm": _TOP, "dynamo": _TOP},
+    "bad: top logprobs 21": dict.fromkeys(DOORS, _TOP),
     "bad: malformed schema": dict.fromkeys(DOORS, _SCHEMA_BAD),
-    "bad: prediction too long": {
-        "ensemble": re.escape(_unknown("prediction", "ensemble")),
-        "bls": re.escape(_unknown("prediction", "tensorrt_llm_bls")),
-        "tensorrt_llm": _PRED_LONG, "dynamo": NOT_CARRIED},
-    "bad: num_draft_tokens -1": {
-        "ensemble": re.escape(_unknown("num_draft_tokens", "ensemble")),
-        "bls": r"refused: num_draft_tokens must be >= 0, got -1",
-        "tensorrt_llm": r"refused: num_draft_tokens must be >= 0, got -1",
-        "dynamo": NOT_CARRIED},
+    "bad: prediction too long": dict.fromkeys(DOORS, _PRED_LONG),
+    "bad: num_draft_tokens -1": dict.fromkeys(DOORS, _DRAFTS_BAD),
 }
 
 
@@ -263,12 +248,12 @@ def bls_door(doors: Doors, case: Case) -> Answer:
     k = rq.route(inputs, decoupled)
     pre = doors.preprocess({rq.PRE[n]: rq.as_batch(v) for n, v in inputs.items() if n in rq.PRE})
     pre = {rq.PRE_OUT[n]: v for n, v in pre.items() if n in rq.PRE_OUT}
+    params = spec_io.BlsParams.from_params(
+        {key: p.string_value for key, p in doors.configs["tensorrt_llm_bls"].parameters.items()})
     if k != 0:
-        params = {key: p.string_value
-                  for key, p in doors.configs["tensorrt_llm_bls"].parameters.items()}
-        spec_io.check_spec_request(spec_io.BlsParams.from_params(params), inputs, k)
+        spec_io.check_spec_request(params, inputs, k)
         return None
-    return doors.llm(rq.target_inputs(inputs, pre, decoupled))
+    return doors.llm(rq.target_inputs(inputs, pre, decoupled, params.reference_target))
 
 
 def tensorrt_llm_door(doors: Doors, case: Case) -> Answer:
@@ -290,11 +275,15 @@ def tensorrt_llm_door(doors: Doors, case: Case) -> Answer:
 
 
 def dynamo_door(doors: Doors, case: Case) -> Answer:
-    """The worker's mapping; NOT_CARRIED for what Dynamo's preprocessed request cannot hold."""
+    """The worker's mapping of the preprocessed request Dynamo's frontend hands it (the
+    client's ``nvext.annotations`` arrive as its ``annotations``)."""
     from specserve.frontends.dynamo_request import admit
 
-    if case.prediction is not None or case.num_draft_tokens is not None:
-        return NOT_CARRIED
+    notes = []
+    if case.prediction is not None:
+        notes.append(f"prediction:{case.prediction}")
+    if case.num_draft_tokens is not None:
+        notes.append(f"num_draft_tokens:{case.num_draft_tokens}")
     guided = None
     if case.guide is not None:
         kind, text = case.guide
@@ -308,8 +297,9 @@ def dynamo_door(doors: Doors, case: Case) -> Answer:
                              "guided_decoding": guided},
         "output_options": {"logprobs": case.top_logprobs},
         "eos_token_ids": [] if eos is None else [eos],
+        "annotations": notes,
     }
-    return admit(request, doors.limits, doors.guides)
+    return admit(request, doors.limits, doors.guides, doors.encode)
 
 
 ADAPTERS: dict[str, Callable[[Doors, Case], Answer]] = {
@@ -412,22 +402,16 @@ def test_every_door_serves_or_refuses_each_feature_as_recorded(doors: Doors) -> 
 
 
 def test_every_difference_between_doors_is_named() -> None:
-    """A feature served at one door and not at another is either forced by a protocol
-    (:data:`FORCED`) or one of today's recorded gaps, listed here so none grows unseen."""
-    recorded_gaps = {("top logprobs", "bls"), ("bad: top logprobs 21", "bls"),
-                     ("prediction", "ensemble"), ("prediction", "bls"),
-                     ("bad: prediction too long", "ensemble"),
-                     ("bad: prediction too long", "bls"),
-                     ("num_draft_tokens 0", "ensemble"), ("num_draft_tokens 0", "bls"),
-                     ("bad: num_draft_tokens -1", "ensemble")}
+    """A feature served at one door and not at another is forced by a protocol
+    (:data:`FORCED`); no other gap between doors."""
     for name, row in EXPECTED.items():
         served = {d for d, v in row.items() if v == SERVED}
         if 0 < len(served) < len(DOORS):
             for door in set(DOORS) - served:
-                assert (name, door) in FORCED | recorded_gaps, (name, door)
-    for name, row in EXPECTED.items():  # refusals of a bad value: unknown input, or the value
+                assert (name, door) in FORCED, (name, door)
+    for name, row in EXPECTED.items():  # refusals of a bad value: the value, at every door
         if name.startswith("bad:"):
-            assert SERVED not in row.values(), name
+            assert SERVED not in row.values() and len(set(row.values())) == 1, name
 
 
 def test_doors_that_serve_a_request_sample_it_alike(doors: Doors) -> None:
@@ -445,8 +429,9 @@ def test_doors_that_serve_a_request_sample_it_alike(doors: Doors) -> None:
 
 def test_a_door_dropping_a_feature_fails_the_table(doors: Doors) -> None:
     """The table notices one door losing one feature: the Dynamo worker no longer mapping
-    logprobs, the BLS no longer forwarding the guide, the ensemble declaring top logprobs but
-    no longer passing them on."""
+    logprobs or the prediction annotation, the BLS no longer forwarding the guide or top
+    logprobs, the ensemble declaring top logprobs or the prediction but no longer passing them
+    on."""
     from specserve.frontends import dynamo_request
     from specserve.triton.models.bls_lib import request as rq
 
@@ -454,16 +439,25 @@ def test_a_door_dropping_a_feature_fails_the_table(doors: Doors) -> None:
         mp.setattr(dynamo_request, "OUTPUT_SERVED", frozenset())
         assert any(m.startswith("top logprobs @ dynamo") for m in mismatches(table(doors)))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rq, "LLM", {k: v for k, v in rq.LLM.items() if k != "guided_decoding_guide"})
-        assert any(m.startswith("json schema @ bls") for m in mismatches(table(doors)))
+        mp.setattr(dynamo_request, "ANNOTATIONS", ("num_draft_tokens",))
+        assert "prediction @ dynamo: expected 'served', got 'served without prediction'" \
+            in mismatches(table(doors))
+    for lost, case in (("guided_decoding_guide", "json schema"),
+                       ("num_top_log_probs", "top logprobs")):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(rq, "LLM", {k: v for k, v in rq.LLM.items() if k != lost})
+            assert any(m.startswith(f"{case} @ bls") for m in mismatches(table(doors)))
     ensemble = doors.configs["ensemble"]
     steps = ensemble.ensemble_scheduling.step
     llm = next(s for s in steps if s.model_name == "tensorrt_llm")
     saved = dict(llm.input_map)
     try:
         del llm.input_map["num_top_log_probs"]
+        del llm.input_map["prediction"]
+        got = mismatches(table(doors))
         assert "top logprobs @ ensemble: expected 'served', got 'served without top_logprobs'" \
-            in mismatches(table(doors))
+            in got
+        assert "prediction @ ensemble: expected 'served', got 'served without prediction'" in got
     finally:
         llm.input_map.update(saved)
 

@@ -64,6 +64,10 @@ def test_drafting_ahead_only_with_a_draft_model_and_no_fast_logits() -> None:
     (BlsParams(spec_mode="draft"), {}, 2, "tensorrt_llm_draft_model_name is empty"),
     (BlsParams(), {}, 2, "needs a draft source"),
     (BlsParams(spec_mode="ngram"), scalars(beam_width=2), 2, "beam_width > 1"),
+    (BlsParams(spec_mode="ngram"), scalars(prediction=b"x"), 2,
+     "input 'prediction' is not supported by the BLS's speculation loop"),
+    (BlsParams(spec_mode="ngram"), scalars(num_top_log_probs=2), 2,
+     "input 'num_top_log_probs' is not supported by the BLS's speculation loop"),
 ])
 def test_bad_spec_requests_fail_with_one_message(cfg: BlsParams, inputs: dict[str, Any], k: int,
                                                  message: str) -> None:
@@ -273,3 +277,17 @@ def test_response_arrays_keep_the_declared_outputs_as_triton_types() -> None:
     assert out["text_output"].tolist() == [["é".encode()]]
     assert out["num_output_tokens"].dtype == np.int32 and out["num_output_tokens"].shape == (1, 1)
     assert "x" not in out
+
+
+def test_without_speculation_a_reference_target_gets_the_client_s_own_inputs() -> None:
+    """num_draft_tokens 0 (no speculation there too), top log-probs and the prediction go to a
+    reference target (parameter specserve_reference_target); a TensorRT-LLM target, which
+    declares no num_draft_tokens, never gets the BLS's own input."""
+    from specserve.triton.models.bls_lib import request as rq
+
+    inputs = scalars(num_draft_tokens=0, num_top_log_probs=2, prediction=b"x")
+    assert BlsParams.from_params({"specserve_reference_target": "true"}).reference_target
+    ref = rq.target_inputs(inputs, {}, True, reference=True)
+    assert {k: v.tolist() for k, v in ref.items()} == {
+        "num_draft_tokens": [[0]], "num_top_log_probs": [[2]], "prediction": [[b"x"]]}
+    assert "num_draft_tokens" not in rq.target_inputs(inputs, {}, True)

@@ -166,3 +166,28 @@ def test_bad_requests_fail_alone(tiny_server: Any) -> None:
         grpc_stream(url, "ensemble", request(PROMPTS[7], 100000))
     t.join(timeout=120)
     assert text_of(good["r"])
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_prediction_top_logprobs_and_num_draft_tokens_through_each_pipeline(
+        tiny_server: Any, model: str) -> None:
+    """The reference model's own inputs reach it through the ensemble and the BLS: a prediction
+    (its accepted / rejected token counts come back on the final response, the text
+    unchanged: the tiny model's text does not tokenize back to its tokens, so the counts, not
+    their split, are checked), top log-probs (k per token), and num_draft_tokens 0 (nothing
+    drafted)."""
+    url = tiny_server.server.grpc_url
+    want = text_of(grpc_stream(url, model, request(PROMPTS[2], 12, stream=True)))
+    asked = request(PROMPTS[2], 12, stream=True, return_log_probs=True, num_top_log_probs=2)
+    asked["prediction"] = np.array([[want.encode()]], dtype=object)
+    got = grpc_stream(url, model, asked)
+    assert text_of(got) == want
+    counts = [(scalar(r, "accepted_prediction_tokens"), scalar(r, "rejected_prediction_tokens"))
+              for r in got if "accepted_prediction_tokens" in r]
+    assert len(counts) == 1 and sum(counts[0]) > 0, counts  # the engine drafted from it
+    tops = [r["top_log_probs"] for r in got if "top_log_probs" in r]
+    assert tops and all(t.shape[-1] == 2 for t in tops)
+    off = grpc_stream(url, model, request(PROMPTS[2], 12, stream=True, num_draft_tokens=0,
+                                          return_perf_metrics=True))
+    drafted = [scalar(r, "total_draft_tokens") for r in off if "total_draft_tokens" in r]
+    assert text_of(off) == want and drafted and drafted[-1] == 0

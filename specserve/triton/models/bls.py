@@ -16,7 +16,10 @@ and makes the calls. What goes into each call is built by ``lib/spec_io.py``, ea
 tensor conversions and the postprocessing calls are ``lib/triton_io.py``.
 
 Without speculation the engine's responses are decoded one by one (or, with
-``accumulate_tokens``, all tokens so far), and the perf and token-count outputs are forwarded.
+``accumulate_tokens``, all tokens so far), and the perf and token-count outputs are forwarded;
+a reference target (parameter ``specserve_reference_target``) also gets the client's
+``num_draft_tokens`` 0, ``num_top_log_probs`` and ``prediction``, and its top log-prob and
+prediction-count outputs are forwarded.
 
 With ``num_draft_tokens`` K > 0 the request runs :func:`lib.spec_loop.run`, upstream's
 ``_spec_generate`` contract (NVIDIA/TensorRT-LLM ``triton_backend/all_models/
@@ -48,7 +51,8 @@ verify step per iteration.
 Bad requests fail alone with one message: ``num_draft_tokens`` < 0 or above the parameter
 ``max_draft_len`` (the target's), no draft source, a draft model that is not in the repository,
 a draft vocabulary (the width of its ``generation_logits``, asked for only with
-``use_draft_logits``) that differs from parameter ``tensorrt_llm_vocab_size``, beam search.
+``use_draft_logits``) that differs from parameter ``tensorrt_llm_vocab_size``, beam search,
+``prediction`` or ``num_top_log_probs`` with the loop (the target serves them without it).
 """
 
 from __future__ import annotations
@@ -201,7 +205,8 @@ class TritonPythonModel:
     def _generate(self, inputs: dict[str, np.ndarray[Any, Any]], emit: Any) -> None:
         pre = self._preprocess(inputs)
         llm_in = [pb_utils.Tensor(k, v)
-                  for k, v in rq.target_inputs(inputs, pre, self.decoupled).items()]
+                  for k, v in rq.target_inputs(inputs, pre, self.decoupled,
+                                               self.cfg.reference_target).items()]
         wanted = ["output_ids", "sequence_length", *[o for o in rq.FORWARD if o in self.outputs]]
         llm = pb_utils.InferenceRequest(model_name=self.cfg.llm, inputs=llm_in,
                                         requested_output_names=wanted)

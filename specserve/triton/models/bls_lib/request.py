@@ -22,7 +22,9 @@ LLM = {"exclude_input_in_output": "exclude_input_in_output", "top_k": "runtime_t
         "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
         "return_generation_logits": "return_generation_logits",
         "guided_decoding_guide_type": "guided_decoding_guide_type",
-        "guided_decoding_guide": "guided_decoding_guide"}
+        "guided_decoding_guide": "guided_decoding_guide",
+        # the reference target's own inputs (declared by reference repositories' BLS only)
+        "num_top_log_probs": "num_top_log_probs", "prediction": "prediction"}
 PRE_OUT = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
             "REQUEST_OUTPUT_LEN": "request_output_len", "BAD_WORDS_IDS": "bad_words_list",
             "STOP_WORDS_IDS": "stop_words_list", "OUT_END_ID": "end_id", "OUT_PAD_ID": "pad_id"}
@@ -30,7 +32,8 @@ FORWARD = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
             "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens",
             "total_draft_tokens", "num_input_tokens", "num_output_tokens", "spec_stats_json",
             "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
-            "sequence_index")
+            "sequence_index", "top_log_probs", "top_log_prob_ids",
+            "accepted_prediction_tokens", "rejected_prediction_tokens")
 # structured output: passed to the target unchanged without speculation (it serves them or
 # refuses them by name); refused by the speculation loop (each target call of the loop would
 # start the grammar afresh and the draft would ignore it)
@@ -38,6 +41,10 @@ GUIDE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
 # asked of the target as the client asked them without speculation; refused with it (the loop's
 # answer is many calls, upstream's BLS returns the last call's values only)
 LOGITS_INPUTS = ("return_log_probs", "return_context_logits", "return_generation_logits")
+# served by the reference target without speculation; refused by the loop, whose drafts come
+# from its own source (draft model or prompt lookup) and whose target calls are single verify
+# steps of those drafts: a prediction there would be dropped, or its counts made up
+TARGET_ONLY_INPUTS = ("num_top_log_probs", "prediction")
 # forwarded unchanged to the draft and the target of the loop (the models judge them)
 SPEC_PASS = ("length_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty")
 MISSING = ("not found", "unknown model", "not ready", "unavailable")
@@ -55,13 +62,17 @@ def route(inputs: dict[str, Any], decoupled: bool) -> int:
     return k
 
 
-def target_inputs(inputs: dict[str, Any], pre: dict[str, Any], decoupled: bool
-                  ) -> dict[str, Any]:
+def target_inputs(inputs: dict[str, Any], pre: dict[str, Any], decoupled: bool,
+                  reference: bool = False) -> dict[str, Any]:
     """The target's inputs of a request forwarded without speculation: preprocessing's outputs
     (under the target's names) and the client's inputs renamed by :data:`LLM` (``streaming``
-    dropped on a BLS that is not decoupled)."""
+    dropped on a BLS that is not decoupled). A ``reference`` target (parameter
+    ``specserve_reference_target``) also gets the client's ``num_draft_tokens`` 0, which there
+    means no speculation, as at the target's own door."""
     out = dict(pre)
     out.update({LLM[k]: as_batch(v) for k, v in inputs.items() if k in LLM})
+    if reference and "num_draft_tokens" in inputs:
+        out["num_draft_tokens"] = as_batch(inputs["num_draft_tokens"])
     if not decoupled:
         out.pop("streaming", None)
     return out

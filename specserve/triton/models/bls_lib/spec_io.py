@@ -39,6 +39,7 @@ from .request import (
     LOGITS_INPUTS,
     MISSING,
     SPEC_PASS,
+    TARGET_ONLY_INPUTS,
     as_batch,
     flag,
     param,
@@ -80,6 +81,9 @@ class BlsParams:
     # take cores the others need (docs/results.md, "The BLS loop": c = 8 lost 5% output
     # tok/s; c = 4 was even)
     ahead_max_inflight: int = DEFAULT_AHEAD_MAX_INFLIGHT
+    # the target is specserve's reference model (parameter specserve_reference_target): it
+    # takes num_draft_tokens, num_top_log_probs and prediction (request.py target_inputs)
+    reference_target: bool = False
 
     @property
     def ahead(self) -> bool:
@@ -111,6 +115,7 @@ class BlsParams:
             max_inflight=max(1, int(param(params, "specserve_max_inflight",
                                           str(DEFAULT_MAX_INFLIGHT)))),
             draft_ahead=flag(params, "specserve_draft_ahead", default=True),
+            reference_target=flag(params, "specserve_reference_target"),
             ahead_max_inflight=int(param(params, "specserve_draft_ahead_max_inflight",
                                          str(DEFAULT_AHEAD_MAX_INFLIGHT))))
 
@@ -160,6 +165,12 @@ def check_spec_request(cfg: BlsParams, inputs: Arrays, k: int) -> None:
             raise ValueError(f"{name} is not supported with speculative decoding "
                              "(num_draft_tokens > 0): the answer is made of many draft and "
                              "target calls; send num_draft_tokens 0 for log probs or logits")
+    for name in TARGET_ONLY_INPUTS:
+        if name in inputs:
+            raise ValueError(f"input '{name}' is not supported by the BLS's speculation loop "
+                             "(num_draft_tokens > 0): its drafts come from its own draft "
+                             "source, one target verify step at a time; send "
+                             "num_draft_tokens 0 (the target serves it)")
 
 
 def prompt_of(pre: Arrays) -> tuple[int, ...]:
