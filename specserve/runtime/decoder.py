@@ -31,7 +31,6 @@ is the one that follows the context.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -39,7 +38,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
-from specserve.runtime.draft_policy import DraftLenPolicy
+from specserve.runtime.draft_policy import DraftLenPolicy, step_clock
 from specserve.runtime.grammar import DraftGuide, GuidedStep
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Forward, Transformer
@@ -314,10 +313,11 @@ class SpecDecoder:
         policy = self._policy_for(p, st, limits)
         if policy is not None:
             limits = policy.plan(st, limits)
-        t0 = time.perf_counter()
+        clock = step_clock(self.device)
+        t0 = clock()
         prop = None if p is None else p.get_proposal(
             ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only, guide))
-        t1 = time.perf_counter()
+        t1 = clock()
         if policy is not None and isinstance(prop, ChainProposal):
             limits = policy.trim(st, prop.counts, limits)
         st.predicted = set()
@@ -333,7 +333,7 @@ class SpecDecoder:
             width = 0 if prop is None else max(
                 (min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)), default=0)
             policy.observe(st, before, len(st.seqs), width, drafted, t1 - t0,
-                           time.perf_counter() - t1)
+                           clock() - t1)
 
     def _policy_for(self, p: Proposer | None, st: Batch,
                     limits: list[int]) -> DraftLenPolicy | None:

@@ -11,8 +11,10 @@ objective; this module feeds it and keeps its state).
 - The proposer's cost per drafted position is timed online.
 - Each step: before proposing, the k that maximises expected tokens per second (proposal cost
   included); after proposing, greedy rows' drafts cut again by the same choice over what was
-  proposed (n-gram rows without a match), the proposal now paid for. While k = 0 is chosen, a probe step at k = 1 now
-  and then (every 4th such step, backing off to every 64th) keeps the estimates fresh.
+  proposed (n-gram rows without a match), the proposal now paid for. While k = 0 is chosen, a
+  probe step at k = 1 now and then (every 4th such step, backing off to every 64th) keeps the
+  estimates fresh.
+- Times are the step's own CPU time where it runs on one CPU thread (:func:`step_clock`).
 - Rows the policy leaves alone: sampled rows with a ``seed`` keep their configured length, so a
   seed gives the same text whatever the load (rejection sampling's draws depend on k).
 
@@ -42,6 +44,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def step_clock(device: torch.device) -> Callable[[], float]:
+    """The clock the policy times steps with: on a CPU with one torch thread, this thread's
+    CPU time (what the step itself used: other processes on the machine barely move it, where
+    they would stretch wall time and bend the measured curve); else wall time."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def probe_rows(rows_needed: int) -> list[int]:
     """The probe points up to the first at or above ``rows_needed`` (at least two)."""
     out = []
@@ -62,6 +73,7 @@ def time_rows(target: Transformer, rows: Sequence[int], reps: int = 3) -> list[f
     [1, r] new tokens + their logits, in seconds."""
     cache = KVCache(target.cfg, 1, rows[-1] + 1, target.dtype, target.device)
     tokens = torch.zeros(1, rows[-1], dtype=torch.long, device=target.device)  # [1, R]
+    clock = step_clock(target.device)
     secs = []
     with torch.inference_mode():
         for i, r in enumerate(rows):
@@ -69,10 +81,10 @@ def time_rows(target: Transformer, rows: Sequence[int], reps: int = 3) -> list[f
             for _ in range(reps + (i == 0)):  # one warm-up run first
                 cache.lengths = [0]
                 _sync(target.device)
-                t0 = time.perf_counter()
+                t0 = clock()
                 target.logits(target.run(tokens[:, :r], cache).hidden)  # [1, r, V]
                 _sync(target.device)
-                best = min(best, time.perf_counter() - t0)
+                best = min(best, clock() - t0)
             secs.append(best)
     for i in range(len(secs) - 2, -1, -1):  # more rows never cost less: a point above its
         secs[i] = min(secs[i], secs[i + 1])  # right-hand neighbour was slowed by other load
