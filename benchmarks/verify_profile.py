@@ -5,24 +5,29 @@ Same setup as ``verify_cost.py`` (its prompts; an oracle proposer fed the model'
 continuation, so every draft is accepted; one torch thread), for each batch B and draft length
 K (K = 0: plain decoding). Only decode steps count (``SpecDecoder._step``, wrapped here; the
 prefill is left out). Per batch, two passes over the K values: one unprofiled, timing each step
-(the step cost over plain decoding's, same batch), then one under ``torch.profiler`` (CPU). In
-the profiled pass the benchmark (never the product) wraps in ``record_function`` ranges: every
-call of the model's ``linear`` (which runs the few-row C kernel through ``ctypes``, so its time
-is the range's own, not an ATen op's), ``Transformer.logits`` (the LM head), ``_attention``,
-``_rms_norm``, the verification (``step.pick``, ``step.verify_chain``) and the proposer. Each
-profiler event's self time goes to the innermost such range around it; inside ``_attention``
-but outside its linears, the rotary ops (``mul``, ``add``, ``roll``) go to "norms and rotary"
-and the rest (KV writes, the C attention kernel or SDPA) to attention; ATen ops in no range go
-to "other ATen" (embedding, step inputs, token tensors). "Python" is the step's wall time minus
-all of that: the interpreter between ops, bookkeeping, and the profiler's own cost. The linear
-and attention shares include their Python wrappers (one per call).
+(the step cost over plain decoding's at the same batch, in the thread's CPU time, which other
+jobs on a shared machine move far less than wall time), then one under ``torch.profiler``.
+The benchmark (never the product) wraps every call of the model's ``linear`` (which runs the
+few-row C kernel through ``ctypes``: no ATen op, so its time is the wrapper's own),
+``Transformer.logits`` (the LM head; the ``linear`` inside it counted there), ``_attention``,
+``_rms_norm``, the verification (``step.pick``, ``step.verify_chain``) and the proposer: in the
+timed pass in ``time.perf_counter`` spans, each span's time less its nested spans'; in the
+profiled pass in ``record_function`` ranges, each event's self time going to the innermost
+range around it. The shares are the timed pass's spans over the step's wall time, the
+``_attention`` span (less its linears) split into attention (KV writes, the C attention kernel
+or SDPA) and rotary (its ``mul``, ``add``, ``roll`` ops, counted with the norms), and the time
+in no span into other ATen ops (embedding, step inputs, token tensors; ``sampling`` ops of
+``profile_step.py``'s groups count as verification) and Python (the interpreter, bookkeeping),
+in the profiled pass's proportions (whose Python includes the profiler's own cost, so that
+split leans to Python). Both passes' shares are in the JSON.
 
 Bandwidth share: at batch 1, K = 0, the model's parameter bytes (``model.parameters()``: the
 embedding tied to the LM head counted once) x decode steps per second, over the read bandwidth
 of ``specserve doctor --roofline``'s probe (:func:`specserve.doctor.roofline.measure`), probed
 before, between and after two decode timings; each timing against the mean of its two probes.
 
-    .venv/bin/python benchmarks/verify_profile.py --batches 1,4,8 --ks 1,2,4,7 --tokens 32
+    .venv/bin/python benchmarks/verify_profile.py --batches 1,4,8 --ks 1,2,4,7 --tokens 32 \
+        [--prompt-tokens 64] [--no-bandwidth | --bandwidth-only]
 
 Shares and ratios, not absolute times, are the result: a shared machine moves the totals.
 """
@@ -145,22 +150,24 @@ def profile_ranges(proposer: Any, clock: Clock | None = None
     return out
 
 
-def step_timer(times: list[float], clock: Clock | None = None
+def step_timer(times: list[float], clock: Clock | None = None, cpu: list[float] | None = None
                ) -> list[tuple[Any, str, Callable[[Any], Any]]]:
-    """Wrap ``SpecDecoder._step``: its wall time into ``times``, inside an ``sp.step`` range
-    (and with ``clock`` on)."""
+    """Wrap ``SpecDecoder._step``: its wall time into ``times`` (its thread's CPU time into
+    ``cpu``), inside an ``sp.step`` range (and with ``clock`` on)."""
     from specserve.runtime.decoder import SpecDecoder
 
     def make(fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*a: Any, **kw: Any) -> Any:
             if clock is not None:
                 clock.on = True
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 with record_function(STEP):
                     return fn(*a, **kw)
             finally:
                 times.append(time.perf_counter() - t0)
+                if cpu is not None:
+                    cpu.append(time.thread_time() - c0)
                 if clock is not None:
                     clock.on = False
         return wrapper
@@ -226,14 +233,15 @@ def _generate(dec: Any, prompts: list[list[int]], tokens: int) -> None:
 
 
 def timed_steps(dec: Any, prompts: list[list[int]], tokens: int, clock: Clock | None = None
-                ) -> tuple[float, int]:
-    """Decode steps' total wall time and count of one ``generate`` (the prefill left out);
-    ``clock``: also time the wrapped calls into it."""
+                ) -> tuple[float, int, float]:
+    """Decode steps' total wall time, count and thread CPU time in one ``generate`` (the
+    prefill left out); ``clock``: also time the wrapped calls into it."""
     times: list[float] = []
+    cpu: list[float] = []
     spans = [] if clock is None else profile_ranges(dec.proposer, clock)
-    with patched(step_timer(times, clock) + spans):
+    with patched(step_timer(times, clock, cpu) + spans):
         _generate(dec, prompts, tokens)
-    return sum(times), len(times)
+    return sum(times), len(times), sum(cpu)
 
 
 def profiled_steps(dec: Any, prompts: list[list[int]], tokens: int) -> dict[str, Any]:
@@ -262,18 +270,19 @@ def run_batch(model: Any, prompts: list[list[int]], ks: list[int], tokens: int
               ) -> dict[str, Any]:
     """Both passes at one batch: the step cost over plain, then the profile."""
     decs = decoders(model, prompts, ks, tokens)  # its plain run is the warm-up
-    timed: dict[int, tuple[float, int, Clock]] = {}
+    timed: dict[int, tuple[float, int, float, Clock]] = {}
     for k in ks:
         clock = Clock()
-        wall, steps = timed_steps(decs[k], prompts, tokens, clock)
-        timed[k] = wall, steps, clock
-    plain_s = timed[0][0] / timed[0][1]
+        timed[k] = (*timed_steps(decs[k], prompts, tokens, clock), clock)
+    plain_wall, plain_cpu = (timed[0][0] / timed[0][1], timed[0][2] / timed[0][1])
     rows = {}
     for k in ks:
-        wall, steps, clock = timed[k]
+        wall, steps, cpu, clock = timed[k]
         prof = profiled_steps(decs[k], prompts, tokens)
         rows[k] = {"batch": len(prompts), "k": k, "step_ms": round(1e3 * wall / steps, 2),
-                   "step_over_plain": round(wall / steps / plain_s, 3),
+                   "step_cpu_ms": round(1e3 * cpu / steps, 2),
+                   "step_over_plain": round(cpu / steps / plain_cpu, 3),
+                   "wall_step_over_plain": round(wall / steps / plain_wall, 3),
                    "shares": combined(clock.acc, wall, prof["profiled_shares"]), **prof}
     return {f"B={len(prompts)} K={k}": r for k, r in rows.items()}
 
@@ -290,7 +299,7 @@ def bandwidth_share(model: Any, prompt: list[int], tokens: int, size_mb: int
     _generate(dec, [prompt], 4)  # warm-up
     probes, decode = [measure(size_mb).read_gbs], []
     for _ in range(2):
-        wall, steps = timed_steps(dec, [prompt], tokens)
+        wall, steps, _ = timed_steps(dec, [prompt], tokens)
         decode.append(nbytes * steps / wall / 1e9)
         probes.append(measure(size_mb).read_gbs)
         torch.set_num_threads(1)
