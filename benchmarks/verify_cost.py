@@ -7,7 +7,8 @@ continuations come from plain decoding (float32 is deterministic, so the oracle'
 target's own tokens and all are accepted). Cases are run round-robin (every K once, then again),
 ``--repeats`` times, and the median of each is kept, so a noisy neighbour slows all alike. The
 step cost is the wall time per target forward; the table gives it over plain decoding's and the
-tokens per second.
+tokens per second. Where the step's time goes (a profile, shares per part of the model) and
+plain decoding's share of the read bandwidth: ``benchmarks/verify_profile.py``.
 
     .venv/bin/python benchmarks/verify_cost.py --batches 1,4,8 --ks 1,2,4,7 --tokens 48
 """
