@@ -5,7 +5,7 @@ objective; this module feeds it and keeps its state).
 - T(rows), the target's forward + LM head over ``rows`` token rows, is timed on first use at a
   few row counts up to that step's verify forward, and further when a wider one comes (best of
   3, after a warm-up; more rows never cost less); what a real verify step takes beyond it (the
-  step's bookkeeping, attention over long contexts) is added, measured online.
+  step's bookkeeping, attention over long contexts) is added, measured online per draft width.
 - Acceptance: each row's own accepted drafts and rejecting steps (its whole request, through
   :attr:`Batch.history`), shrunk towards an engine-wide rate that forgets at 3% per step.
 - The proposer's cost per drafted position is timed online.
@@ -102,7 +102,8 @@ class DraftLenPolicy:
         self.cost = cost  # None: measured on first use
         self.acc, self.rej = 2.0, 2.0  # engine-wide pseudo-counts: alpha 0.5 to start
         self.draft_s = 0.0  # proposer seconds per drafted position
-        self.overhead = 0.0  # seconds a verify step takes beyond the curve's forward
+        # per draft width: seconds a verify step takes beyond the curve's forward
+        self.overhead: dict[int, float] = {}
         self._gap, self._zeros, self._probing = 0, 0, 0
         self.steps_by_k: Counter[int] = Counter()
 
@@ -141,9 +142,18 @@ class DraftLenPolicy:
         act = [b for b in st.active() if caps[b] > 0]
         free, held = [b for b in act if not fixed(st, b)], [b for b in act if fixed(st, b)]
         pins = list(zip(self.row_alphas(st, held), [caps[b] for b in held], strict=True))
-        cost = StepCost(self.cost.rows, tuple(s + self.overhead for s in self.cost.seconds))
         return choose_draft_len(self.row_alphas(st, free), [caps[b] for b in free], pins,
-                                len(st.seqs), cost, draft_cost, k_max)
+                                len(st.seqs), self.cost, draft_cost, k_max,
+                                self.overheads(k_max))
+
+    def overheads(self, k_max: int) -> list[float]:
+        """Per width 0..k_max: the measured overhead, else the largest measured at a smaller
+        width (a wider step is never assumed to cost less)."""
+        out, last = [], 0.0
+        for w in range(k_max + 1):
+            last = max(last, self.overhead.get(w, last))
+            out.append(last)
+        return out
 
     def plan(self, st: Batch, limits: list[int]) -> list[int]:
         """Before proposing: each free row's limit cut to the chosen k (a choice from past
@@ -191,7 +201,8 @@ class DraftLenPolicy:
             self.draft_s += self.EWMA * (propose_s / drafted - self.draft_s)
         if self.cost is not None and verify_s > 0:
             extra = max(verify_s - self.cost.at(rows * (width + 1)), 0.0)
-            self.overhead += self.EWMA * (extra - self.overhead)
+            old = self.overhead.get(width, extra)
+            self.overhead[width] = old + self.EWMA * (extra - old)
         self.steps_by_k[width] += 1
 
     @staticmethod

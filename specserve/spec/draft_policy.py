@@ -84,14 +84,16 @@ class DraftLenChoice:
 
 def choose_draft_len(alphas: Sequence[float], caps: Sequence[int],
                      pinned: Sequence[tuple[float, int]], batch_rows: int, cost: StepCost,
-                     draft_cost: float, k_max: int) -> DraftLenChoice:
+                     draft_cost: float, k_max: int,
+                     overhead: Sequence[float] = ()) -> DraftLenChoice:
     """The k in 0..``k_max`` with the most expected tokens per second for one step.
 
     Row i drafts ``min(k, caps[i])`` tokens at acceptance ``alphas[i]``; ``pinned``: (alpha,
     draft length) of rows whose length the policy does not set (their tokens count, and the
     forward is at least that long). ``batch_rows``: the sequences of the verify forward (all
     of the batch's: the forward pads them to one length); ``draft_cost``: seconds per drafted
-    position."""
+    position; ``overhead[w]``: seconds a step of draft width w takes beyond T (0 where
+    missing)."""
     if len(alphas) != len(caps):
         raise SpecserveError("one acceptance rate per capped row")
     fixed = sum(chain_expected_tokens(a, k) for a, k in pinned)
@@ -102,7 +104,8 @@ def choose_draft_len(alphas: Sequence[float], caps: Sequence[int],
         width = max(k, k_pin)
         tokens = fixed + sum(chain_expected_tokens(a, min(k, c))
                              for a, c in zip(alphas, caps, strict=True))
-        rate = tokens / (cost.at(batch_rows * (width + 1)) + draft_cost * k)
+        extra = overhead[width] if width < len(overhead) else 0.0
+        rate = tokens / (cost.at(batch_rows * (width + 1)) + extra + draft_cost * k)
         if k == 0:
             plain = rate
         if best is None or rate > best.rate:

@@ -125,3 +125,9 @@ def test_only_greedy_rows_are_cut_after_the_proposal() -> None:
                torch.device("cpu"))
     policy = DraftLenPolicy(LINEAR)
     assert policy.trim(st, [4, 0], [4, 4]) == [0, 4]
+
+
+def test_overhead_is_per_width_and_never_smaller_for_a_wider_step() -> None:
+    policy = DraftLenPolicy(FLAT)
+    policy.overhead = {0: 0.1, 2: 0.5, 3: 0.2}
+    assert policy.overheads(4) == [0.1, 0.1, 0.5, 0.5, 0.5]

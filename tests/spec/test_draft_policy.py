@@ -72,3 +72,8 @@ def test_caps_and_pinned_rows() -> None:
     alone = choose_draft_len([0.1], [4], [(0.95, 4)], 2, StepCost((1, 2, 10), (1.0, 1.0, 4.0)),
                              0.0, 4)
     assert alone.plain_rate == pytest.approx((1 + chain_expected_tokens(0.95, 4)) / 4.0)
+
+
+def test_a_width_that_costs_more_than_the_curve_says_is_not_chosen() -> None:
+    assert choose_draft_len([0.6], [4], [], 1, FLAT, 0.0, 4).k == 4
+    assert choose_draft_len([0.6], [4], [], 1, FLAT, 0.0, 4, [0.0, 2.0, 2.0, 2.0, 2.0]).k == 0
