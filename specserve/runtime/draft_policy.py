@@ -97,6 +97,7 @@ class DraftLenPolicy:
     DECAY = 0.97  # the engine-wide rate forgets 3% per step
     EWMA = 0.1  # timing averages: weight of the newest step
     PROBE_GAPS = (4, 8, 16, 32, 64)
+    MARGIN = 0.05  # speculate where the estimate says it pays by more than its own error
 
     def __init__(self, cost: StepCost | None = None) -> None:
         self.cost = cost  # None: measured on first use
@@ -144,7 +145,7 @@ class DraftLenPolicy:
         pins = list(zip(self.row_alphas(st, held), [caps[b] for b in held], strict=True))
         return choose_draft_len(self.row_alphas(st, free), [caps[b] for b in free], pins,
                                 len(st.seqs), self.cost, draft_cost, k_max,
-                                self.overheads(k_max))
+                                self.overheads(k_max), self.MARGIN)
 
     def overheads(self, k_max: int) -> list[float]:
         """Per width 0..k_max: the measured overhead, else the largest measured at a smaller

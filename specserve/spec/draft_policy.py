@@ -85,7 +85,7 @@ class DraftLenChoice:
 def choose_draft_len(alphas: Sequence[float], caps: Sequence[int],
                      pinned: Sequence[tuple[float, int]], batch_rows: int, cost: StepCost,
                      draft_cost: float, k_max: int,
-                     overhead: Sequence[float] = ()) -> DraftLenChoice:
+                     overhead: Sequence[float] = (), margin: float = 0.0) -> DraftLenChoice:
     """The k in 0..``k_max`` with the most expected tokens per second for one step.
 
     Row i drafts ``min(k, caps[i])`` tokens at acceptance ``alphas[i]``; ``pinned``: (alpha,
@@ -93,7 +93,7 @@ def choose_draft_len(alphas: Sequence[float], caps: Sequence[int],
     forward is at least that long). ``batch_rows``: the sequences of the verify forward (all
     of the batch's: the forward pads them to one length); ``draft_cost``: seconds per drafted
     position; ``overhead[w]``: seconds a step of draft width w takes beyond T (0 where
-    missing)."""
+    missing); ``margin``: a k > 0 must beat k = 0 by this fraction (the estimates' error)."""
     if len(alphas) != len(caps):
         raise SpecserveError("one acceptance rate per capped row")
     fixed = sum(chain_expected_tokens(a, k) for a, k in pinned)
@@ -108,7 +108,7 @@ def choose_draft_len(alphas: Sequence[float], caps: Sequence[int],
         rate = tokens / (cost.at(batch_rows * (width + 1)) + extra + draft_cost * k)
         if k == 0:
             plain = rate
-        if best is None or rate > best.rate:
+        if best is None or rate > best.rate and rate > plain * (1 + margin):
             best = DraftLenChoice(k, rate, plain)
     assert best is not None
     return DraftLenChoice(best.k, best.rate, plain)

@@ -77,3 +77,9 @@ def test_caps_and_pinned_rows() -> None:
 def test_a_width_that_costs_more_than_the_curve_says_is_not_chosen() -> None:
     assert choose_draft_len([0.6], [4], [], 1, FLAT, 0.0, 4).k == 4
     assert choose_draft_len([0.6], [4], [], 1, FLAT, 0.0, 4, [0.0, 2.0, 2.0, 2.0, 2.0]).k == 0
+
+
+def test_a_gain_within_the_margin_is_not_taken() -> None:
+    cost = StepCost((1, 2, 512), (1.0, 1.4, 512.0))  # k = 1 at alpha 0.45: 1.45 / 1.4, +3.6%
+    assert choose_draft_len([0.45], [1], [], 1, cost, 0.0, 1).k == 1
+    assert choose_draft_len([0.45], [1], [], 1, cost, 0.0, 1, margin=0.05).k == 0
