@@ -38,6 +38,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
+from specserve.runtime.forced_drafts import ForcedDrafts
 from specserve.runtime.grammar import DraftGuide, GuidedStep
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Forward, Transformer
@@ -87,17 +88,21 @@ class SpecDecoder:
     (None = plain decoding, the baseline)."""
 
     def __init__(self, target: Transformer, proposer: Proposer | None = None,
-                 adaptive_draft_len: bool = False, schedule: DraftSchedule | None = None) -> None:
+                 adaptive_draft_len: bool = False, schedule: DraftSchedule | None = None,
+                 forced: ForcedDrafts | None = None) -> None:
         """``adaptive_draft_len``: per sequence, draft up to 2 more tokens after a step that
         accepted everything and 1 fewer (at least 1) after a rejection, within the proposer's
         ``max_draft_len`` (the schedule of HF's assisted generation; chain proposers only).
         ``schedule``: load-aware speculation, the draft budget (chain K, or Medusa tree nodes;
         0 = none) from the number of sequences in each step (:mod:`specserve.spec.schedule`).
-        Lossless either way; off by default so that K is what was asked for."""
+        Lossless either way; off by default so that K is what was asked for. ``forced``:
+        structured output's grammar-forced tokens as drafts, merged with the proposer's
+        (:mod:`specserve.runtime.forced_drafts`; lossless; off by default)."""
         self.target = target
         self.proposer = proposer
         self.adaptive_draft_len = adaptive_draft_len
         self.schedule = schedule
+        self.forced = forced
         self.device = target.device
         self._cache: KVCache | None = None
         self._lock = threading.Lock()  # one generate() at a time: the KV cache is reused
@@ -309,6 +314,8 @@ class SpecDecoder:
         st.predicted = set()
         if predicting:
             prop, limits = self._predict(st, prop, limits, predicting)
+        if self.forced is not None and any(st.guides) and not isinstance(prop, TreeProposal):
+            prop, limits = self.forced.merge(st, prop, limits, self.device)
         if isinstance(prop, TreeProposal):
             tree_step(self.target, st, cache, prop, on_step)
         else:
