@@ -12,18 +12,18 @@ Per guided row, a fork of its matcher walks the merged chain position by positio
   position is one-hot on the same token, so verification always accepts it. A proposer draft
   that differs ends the proposer's chain (its later drafts follow a token never emitted);
 - several allowed while the proposer's chain goes on: its draft when the grammar allows it (its
-  own q, which the step masks and renormalizes as for any guided draft). One the grammar cuts
-  ends the chain for a row whose q is sampled (a deterministic fallback there would make the
-  draft a mixture that q does not describe); for greedy rows and one-hot q (n-gram) the row
-  goes on as after the chain;
+  own q, which the step masks and renormalizes as for any guided draft); one the grammar cuts
+  ends the proposer's chain there;
 - after the proposer's chain (or without a proposer): the grammar's jump-forward string
   (xgrammar's ``find_jump_forward_string``), as its longest allowed vocabulary piece
   (*jump*, q one-hot: a deterministic guess of the target's tokenization, verified, not sure
   to be accepted); no forced string: the chain ends. A stop token ends it too.
 
-Lossless at any temperature: each draft is distributed as the q it is verified with, given the
-draft side's history (the proposer's draws and which rule applied), which Leviathan's argument
-per position needs; greedy verification needs nothing of q. The decoder's cache lookahead
+Lossless at any temperature: given the draft side's history (the proposer's draws, hence which
+rule applied), each draft is distributed as the q it is verified with (a proposer's draft that
+the grammar kept: its q renormalized over the allowed set; a grammar draft: one-hot), and that
+is what Leviathan's argument needs per position; which rule applied depends on draft-side
+randomness only. Greedy verification needs nothing of q. The decoder's cache lookahead
 covers :data:`MAX_FORCED_DRAFT` (= Predicted Outputs' :data:`MAX_PREDICTION_DRAFT`) drafts per
 step. Like Predicted Outputs' overlay, the merge keeps no state and the proposer's stays
 consistent through its ``update`` (EAGLE-3 keeps the verify forward's captured states of the
@@ -76,12 +76,10 @@ def jump_token(m: GuideMatcher, allowed: torch.Tensor) -> int | None:
     return None
 
 
-def merge_row(m: GuideMatcher, own: list[int], limit: int, fallback: bool,
-              jump: bool = True) -> RowChain:
+def merge_row(m: GuideMatcher, own: list[int], limit: int, jump: bool = True) -> RowChain:
     """Walk ``m`` (a fork; it is advanced) over the merged chain: the proposer's drafts
     ``own`` with the grammar's forced tokens (module docstring), at most ``limit``.
-    ``fallback``: a proposer draft the grammar cuts may be followed by jump tokens (its q is
-    one-hot or unused); ``jump``: propose jump-forward tokens (else forced ones only)."""
+    ``jump``: propose jump-forward tokens (else only tokens the grammar allows alone)."""
     out, alive = RowChain(), bool(own)
     while len(out.tokens) < limit and not m.terminated:
         j, allowed = len(out.tokens), m.allowed()  # [V]
@@ -92,8 +90,6 @@ def merge_row(m: GuideMatcher, own: list[int], limit: int, fallback: bool,
         elif mine is not None and bool(allowed[mine]):
             tok, kind = mine, OWN
         else:
-            if mine is not None and not fallback:
-                break
             alive = False
             found = jump_token(m, allowed) if jump else None
             if found is None:
@@ -128,8 +124,7 @@ class ForcedDrafts:
             own = [] if prop is None else prop.tokens[b, :min(prop.counts[b], limits[b])].tolist()
             p = st.params[b]
             lim = min(p.draft_cap(self.max_len), p.max_tokens - len(st.out[b]) - 1)
-            fallback = prop is None or prop.probs is None or p.temperature == 0
-            rows[b] = merge_row(m.fork(), own, max(lim, len(own)), fallback, self.jump)
+            rows[b] = merge_row(m.fork(), own, max(lim, len(own)), self.jump)
             st.forced_at[b] = rows[b].grammar_positions
         if not any(c.kinds for c in rows.values()):
             return prop, limits
