@@ -1,7 +1,7 @@
 """Grammar-forced drafts merged with the engine's proposer (:mod:`specserve.runtime.forced_drafts`).
 
-- Greedy, in one in-flight batch with unguided rows, plain decoding, n-gram, EAGLE-3 chain and a
-  draft model: every guided row with forced drafts equals plain guided decoding token for token
+- Greedy, in one in-flight batch with unguided rows, plain decoding, n-gram, EAGLE-3 chain, a
+  random draft model and the target as its own draft (grammar-aware drafting): every guided row with forced drafts equals plain guided decoding token for token
   (and the unguided rows plain decoding), is valid under a schema with a 29-character key, and
   the accepted forced drafts reach the request's result.
 - Forced drafts are proposed and accepted: forced alone takes fewer than a third of plain
@@ -82,7 +82,7 @@ def _valid(tok: Any, ids: list[int]) -> bool:
     return True
 
 
-@pytest.mark.parametrize("kind", ["none", "ngram", "eagle3", "draft_random"])
+@pytest.mark.parametrize("kind", ["none", "ngram", "eagle3", "draft_random", "draft_same"])
 def test_greedy_outputs_equal_plain_guided_decoding(tiny_models: TinyModels, tok: Any,
                                                     guide: CompiledGuide, kind: str) -> None:
     plain = SpecDecoder(tiny_models.target)
