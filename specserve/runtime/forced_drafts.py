@@ -29,7 +29,9 @@ step. Like Predicted Outputs' overlay, the merge keeps no state and the proposer
 consistent through its ``update`` (EAGLE-3 keeps the verify forward's captured states of the
 kept tokens; the draft model's KV holds verified tokens only, and it drafts through
 :class:`~specserve.runtime.grammar.DraftGuide`, so its drafts at forced positions are the forced
-tokens). Rows with a prediction keep its drafts; tree proposals are left as they are.
+tokens; a row whose chain is shorter than the batch's longest has draft K/V of the draft's
+own tokens past it, which may differ from accepted jump tokens: slower drafting there, never
+another output). Rows with a prediction keep its drafts; tree proposals are left as they are.
 """
 
 from __future__ import annotations
