@@ -42,6 +42,9 @@ class GenerationResult:
     # prediction drafts accepted by verification; the prediction's length minus that
     accepted_prediction_tokens: int | None = None
     rejected_prediction_tokens: int | None = None
+    # structured output with grammar-forced drafts (runtime/forced_drafts.py): drafts the
+    # grammar proposed (forced or jump-forward tokens) that verification accepted
+    accepted_forced_tokens: int = 0
 
     @property
     def cum_logprob(self) -> float:
@@ -55,7 +58,7 @@ class RowOutput:
     its finish reason ("" while it runs on), this step's acceptance stats (empty after a
     prefill), the row's first/last token times, its draft length for the next step (adaptive;
     None: unset), the emitted tokens' kept logits and log-probabilities (when asked), and the
-    prediction drafts accepted this step."""
+    prediction drafts accepted this step and the grammar-forced drafts accepted this step."""
 
     tokens: tuple[int, ...]
     finish: str
@@ -67,6 +70,7 @@ class RowOutput:
     logprobs: tuple[float, ...]
     top_logprobs: tuple[list[tuple[int, float]], ...]
     predicted: int
+    forced: int = 0
 
 
 class Batch:
@@ -102,6 +106,8 @@ class Batch:
         self.pred = [[0] for _ in range(n)]  # per row: prediction drafts accepted (one cell)
         self.predicted: set[int] = set()  # rows whose drafts came from their prediction (step)
         self.base = [0] * n  # outputs' lengths before this step (a detach batch)
+        self.forced = [0] * n  # per row: grammar-forced drafts accepted
+        self.forced_at: dict[int, list[int]] = {}  # per row: its forced drafts' indices (step)
         # structured output: each guided row's grammar matcher (runtime/grammar.py)
         self.guides: list[GuideMatcher | None] = [
             None if p.guide is None else p.guide.matcher(sorted(p.stop_ids)) for p in params]
@@ -128,6 +134,7 @@ class Batch:
         st.want = [p.want[0] for p in parts]
         st.lps, st.tops = [[] for _ in parts], [[] for _ in parts]
         st.pred, st.predicted = [[0] for _ in parts], set()
+        st.forced, st.forced_at = [0] * len(parts), {}
         # the parts' own matchers, like their generators: a step advances each guided row's
         # grammar state by exactly the tokens its RowOutput carries (rejections rolled back)
         st.guides = [p.guides[0] for p in parts]
@@ -140,7 +147,8 @@ class Batch:
                           self.finish[b] if self.done[b] else "", self.stats[b],
                           self.first[b], self.last[b], self.k[b] if self.k else None,
                           tuple(self.logits[b]) if self.logits is not None else (),
-                          tuple(self.lps[b]), tuple(self.tops[b]), self.pred[b][0])
+                          tuple(self.lps[b]), tuple(self.tops[b]), self.pred[b][0],
+                          self.forced[b])
                 for b in range(len(self.seqs))]
 
     def apply(self, r: RowOutput) -> None:
@@ -157,6 +165,7 @@ class Batch:
         self.lps[0].extend(r.logprobs)
         self.tops[0].extend(r.top_logprobs)
         self.pred[0][0] += r.predicted
+        self.forced[0] += r.forced
 
     def keep_logits(self, want: list[bool]) -> None:
         """Keep the logits of emitted tokens for the rows that want them (opt-in)."""
@@ -192,13 +201,19 @@ class Batch:
                                 list(self.lps[b]) if want_lp else None,
                                 list(self.tops[b]) if want_lp else None,
                                 acc if p.prediction else None,
-                                max(len(p.prediction) - acc, 0) if p.prediction else None)
+                                max(len(p.prediction) - acc, 0) if p.prediction else None,
+                                self.forced[b])
 
     def result_logits(self, b: int, vocab: int) -> torch.Tensor | None:
         if self.logits is None or not self.want[b]:
             return None
         rows = self.logits[b]
         return torch.cat(rows) if rows else torch.zeros(0, vocab)
+
+    def count_forced(self, b: int, accepted: int) -> None:
+        """Row b's step accepted (and emitted) its first ``accepted`` drafts: count the
+        grammar-forced ones among them."""
+        self.forced[b] += sum(j < accepted for j in self.forced_at.get(b, ()))
 
     def active(self) -> list[int]:
         return [b for b, d in enumerate(self.done) if not d]

@@ -39,6 +39,7 @@ import torch
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
 from specserve.runtime.draft_policy import DraftLenPolicy, step_clock
+from specserve.runtime.forced_drafts import ForcedDrafts
 from specserve.runtime.grammar import DraftGuide, GuidedStep
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Forward, Transformer
@@ -89,7 +90,8 @@ class SpecDecoder:
 
     def __init__(self, target: Transformer, proposer: Proposer | None = None,
                  adaptive_draft_len: bool = False, schedule: DraftSchedule | None = None,
-                 draft_policy: DraftLenPolicy | None = None) -> None:
+                 draft_policy: DraftLenPolicy | None = None,
+                 forced: ForcedDrafts | None = None) -> None:
         """``adaptive_draft_len``: per sequence, draft up to 2 more tokens after a step that
         accepted everything and 1 fewer (at least 1) after a rejection, within the proposer's
         ``max_draft_len`` (the schedule of HF's assisted generation; chain proposers only).
@@ -97,13 +99,16 @@ class SpecDecoder:
         0 = none) from the number of sequences in each step (:mod:`specserve.spec.schedule`).
         ``draft_policy``: the draft length per step (0 included) from measured acceptance and
         step cost (:mod:`specserve.runtime.draft_policy`; chain proposers), within the
-        schedule's budget and each request's cap. Lossless either way; all off by default so
+        schedule's budget and each request's cap. ``forced``: structured output's
+        grammar-forced tokens as drafts, merged with the proposer's
+        (:mod:`specserve.runtime.forced_drafts`). Lossless either way; all off by default so
         that K is what was asked for."""
         self.target = target
         self.proposer = proposer
         self.adaptive_draft_len = adaptive_draft_len
         self.schedule = schedule
         self.draft_policy = draft_policy
+        self.forced = forced
         self.device = target.device
         self._cache: KVCache | None = None
         self._lock = threading.Lock()  # one generate() at a time: the KV cache is reused
@@ -318,18 +323,20 @@ class SpecDecoder:
         prop = None if p is None else p.get_proposal(
             ProposalRequest(st.seqs, limits, st.params, st.gens, budget, chain_only, guide))
         t1 = clock()
+        drafted = max(prop.counts, default=0) if isinstance(prop, ChainProposal) else 0
         if policy is not None and isinstance(prop, ChainProposal):
             limits = policy.trim(st, prop.counts, limits)
         st.predicted = set()
         if predicting:
             prop, limits = self._predict(st, prop, limits, predicting)
+        if self.forced is not None and any(st.guides) and not isinstance(prop, TreeProposal):
+            prop, limits = self.forced.merge(st, prop, limits, self.device)
         if isinstance(prop, TreeProposal):
             tree_step(self.target, st, cache, prop, on_step)
             return
         before = DraftLenPolicy.snapshot(st) if policy is not None else []
         chain_step(self.target, st, cache, prop, limits, on_step, self.adaptive_draft_len)
         if policy is not None:
-            drafted = 0 if prop is None else max(prop.counts, default=0)
             width = 0 if prop is None else max(
                 (min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)), default=0)
             policy.observe(st, before, len(st.seqs), width, drafted, t1 - t0,

@@ -26,6 +26,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -140,6 +141,16 @@ class CompiledGuide:
         stop tokens when given."""
         return GuideMatcher(self, sorted(stop_ids))
 
+    @cached_property
+    def pieces(self) -> dict[bytes, list[int]]:
+        """Each vocabulary piece's bytes -> its token ids (below ``vocab_size``; xgrammar's
+        ``TokenizerInfo.decoded_vocab``): how a forced string maps back to tokens."""
+        out: dict[bytes, list[int]] = {}
+        for i, piece in enumerate(self.grammar.tokenizer_info.decoded_vocab[:self.vocab_size]):
+            if piece:
+                out.setdefault(bytes(piece), []).append(i)
+        return out
+
 
 class GuideMatcher:
     """One sequence's grammar state over its generated tokens."""
@@ -147,7 +158,7 @@ class GuideMatcher:
     def __init__(self, guide: CompiledGuide, stop_ids: list[int]) -> None:
         import xgrammar as xgr
 
-        self.vocab_size = guide.vocab_size
+        self.guide, self.vocab_size = guide, guide.vocab_size
         self._m = xgr.GrammarMatcher(guide.grammar, override_stop_tokens=stop_ids or None)
         self._bitmask = xgr.allocate_token_bitmask(1, guide.vocab_size)  # [1, W] int32
 
@@ -169,6 +180,13 @@ class GuideMatcher:
         if not self._m.accept_token(int(token)):
             raise RuntimeError(f"grammar matcher: token {token} was emitted outside the grammar")
 
+    def jump_forward(self) -> bytes:
+        """The string the grammar forces next, UTF-8 (xgrammar's ``find_jump_forward_string``;
+        b"" when nothing is forced or a stop token was accepted)."""
+        if self.terminated:
+            return b""
+        return str(self._m.find_jump_forward_string()).encode()
+
     def rollback(self, n: int) -> None:
         if n:
             self._m.rollback(n)
@@ -176,7 +194,7 @@ class GuideMatcher:
     def fork(self) -> GuideMatcher:
         """An independent copy of this state (xgrammar's ``GrammarMatcher.fork``)."""
         new = GuideMatcher.__new__(GuideMatcher)
-        new.vocab_size, new._m = self.vocab_size, self._m.fork()
+        new.guide, new.vocab_size, new._m = self.guide, self.vocab_size, self._m.fork()
         new._bitmask = self._bitmask.clone()
         return new
 

@@ -121,6 +121,7 @@ def chain_step(target: Transformer, st: Batch, cache: KVCache, prop: ChainPropos
         st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
         if b in st.predicted:
             st.pred[b][0] += min(len(toks) - 1, len(new))
+        st.count_forced(b, min(len(toks) - 1, len(new)))
         deliver(st, b, new, on_step)
         if adaptive and counts[b]:
             grow = len(toks) - 1 == counts[b]
