@@ -65,6 +65,9 @@ class BuildConfig(JsonConfig):
     draft_window: int | None = None  # torch backend, --draft: the draft attends its last N keys
     # torch backend: "adaptive" (None: the default) picks k per step; "fixed" keeps max_draft_len
     draft_len_policy: str | None = None
+    # torch backend: grammar-forced tokens as drafts under structured output (None: on for a
+    # speculative engine; the no-speculation baseline stays plain)
+    forced_drafts: bool | None = None
     # --- the PyTorch route only (specserve.build.llmapi) ---
     eagle3: str | None = None  # EAGLE-3 head directory
     eagle_choices: tuple[tuple[int, ...], ...] | None = None  # static EAGLE-3 tree
@@ -214,6 +217,9 @@ class BuildConfig(JsonConfig):
         if self.draft_len_policy not in (None, "adaptive", "fixed"):
             raise SpecserveError(f"--draft-len-policy {self.draft_len_policy!r}: adaptive or "
                                  "fixed")
+        if self.forced_drafts is not None and self.backend != "torch":
+            raise SpecserveError("--forced-drafts / --no-forced-drafts: the reference "
+                                 "decoder's (--backend torch)")
         if self.draft_len_policy is not None and self.backend != "torch":
             raise SpecserveError("--draft-len-policy: the reference decoder's (--backend "
                                  "torch); TensorRT-LLM's own is --draft-len-schedule")

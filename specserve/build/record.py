@@ -78,6 +78,8 @@ def cli_argv(cfg: BuildConfig) -> list[str]:
         argv += ["--draft-window", str(cfg.draft_window)]
     if cfg.draft_len_policy:
         argv += ["--draft-len-policy", cfg.draft_len_policy]
+    if cfg.forced_drafts is not None:
+        argv += ["--forced-drafts" if cfg.forced_drafts else "--no-forced-drafts"]
     return argv + _pytorch_argv(cfg) + ["--out", cfg.out]
 
 
@@ -143,6 +145,8 @@ def make_record(cfg: BuildConfig, commands: list[list[str]],
         rec["draft_len_schedule"] = DraftSchedule.parse(cfg.draft_len_schedule).text()
     if cfg.draft_len_policy:  # read by runtime/engine.py (absent: adaptive)
         rec["draft_len_policy"] = cfg.draft_len_policy
+    if cfg.forced_drafts is not None:  # read by runtime/engine.py (absent: on if speculative)
+        rec["forced_drafts"] = cfg.forced_drafts
     if cfg.draft_window:  # read by runtime/engine.py (absent: the whole context)
         rec["draft_window"] = cfg.draft_window
     if cfg.lookahead is not None:  # read by triton/params.py (the lookahead_* parameters)

@@ -162,6 +162,10 @@ def _text(summary: dict[str, Any]) -> str:
               help="Torch backend: 'adaptive' [default] picks the draft length per step (0 "
                    "included) from measured acceptance and step cost, so speculation is off "
                    "where it does not pay; 'fixed' drafts --max-draft-len every step.")
+@click.option("--forced-drafts/--no-forced-drafts", default=None,
+              help="Torch backend: under structured output, the tokens the grammar forces are "
+                   "drafts too, merged with the proposer's [default: on for a speculative "
+                   "engine]. Lossless.")
 @click.option("--draft-window", type=int, metavar="N",
               help="--draft, torch backend: the draft model attends only the last N positions "
                    "of the shortest running row when it proposes (lossless: the target "
@@ -203,7 +207,7 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
             tp_size: int, pp_size: int, max_batch_size: int, max_input_len: int | None,
             max_seq_len: int | None, max_draft_len: int | None, medusa_choices: str | None,
             draft_len_schedule: str | None, draft_len_policy: str | None,
-            draft_window: int | None,
+            forced_drafts: bool | None, draft_window: int | None,
             eagle_choices: str | None,
             dynamic_tree_top_k: int | None, max_total_draft_tokens: int | None,
             ngram_size: int | None, max_num_tokens: int | None, kv_cache_fraction: float | None,
@@ -236,6 +240,7 @@ def command(model: str, medusa: str | None, draft: str | None, ngram: bool, eagl
         max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, medusa_choices=_choices(medusa_choices),
         draft_len_schedule=draft_len_schedule, draft_len_policy=draft_len_policy,
+        forced_drafts=forced_drafts,
         draft_window=draft_window, lookahead=lookahead,
         eagle_choices=_choices(eagle_choices, "eagle"),
         dynamic_tree_top_k=dynamic_tree_top_k, max_total_draft_tokens=max_total_draft_tokens,

@@ -55,6 +55,7 @@ def load_engine(engine_dir: str | Path, device: str = "cpu") -> LoadedEngine:
         draft_min_confidence=float(rec.get("draft_min_confidence") or 0.0),
         draft_len_schedule=rec.get("draft_len_schedule") or None,  # load-aware (optional)
         draft_len_policy=rec.get("draft_len_policy") or "adaptive",
+        forced_drafts=mode != "none" and rec.get("forced_drafts") is not False,
         draft_window=int(rec.get("draft_window") or 0),  # windowed draft (optional)
     )
     tok_dir = d / "tokenizer" if (d / "tokenizer").is_dir() else d / "target"

@@ -19,6 +19,7 @@ from specserve.errors import SpecserveError
 from specserve.runtime.checkpoint import load_medusa_heads
 from specserve.runtime.decoder import SpecDecoder
 from specserve.runtime.draft_policy import DraftLenPolicy
+from specserve.runtime.forced_drafts import ForcedDrafts
 from specserve.runtime.model import load_model
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.proposers import (
@@ -78,6 +79,7 @@ def build_decoder(
     draft_dtype: str | None = None,
     draft_len_schedule: str | None = None,
     draft_len_policy: str = "fixed",
+    forced_drafts: bool = False,
     draft_window: int = 0,
     eagle3_dir: str | Path | None = None,
     eagle_choices: str | list[list[int]] | None = None,
@@ -92,9 +94,11 @@ def build_decoder(
     ``draft_len_schedule`` ("1:4,8:2,16:0"): load-aware draft budget by batch size
     (:mod:`specserve.spec.schedule`). ``draft_len_policy`` "adaptive": the draft length per
     step from measured acceptance and step cost (:mod:`specserve.runtime.draft_policy`); "fixed":
-    ``max_draft_len`` (within the schedule). ``draft_window`` > 0: the draft model proposes from the
-    last ``draft_window`` keys (:attr:`DraftModelProposer.window`). ``eagle_choices`` (brace
-    or list form): a static EAGLE-3 tree instead of the chain of ``max_draft_len``."""
+    ``max_draft_len`` (within the schedule). ``forced_drafts``: structured output's
+    grammar-forced tokens as drafts (:mod:`specserve.runtime.forced_drafts`).
+    ``draft_window`` > 0: the draft model proposes from the last ``draft_window`` keys
+    (:attr:`DraftModelProposer.window`). ``eagle_choices`` (brace or list form): a static
+    EAGLE-3 tree instead of the chain of ``max_draft_len``."""
     if not 0.0 <= draft_min_confidence <= 1.0:
         raise SpecserveError(f"draft_min_confidence must be in [0, 1], got {draft_min_confidence}")
     if draft_window < 0 or (draft_window and draft_dir is None):
@@ -134,7 +138,8 @@ def build_decoder(
         raise SpecserveError(f"draft_len_policy {draft_len_policy!r}: adaptive or fixed")
     policy = DraftLenPolicy() if draft_len_policy == "adaptive" else None
     return SpecDecoder(target, proposer, adaptive_draft_len=adaptive_draft_len,
-                       schedule=schedule, draft_policy=policy)
+                       schedule=schedule, draft_policy=policy,
+                       forced=ForcedDrafts() if forced_drafts else None)
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:

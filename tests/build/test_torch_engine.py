@@ -192,3 +192,18 @@ def test_draft_len_policy_is_adaptive_by_default_and_recorded(tiny_ckpt: TinyChe
                                       "--backend", "trtllm", "--draft-len-policy", "fixed",
                                       "--out", str(tmp_path / "t")])
     assert result.exit_code == 2 and "--draft-len-policy" in result.output, result.output
+
+
+def test_forced_drafts_are_on_for_a_speculative_engine_only(tiny_ckpt: TinyCheckpoint,
+                                                            tmp_path: Path) -> None:
+    spec = tmp_path / "spec"
+    build(tiny_ckpt, spec, "--ngram")
+    assert load_engine(spec).decoder.forced is not None
+    off = tmp_path / "off"
+    build(tiny_ckpt, off, "--ngram", "--no-forced-drafts")
+    assert json.loads((off / "build_config.json").read_text())["forced_drafts"] is False
+    assert load_engine(off).decoder.forced is None
+    from specserve.serving.engine import load_decoder
+
+    baseline, _, _ = load_decoder(str(spec), speculation=False)  # the no-speculation baseline
+    assert baseline.forced is None and baseline.draft_policy is None
