@@ -317,3 +317,25 @@ def test_after_a_tree_step_the_head_gets_the_kept_paths_states_in_order(
         prop.update(StepOutcome(torch.zeros(1, len(TREE) + 1, 1), [5], [2],
                                 [prompt + [9, 40, 41, 42]], paths=[[0, 2, 5]], aux=aux))
         assert torch.equal(prop.feats[0], head.fuse(aux[0, [0, 2, 5]]))
+
+
+def test_a_long_newcomer_beside_a_long_row_fits_the_head_cache(tiny_models: TinyModels) -> None:
+    """The head's catch-up pads every row to the newcomer's whole prompt: a row near max_len
+    beside a 40-token newcomer overflowed the head's cache (in flight, c = 16 on the real
+    model); outputs stay those of each request alone."""
+    from specserve.runtime.scheduler import Scheduler
+
+    def proposer() -> Eagle3Proposer:
+        return Eagle3Proposer(random_head(tiny_models.target, seed=4, scale=0.05),
+                              max_draft_len=4)
+
+    sch = Scheduler(SpecDecoder(tiny_models.target, proposer()), 2, max_len=64)
+    long = sch.submit([5] * 4, SamplingParams(max_tokens=58))
+    for _ in range(40):
+        sch.step()
+    late = sch.submit(list(range(10, 50)), SamplingParams(max_tokens=4))
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target, proposer())
+    for h, (p, n) in ((long, ([5] * 4, 58)), (late, (list(range(10, 50)), 4))):
+        assert h.result is not None
+        assert h.result.token_ids == alone.generate([p], SamplingParams(max_tokens=n))[0].token_ids

@@ -77,7 +77,10 @@ class Eagle3Proposer(ChainProposer):
         return self.max_draft_len if self.tree is None else self.tree.num_nodes
 
     def _need(self, max_len: int) -> int:
-        return max_len + self.lookahead + 2
+        """The head cache's length: a catch-up pads every row to the longest backlog (a
+        newcomer's whole prompt, or the steps drafted with k = 0), written past each row's own
+        length, so a row near ``max_len`` needs room for up to ``max_len`` more."""
+        return 2 * max_len + self.lookahead + 2
 
     def start(self, prompts: list[list[int]], max_len: int) -> None:
         b = len(prompts)
