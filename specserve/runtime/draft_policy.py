@@ -98,6 +98,7 @@ class DraftLenPolicy:
     EWMA = 0.1  # timing averages: weight of the newest step
     PROBE_GAPS = (4, 8, 16, 32, 64)
     MARGIN = 0.05  # speculate where the estimate says it pays by more than its own error
+    Z = 1.0  # each row's acceptance taken one standard error low
 
     def __init__(self, cost: StepCost | None = None) -> None:
         self.cost = cost  # None: measured on first use
@@ -133,7 +134,7 @@ class DraftLenPolicy:
         for b in rows:
             h, s = st.history[b], st.stats[b]
             out.append(row_alpha(h.accepted_tokens + s.accepted_tokens,
-                                 h.rejected_steps + s.rejected_steps, self.alpha))
+                                 h.rejected_steps + s.rejected_steps, self.alpha, z=self.Z))
         return out
 
     def _choose(self, st: Batch, caps: list[int], k_max: int, draft_cost: float,

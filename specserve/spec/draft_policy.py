@@ -38,10 +38,14 @@ def chain_expected_tokens(alpha: float, k: int) -> float:
     return float(sum(alpha ** i for i in range(k + 1)))
 
 
-def row_alpha(accepted: int, rejected: int, prior: float, weight: float = 4.0) -> float:
+def row_alpha(accepted: int, rejected: int, prior: float, weight: float = 4.0,
+              z: float = 0.0) -> float:
     """A row's acceptance rate: its ``accepted`` drafts and ``rejected`` steps (steps that
-    rejected a draft), with ``weight`` pseudo-trials at ``prior``."""
-    return (accepted + weight * prior) / (accepted + rejected + weight)
+    rejected a draft), with ``weight`` pseudo-trials at ``prior``; ``z`` > 0: that many
+    standard errors below the estimate (a lower bound: few trials, little trust)."""
+    n = accepted + rejected + weight
+    mean = (accepted + weight * prior) / n
+    return max(mean - z * (mean * (1 - mean) / n) ** 0.5, 0.0)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ def test_row_alpha_shrinks_towards_the_prior() -> None:
     assert row_alpha(0, 0, 0.6) == pytest.approx(0.6)
     assert row_alpha(90, 10, 0.5) == pytest.approx(92 / 104)
     assert row_alpha(0, 8, 0.5, weight=4) == pytest.approx(2 / 12)
+    low = row_alpha(3, 1, 0.5, z=1.0)  # mean 5/8 over 8 trials, one standard error low
+    assert low == pytest.approx(5 / 8 - (5 / 8 * 3 / 8 / 8) ** 0.5)
 
 
 def test_memory_bound_steps_draft_the_most() -> None:
