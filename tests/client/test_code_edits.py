@@ -155,3 +155,17 @@ def test_no_function_is_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ce, "stdlib_functions", lambda: [])
     with pytest.raises(SpecserveError, match="no qualifying function"):
         build_code_edits(None)
+
+
+def test_prompts_command_writes_the_set(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from specserve.cli.main import cli
+
+    he, out = _humaneval(tmp_path / "he.jsonl.gz"), tmp_path / "edits.jsonl"
+    res = CliRunner().invoke(cli, ["prompts", "--code-edits", "--humaneval", str(he),
+                                   "--per-category", "4", "--out", str(out), "--format", "json"])
+    assert res.exit_code == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["sources"] == {"stdlib": 4, "humaneval": 1} and summary["records"] == 5
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 5
