@@ -14,7 +14,9 @@ submit time) and its ratio to the same engine without the prediction; the table 
 median and range of the ratios over records. Checks: every output equals plain decoding's
 token for token; ``accepted_prediction_tokens`` equals the client's own recount from the emitted
 tokens and the prediction (:mod:`specserve.client.prediction_usage`); the edit rate is how many
-answers made the asked edit (and made nothing else: the reference edit's syntax tree).
+answers made the asked edit (and made nothing else: the reference edit's syntax tree). The JSON
+is rewritten after every record; ``--offset``/``--records`` split the set over processes and
+``--summarize A.json B.json`` prints the table of the parts joined.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/predicted_edits.py --chunks 16,8,4 \\
         --json reports/predicted-edits.json
@@ -128,39 +130,36 @@ def _summary(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
     return lines
 
 
-def _edits(rows: list[dict[str, Any]], recs: list[Any], tok: Any) -> str:
-    from collections import Counter
-
+def _mark_edit(row: dict[str, Any], rec: Any, tok: Any) -> None:
     from specserve.client.code_edits import edit_made, same_as_reference
+
+    text = tok.decode(row["output"], skip_special_tokens=True)
+    row["edit_made"] = edit_made(text, rec.edit)
+    row["same_as_reference"] = same_as_reference(text, rec)
+
+
+def _edits(rows: list[dict[str, Any]]) -> str:
+    from collections import Counter
 
     made: Counter[str] = Counter()
     exact: Counter[str] = Counter()
     total: Counter[str] = Counter()
-    for row, rec in zip(rows, recs, strict=True):
-        text = tok.decode(row["output"], skip_special_tokens=True)
-        row["edit_made"] = edit_made(text, rec.edit)
-        row["same_as_reference"] = same_as_reference(text, rec)
-        for key in (rec.edit.kind, "all"):
+    for row in rows:
+        for key in (row["kind"], "all"):
             total[key] += 1
             made[key] += row["edit_made"]
             exact[key] += row["same_as_reference"]
-    return "edit made (exactly the reference edit): " + ", ".join(
+    return "edit made (and nothing else: the reference edit): " + ", ".join(
         f"{k} {made[k]}/{total[k]} ({exact[k]})" for k in sorted(total))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "smollm2")
-    ap.add_argument("--humaneval", type=Path,
-                    default=ROOT / ".cache" / "data" / "HumanEval.jsonl.gz")
-    ap.add_argument("--per-source", type=int, default=24)
-    ap.add_argument("--records", type=int, default=0, help="only the first N (0: all)")
-    ap.add_argument("--k", type=int, default=4, help="n-gram drafts per step")
-    ap.add_argument("--chunks", default="16", help="prediction drafts per step, comma-separated")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", type=Path, default=None)
-    a = ap.parse_args()
+def report(rows: list[dict[str, Any]]) -> str:
+    """The table and the edit rate of per-record ``rows`` (one run's, or shards' joined)."""
+    keys = [k for k, v in rows[0].items() if isinstance(v, dict) and all(k in r for r in rows)]
+    return "\n".join([f"{len(rows)} code edits, c=1, T=0", *_summary(rows, keys), _edits(rows)])
 
+
+def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
     from transformers import AutoTokenizer
 
@@ -170,23 +169,44 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     tok = AutoTokenizer.from_pretrained(str(a.model))
     recs = build_code_edits(a.humaneval if a.humaneval.is_file() else None, a.per_source)
-    recs = recs[:a.records] if a.records else recs
+    recs = recs[a.offset:a.offset + a.records] if a.records else recs[a.offset:]
     cases, decs = _cases(recs, tok), _decoders(a.model, a.k)
     chunks = [int(c) for c in a.chunks.split(",")]
     for d in decs.values():  # warm-up
         d.generate([cases[0].ids], SamplingParams(max_tokens=8))
     rows = []
-    for i, case in enumerate(cases):
+    for i, (case, rec) in enumerate(zip(cases, recs, strict=True)):
         rows.append(_record(case, decs, chunks, a.k, tok.eos_token_id))
+        _mark_edit(rows[-1], rec, tok)
+        if a.json is not None:  # after every record: a long run stopped keeps what it measured
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         print(f"record {i + 1}/{len(cases)} {case.source} done", flush=True)
-    keys = [k for k in rows[0] if k not in ("source", "kind", "output")]
-    print(f"{len(rows)} code edits, c=1, T=0, {a.threads} thread(s), "
-          f"{platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d')}")
-    print("\n".join(_summary(rows, keys)))
-    print(_edits(rows, recs, tok))
-    if a.json is not None:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "smollm2")
+    ap.add_argument("--humaneval", type=Path,
+                    default=ROOT / ".cache" / "data" / "HumanEval.jsonl.gz")
+    ap.add_argument("--per-source", type=int, default=24)
+    ap.add_argument("--offset", type=int, default=0, help="skip the first N records")
+    ap.add_argument("--records", type=int, default=0, help="only N records (0: all)")
+    ap.add_argument("--k", type=int, default=4, help="n-gram drafts per step")
+    ap.add_argument("--chunks", default="16", help="prediction drafts per step, comma-separated")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None, help="per-record results (JSON)")
+    ap.add_argument("--summarize", type=Path, nargs="+", default=None,
+                    help="measure nothing: the table of these --json files joined (shards)")
+    a = ap.parse_args()
+    if a.summarize:
+        rows = [r for f in a.summarize for r in json.loads(f.read_text(encoding="utf-8"))]
+    else:
+        rows = _measure(a)
+        print(f"{a.threads} thread(s), {platform.processor() or platform.machine()}, "
+              f"{time.strftime('%Y-%m-%d')}")
+    print(report(rows))
 
 
 if __name__ == "__main__":
