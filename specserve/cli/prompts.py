@@ -25,11 +25,16 @@ from specserve.cli._output import FORMAT_OPTION, emit
               file_okay=False), default=None,
               help="A model directory whose chat template renders each prompt into the text a "
                    "completion door (Triton text_input, /v1/completions) is sent.")
+@click.option("--code-edits", is_flag=True,
+              help="Write the code-edit set of Predicted Outputs instead: --per-category edit "
+                   "requests on standard-library functions, as many on HumanEval's canonical "
+                   "solutions with --humaneval (specserve/client/code_edits.py).")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), required=True,
               help="JSONL file to write (messages, or templated text, and category per line).")
 @FORMAT_OPTION
 def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_category: int,
-            max_tokens: int | None, template_dir: Path | None, out: Path, fmt: str) -> None:
+            max_tokens: int | None, template_dir: Path | None, code_edits: bool, out: Path,
+            fmt: str) -> None:
     """Pick up to --per-category prompts of each category (code, maths, extraction, writing,
     qa, humaneval) by the rule in specserve/client/chat_sets.py, from the --split half
     (a hash of the text decides: held-out prompts are never trained on). `specserve bench
@@ -41,12 +46,17 @@ def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_categ
           --humaneval .cache/data/HumanEval.jsonl.gz --out .cache/data/chat-heldout.jsonl
       specserve prompts --sharegpt sg.json --split train --per-category 200 --out train.jsonl
       specserve prompts --sharegpt sg.json --chat-template checkpoints/smollm2 --out text.jsonl
+      specserve prompts --code-edits --humaneval .cache/data/HumanEval.jsonl.gz \\
+          --per-category 24 --out .cache/data/code-edits.jsonl
     """
     from specserve.client.chat_sets import ChatSetConfig, chat_set, templated
     from specserve.client.datasets import dump_jsonl
     from specserve.config import write_text_atomic
     from specserve.errors import SpecserveError
 
+    if code_edits:
+        _code_edits(humaneval, per_category, out, fmt)
+        return
     if sharegpt is None and humaneval is None:
         raise SpecserveError("give --sharegpt and/or --humaneval")
     prompts = chat_set(ChatSetConfig(sharegpt, humaneval, split, per_category, max_tokens))
@@ -61,3 +71,18 @@ def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_categ
 
     emit({"out": str(out), "prompts": len(prompts), "split": split, "categories": counts},
          fmt, text)
+
+
+def _code_edits(humaneval: Path | None, per_source: int, out: Path, fmt: str) -> None:
+    from specserve.client.code_edits import build_code_edits, write_jsonl
+
+    recs = build_code_edits(humaneval, per_source)
+    write_jsonl(recs, out)
+    kinds = dict(collections.Counter(r.edit.kind for r in recs))
+    sources = dict(collections.Counter(r.source.split(":")[0] for r in recs))
+
+    def text(d: dict[str, Any]) -> str:
+        per = ", ".join(f"{k} {v}" for k, v in d["kinds"].items())
+        return f"wrote {d['out']}: {d['records']} code edits ({per})"
+
+    emit({"out": str(out), "records": len(recs), "kinds": kinds, "sources": sources}, fmt, text)

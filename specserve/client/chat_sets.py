@@ -132,17 +132,26 @@ def sharegpt_turns(path: Path) -> Iterator[str]:
             yield first.strip()
 
 
-def humaneval_turns(path: Path) -> Iterator[str]:
-    """HumanEval problems as chat requests (``HumanEval.jsonl.gz`` or plain ``.jsonl``)."""
+def humaneval_problems(path: Path) -> Iterator[dict[str, str]]:
+    """HumanEval problems (``task_id``, ``prompt``, ``canonical_solution``, ...) in file order,
+    from ``HumanEval.jsonl.gz`` or plain ``.jsonl``."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    prompt = json.loads(line)["prompt"]
-                    yield f"Complete this Python function.\n\n```python\n{prompt}```"
-    except (OSError, ValueError, KeyError) as e:
+                    problem = json.loads(line)
+                    if not isinstance(problem, dict) or not isinstance(problem.get("prompt"), str):
+                        raise ValueError("an entry without a prompt")
+                    yield problem
+    except (OSError, ValueError) as e:
         raise SpecserveError(f"{path}: cannot read HumanEval JSONL ({e})") from None
+
+
+def humaneval_turns(path: Path) -> Iterator[str]:
+    """HumanEval problems as chat requests (``HumanEval.jsonl.gz`` or plain ``.jsonl``)."""
+    for problem in humaneval_problems(path):
+        yield f"Complete this Python function.\n\n```python\n{problem['prompt']}```"
 
 
 @dataclass(frozen=True)
