@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="the adaptive policy's longest chain")
     ap.add_argument("--fixed", default="1,2,4", help="fixed draft lengths to compare")
     ap.add_argument("--fixed-above-c1", default="4", help="fixed K beyond c = 1 (fewer runs)")
+    ap.add_argument("--only", help="comma-separated configurations (plain always runs)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -134,6 +135,8 @@ def main() -> None:
     for c in conc:
         fixed = [int(x) for x in (args.fixed_above_c1 if c > 1 else args.fixed).split(",")]
         for name, (make, adaptive) in _configs(args, target, fixed).items():
+            if args.only and name != "plain" and name not in args.only.split(","):
+                continue
             policy = DraftLenPolicy(cost) if adaptive else None
             r = _run(target, make(), policy, prompts, c, args.requests_per_client,
                      args.max_tokens, eot)

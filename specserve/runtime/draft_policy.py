@@ -13,7 +13,7 @@ objective; this module feeds it and keeps its state).
   included); after proposing, greedy rows' drafts cut again by the same choice over what was
   proposed (n-gram rows without a match), the proposal now paid for. While k = 0 is chosen, a
   probe step at k = 1 now and then (every 4th such step, backing off to every 64th) keeps the
-  estimates fresh.
+  estimates fresh, unless even an accepted draft would not pay at that load.
 - Times are the step's own CPU time where it runs on one CPU thread (:func:`step_clock`).
 - Rows the policy leaves alone: sampled rows with a ``seed`` keep their configured length, so a
   seed gives the same text whatever the load (rejection sampling's draws depend on k).
@@ -138,13 +138,15 @@ class DraftLenPolicy:
         return out
 
     def _choose(self, st: Batch, caps: list[int], k_max: int, draft_cost: float,
-                fixed: Callable[[Batch, int], bool]) -> DraftLenChoice:
-        """The best k for the rows ``fixed`` does not hold at their cap."""
+                fixed: Callable[[Batch, int], bool], perfect: bool = False) -> DraftLenChoice:
+        """The best k for the rows ``fixed`` does not hold at their cap (``perfect``: as if
+        every draft were accepted)."""
         assert self.cost is not None
         act = [b for b in st.active() if caps[b] > 0]
         free, held = [b for b in act if not fixed(st, b)], [b for b in act if fixed(st, b)]
         pins = list(zip(self.row_alphas(st, held), [caps[b] for b in held], strict=True))
-        return choose_draft_len(self.row_alphas(st, free), [caps[b] for b in free], pins,
+        alphas = [1.0] * len(free) if perfect else self.row_alphas(st, free)
+        return choose_draft_len(alphas, [caps[b] for b in free], pins,
                                 len(st.seqs), self.cost, draft_cost, k_max,
                                 self.overheads(k_max), self.MARGIN)
 
@@ -163,7 +165,10 @@ class DraftLenPolicy:
         k_max = max(limits, default=0)
         if k_max == 0:
             return limits
-        k = self._probe(self._choose(st, limits, k_max, self.draft_s, _pinned).k)
+        k = self._choose(st, limits, k_max, self.draft_s, _pinned).k
+        # no probe where even a draft sure to be accepted would not pay at this load
+        if k > 0 or self._choose(st, limits, 1, self.draft_s, _pinned, perfect=True).k > 0:
+            k = self._probe(k)
         return [lim if _pinned(st, b) else min(lim, k) for b, lim in enumerate(limits)]
 
     def trim(self, st: Batch, counts: list[int], limits: list[int]) -> list[int]:
