@@ -96,6 +96,9 @@ class DraftLenPolicy:
 
     DECAY = 0.97  # the engine-wide rate forgets 3% per step
     EWMA = 0.1  # timing averages: weight of the newest step
+    # the proposer's cost follows its last proposals fast: after a run of k = 0 steps a
+    # proposer may catch up on every row's backlog at once (EAGLE-3's head), which is its cost
+    DRAFT_EWMA = 0.5
     PROBE_GAPS = (4, 8, 16, 32, 64)
     MARGIN = 0.05  # speculate where the estimate says it pays by more than its own error
     Z = 1.0  # each row's acceptance taken one standard error low
@@ -205,7 +208,7 @@ class DraftLenPolicy:
         self.acc = self.acc * self.DECAY + acc
         self.rej = self.rej * self.DECAY + rej
         if drafted:
-            self.draft_s += self.EWMA * (propose_s / drafted - self.draft_s)
+            self.draft_s += self.DRAFT_EWMA * (propose_s / drafted - self.draft_s)
         if self.cost is not None and verify_s > 0:
             extra = max(verify_s - self.cost.at(rows * (width + 1)), 0.0)
             old = self.overhead.get(width, extra)
