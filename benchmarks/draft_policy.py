@@ -22,6 +22,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,21 +30,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _prompts(model: Path, data: Path, n: int) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    from specserve.client.datasets import load_dataset
-
-    tok = AutoTokenizer.from_pretrained(str(model))
-    out = []
-    for p in load_dataset(data)[:n]:
-        msgs = [{"role": r, "content": c} for r, c in p.messages]
-        enc: Any = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                           return_dict=True)
-        out.append(list(enc["input_ids"]))
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verify_cost import _prompts  # noqa: E402  (the held-out chat prompts, template applied)
 
 
 def _configs(args: argparse.Namespace, target: Any,
