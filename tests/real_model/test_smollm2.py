@@ -135,3 +135,44 @@ def test_greedy_equals_hf_generate(real: Real, hf_greedy: list[tuple[list[int], 
     print(f"{method}: {len(res) - ties}/{len(res)} equal, {ties} near-ties, tau {tau:.2f}",
           *report, sep="\n  ")
     assert (drafted > 0) == (method != "plain")
+
+
+LOGPROB_TOL = 1e-4
+
+
+@pytest.mark.parametrize(("method", "kw"), _methods()[1:], ids=[m for m, _ in _methods()[1:]])
+def test_logprobs_with_speculation_equal_logprobs_without(real: Real, method: str,
+                                                          kw: dict[str, Any]) -> None:
+    """Each emitted token's log-probability and its top-5 alternatives, with speculation (a
+    fixed K = 4 and the engine's default draft-length policy) against plain decoding: equal
+    within 1e-4 wherever the tokens are the same (greedy: everywhere but at near-ties)."""
+    from specserve.runtime.loader import build_decoder
+    from specserve.runtime.params import SamplingParams
+
+    p = SamplingParams(max_tokens=NEW_TOKENS, logprobs=True, top_logprobs=5)
+    want = build_decoder(real.model).generate(real.prompts, p)
+    for policy in ("fixed", "adaptive"):
+        dec = build_decoder(real.model, max_draft_len=4, draft_len_policy=policy, **kw)
+        worst, compared = 0.0, 0
+        for r, w in zip(dec.generate(real.prompts, p), want, strict=True):
+            assert r.logprobs is not None and w.logprobs is not None
+            assert r.top_logprobs is not None and w.top_logprobs is not None
+            n = next((i for i, (a, b) in enumerate(zip(r.token_ids, w.token_ids, strict=False))
+                      if a != b), min(len(r.token_ids), len(w.token_ids)))
+            for i in range(n):
+                worst = max(worst, abs(r.logprobs[i] - w.logprobs[i]),
+                            _top_difference(r.top_logprobs[i], w.top_logprobs[i]))
+            compared += n
+        print(f"{method} {policy}: {compared} tokens, max |logprob difference| {worst:.2e}")
+        assert compared >= len(real.prompts) * NEW_TOKENS // 2 and worst <= LOGPROB_TOL
+
+
+def _top_difference(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> float:
+    """The largest log-probability difference between two top-k lists; an id in one list only
+    counts by its distance to the other list's last (a tie at the cut), anything else fails."""
+    g, w = dict(got), dict(want)
+    out = max((abs(g[t] - w[t]) for t in g.keys() & w.keys()), default=0.0)
+    for mine, other in ((g, w), (w, g)):
+        for t in mine.keys() - other.keys():
+            out = max(out, abs(mine[t] - min(other.values())))
+    return out
