@@ -230,8 +230,8 @@ def apply_edit(code: str, edit: Edit) -> str:
         return _rename(code, edit.old, edit.new)
     lines = code.splitlines(keepends=True)
     if edit.kind == "add_parameter":
-        end = max((n for n in [*fn.args.args, *fn.args.defaults]),
-                  key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
+        nodes: list[ast.arg | ast.expr] = [*fn.args.args, *fn.args.defaults]
+        end = max(nodes, key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
         return _insert(lines, end.end_lineno or 0, end.end_col_offset or 0,
                        f", {edit.new}=False")
     if edit.kind == "add_docstring":
@@ -329,8 +329,10 @@ def _single_constant(fn: ast.FunctionDef) -> int | float | None:
     it (a user asks to change ``70``, not ``0.9468822170900693``)."""
     counts = _constants(fn)
     for n in _numbers(fn):
-        if counts[n.value] == 1 and counts[_bump(n.value)] == 0 and len(repr(n.value)) <= 6:
-            return n.value  # type: ignore[no-any-return]
+        v = n.value
+        assert isinstance(v, int | float)  # _numbers keeps ints and floats only
+        if counts[v] == 1 and counts[_bump(v)] == 0 and len(repr(v)) <= 6:
+            return v
     return None
 
 

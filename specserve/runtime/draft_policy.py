@@ -101,7 +101,9 @@ class DraftLenPolicy:
     DRAFT_EWMA = 0.5
     PROBE_GAPS = (4, 8, 16, 32, 64)
     MARGIN = 0.05  # speculate where the estimate says it pays by more than its own error
-    Z = 1.0  # each row's acceptance taken one standard error low
+    # each row's acceptance taken up to one standard error low: fully where one draft per row
+    # costs a quarter of a step or more (a wrong guess is dear), less where drafting is cheap
+    Z, STAKE = 1.0, 0.25
 
     def __init__(self, cost: StepCost | None = None) -> None:
         self.cost = cost  # None: measured on first use
@@ -132,13 +134,21 @@ class DraftLenPolicy:
         return self.cost
 
     def row_alphas(self, st: Batch, rows: Sequence[int]) -> list[float]:
-        """Each of ``rows``'s acceptance rate: its request's counts, shrunk to the engine's."""
-        out = []
+        """Each of ``rows``'s acceptance rate: its request's counts, shrunk to the engine's
+        and taken low by :meth:`caution` standard errors."""
+        z, out = self.caution(len(st.seqs)), []
         for b in rows:
             h, s = st.history[b], st.stats[b]
             out.append(row_alpha(h.accepted_tokens + s.accepted_tokens,
-                                 h.rejected_steps + s.rejected_steps, self.alpha, z=self.Z))
+                                 h.rejected_steps + s.rejected_steps, self.alpha, z=z))
         return out
+
+    def caution(self, batch: int) -> float:
+        """Standard errors off each row's acceptance: Z scaled by what one draft per row adds
+        to a step of ``batch`` rows, T(2 batch) / T(batch) - 1, over STAKE."""
+        if self.cost is None:
+            return self.Z
+        return self.Z * min(1.0, (self.cost.ratio(2 * batch, batch) - 1) / self.STAKE)
 
     def _choose(self, st: Batch, caps: list[int], k_max: int, draft_cost: float,
                 fixed: Callable[[Batch, int], bool], perfect: bool = False) -> DraftLenChoice:

@@ -22,6 +22,7 @@ shrink a new row's estimate towards it.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ def row_alpha(accepted: int, rejected: int, prior: float, weight: float = 4.0,
     standard errors below the estimate (a lower bound: few trials, little trust)."""
     n = accepted + rejected + weight
     mean = (accepted + weight * prior) / n
-    return max(mean - z * (mean * (1 - mean) / n) ** 0.5, 0.0)
+    return max(mean - z * math.sqrt(mean * (1 - mean) / n), 0.0)
 
 
 @dataclass(frozen=True)

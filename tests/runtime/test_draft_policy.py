@@ -140,3 +140,9 @@ def test_overhead_is_per_width_and_never_smaller_for_a_wider_step() -> None:
     policy = DraftLenPolicy(FLAT)
     policy.overhead = {0: 0.1, 2: 0.5, 3: 0.2}
     assert policy.overheads(4) == [0.1, 0.1, 0.5, 0.5, 0.5]
+
+
+def test_caution_grows_with_what_a_draft_costs() -> None:
+    policy = DraftLenPolicy(StepCost((1, 2, 8, 16), (1.0, 1.05, 1.3, 2.6)))
+    assert policy.caution(1) == pytest.approx(0.2)  # T(2)/T(1) = 1.05: a twentieth of a step
+    assert policy.caution(8) == 1.0  # T(16)/T(8) = 2: fully one standard error low
