@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,3 +31,21 @@ def tiny_models(tiny_ckpt: TinyCheckpoint) -> TinyModels:
     return TinyModels(tiny_ckpt, load(tiny_ckpt.target), load(tiny_ckpt.draft),
                       load(tiny_ckpt.target))
 
+
+
+@pytest.fixture(scope="session")
+def tok(tiny_models: TinyModels) -> Any:
+    """The tiny target's tokenizer."""
+    from specserve.runtime.loader import load_tokenizer
+
+    return load_tokenizer(tiny_models.ckpt.target)
+
+
+def json_guide(models: TinyModels, tok: Any, schema: dict[str, Any]) -> Any:
+    """``schema`` compiled for the tiny target (a structured-output guide)."""
+    import json
+
+    from specserve.runtime.grammar import Guide, GuideCompiler
+
+    comp = GuideCompiler(tok, models.target.cfg.vocab_size, [tok.eos_token_id])
+    return comp.compile(Guide("json_schema", json.dumps(schema)))

@@ -1,9 +1,10 @@
 """Grammar-forced drafts merged with the engine's proposer (:mod:`specserve.runtime.forced_drafts`).
 
 - Greedy, in one in-flight batch with unguided rows, plain decoding, n-gram, EAGLE-3 chain, a
-  random draft model and the target as its own draft (grammar-aware drafting): every guided row with forced drafts equals plain guided decoding token for token
-  (and the unguided rows plain decoding), is valid under a schema with a 29-character key, and
-  the accepted forced drafts reach the request's result.
+  random draft model and the target as its own draft (grammar-aware drafting): every guided row
+  with forced drafts equals plain guided decoding token for token (and the unguided rows plain
+  decoding), is valid under a schema with a 29-character key, and the accepted forced drafts
+  reach the request's result.
 - Forced drafts are proposed and accepted: forced alone takes fewer than a third of plain
   constrained decoding's target steps; with only the tokens the grammar allows alone (no
   jump-forward, no proposer) every draft is accepted (the constrained target is one-hot there);
@@ -34,13 +35,12 @@ import specserve.runtime.step as step_module
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.forced_drafts import FORCED, JUMP, OWN, ForcedDrafts, merge_row
 from specserve.runtime.grammar import CompiledGuide, Guide, GuideCompiler
-from specserve.runtime.loader import load_tokenizer
 from specserve.runtime.model import load_model
 from specserve.runtime.scheduler import Scheduler
 from specserve.spec.grammar import mask_logits
 from tests.helpers.negative_control import skip_residual_sample
 from tests.helpers.stats import chi2_p
-from tests.runtime.conftest import TinyModels
+from tests.runtime.conftest import TinyModels, json_guide
 from tests.runtime.test_distribution import PROMPT, N, V, _tiny
 from tests.runtime.test_distribution import _proposer as _v8_proposer
 from tests.runtime.test_grammar import _FixedQ
@@ -58,14 +58,9 @@ MAX = 64
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_models: TinyModels) -> Any:
-    return load_tokenizer(tiny_models.ckpt.target)
-
-
-@pytest.fixture(scope="module")
 def guide(tiny_models: TinyModels, tok: Any) -> CompiledGuide:
-    comp = GuideCompiler(tok, tiny_models.target.cfg.vocab_size, [tok.eos_token_id])
-    return comp.compile(Guide("json_schema", json.dumps(SCHEMA)))
+    compiled: CompiledGuide = json_guide(tiny_models, tok, SCHEMA)
+    return compiled
 
 
 def _params(tok: Any, guide: CompiledGuide) -> SamplingParams:

@@ -38,14 +38,13 @@ import specserve.runtime.step as step_module
 from specserve.errors import SpecserveError
 from specserve.runtime.decoder import SamplingParams, SpecDecoder
 from specserve.runtime.grammar import CompiledGuide, Guide, GuideCompiler
-from specserve.runtime.loader import load_tokenizer
 from specserve.runtime.model import load_model
 from specserve.runtime.proposers import DraftModelProposer
 from specserve.runtime.scheduler import Scheduler
 from specserve.spec.grammar import bitmask_to_allowed, mask_logits, mask_probs
 from tests.helpers.negative_control import skip_residual_sample
 from tests.helpers.stats import chi2_p as _chi2_p
-from tests.runtime.conftest import TinyModels
+from tests.runtime.conftest import TinyModels, json_guide
 from tests.runtime.test_distribution import PROMPT, N, V, _tiny
 from tests.runtime.test_distribution import _proposer as _v8_proposer
 from tests.runtime.test_scheduler import PROMPTS, TREE, _proposer
@@ -78,14 +77,9 @@ def test_the_bitmask_layout_and_the_masking_math() -> None:
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_models: TinyModels) -> Any:
-    return load_tokenizer(tiny_models.ckpt.target)
-
-
-@pytest.fixture(scope="module")
 def guide(tiny_models: TinyModels, tok: Any) -> CompiledGuide:
-    comp = GuideCompiler(tok, tiny_models.target.cfg.vocab_size, [tok.eos_token_id])
-    return comp.compile(Guide("json_schema", json.dumps(SCHEMA)))
+    compiled: CompiledGuide = json_guide(tiny_models, tok, SCHEMA)
+    return compiled
 
 
 def _valid(tok: Any, ids: list[int]) -> bool:
