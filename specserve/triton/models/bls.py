@@ -89,6 +89,31 @@ Arrays = tio.Arrays
 _Cancelled = background.Cancelled  # the client went away: stop the loop, send nothing more
 
 
+class _SlotSender:
+    """A request's response sender that frees its slot just before the final response goes, so
+    a client that sends its next request on that response finds the slot free (freed after
+    the send, the next request could be refused as busy)."""
+
+    def __init__(self, sender: Any, release: Any) -> None:
+        self.sender, self.release, self.freed = sender, release, False
+
+    def free(self) -> None:
+        if not self.freed:
+            self.freed = True
+            self.release()
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.free()
+        if response is None:
+            self.sender.send(flags=flags)
+        else:
+            self.sender.send(response, flags=flags)
+
+    def is_cancelled(self) -> bool:
+        return bool(self.sender.is_cancelled())
+
+
 class _CallError(RuntimeError):
     """A draft or target call failed (the message names the model and its parameter)."""
 
@@ -149,10 +174,11 @@ class TritonPythonModel:
 
     def _serve_slot(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any,
                     arrival: int) -> None:
+        slot = _SlotSender(sender, self.slots.release)
         try:
-            self._serve(inputs, sender, arrival)
+            self._serve(inputs, slot, arrival)
         finally:
-            self.slots.release()
+            slot.free()
 
     def _serve(self, inputs: dict[str, np.ndarray[Any, Any]], sender: Any, arrival: int,
                collected: list[Any] | None = None) -> None:
