@@ -14,12 +14,8 @@ from typing import Any
 
 from specserve.errors import ServerError
 from specserve.frontends import supervision as sv
-from specserve.frontends.dynamo_serve import (
-    Child,
-    DynamoDeployment,
-    DynamoServeConfig,
-    signal_group,
-)
+from specserve.frontends.dynamo_child import Child
+from specserve.frontends.dynamo_serve import DynamoDeployment, DynamoServeConfig, signal_group
 
 Event = dict[str, Any]
 

@@ -92,8 +92,8 @@ def test_chat_template_and_the_frontends_rejection(tmp_path: Path) -> None:
 # --- the runner, on stand-in processes ---------------------------------------------------
 
 def _deployment(tmp_path: Path, worker_code: str, system_port: int = 0) -> Any:
+    from specserve.frontends.dynamo_child import Child
     from specserve.frontends.dynamo_serve import (
-        Child,
         DynamoDeployment,
         DynamoServeConfig,
         ServedModel,
