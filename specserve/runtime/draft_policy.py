@@ -176,6 +176,7 @@ class DraftLenPolicy:
         """Before proposing: each free row's limit cut to the chosen k (a choice from past
         steps only, so sampled rows stay exact)."""
         k_max = max(limits, default=0)
+        self._probing = 0
         if k_max == 0:
             return limits
         k = self._choose(st, limits, k_max, self.draft_s, _pinned).k
