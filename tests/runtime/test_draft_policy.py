@@ -146,3 +146,12 @@ def test_caution_grows_with_what_a_draft_costs() -> None:
     policy = DraftLenPolicy(StepCost((1, 2, 8, 16), (1.0, 1.05, 1.3, 2.6)))
     assert policy.caution(1) == pytest.approx(0.2)  # T(2)/T(1) = 1.05: a twentieth of a step
     assert policy.caution(8) == 1.0  # T(16)/T(8) = 2: fully one standard error low
+
+
+def test_a_probe_ends_with_its_step() -> None:
+    """The step after a probe, where no probe is due, drafts nothing (trim does not force k)."""
+    st = Batch([[1, 2]], [SamplingParams()], torch.device("cpu"))
+    policy = DraftLenPolicy(LINEAR)
+    policy._probing = 1  # the previous step was a probe
+    assert policy.plan(st, [4]) == [0]
+    assert policy.trim(st, [4], [4]) == [0]
