@@ -37,13 +37,12 @@ from specserve.runtime.forced_drafts import FORCED, JUMP, OWN, ForcedDrafts, mer
 from specserve.runtime.grammar import CompiledGuide, Guide, GuideCompiler
 from specserve.runtime.model import load_model
 from specserve.runtime.scheduler import Scheduler
-from specserve.spec.grammar import mask_logits
 from tests.helpers.negative_control import skip_residual_sample
 from tests.helpers.stats import chi2_p
 from tests.runtime.conftest import TinyModels, json_guide
 from tests.runtime.test_distribution import PROMPT, N, V, _tiny
 from tests.runtime.test_distribution import _proposer as _v8_proposer
-from tests.runtime.test_grammar import _FixedQ
+from tests.runtime.test_grammar import _FixedQ, constrained_next
 from tests.runtime.test_scheduler import PROMPTS, _proposer
 
 torch.set_num_threads(1)
@@ -152,13 +151,8 @@ def _exact(target_dir: Path, guide: CompiledGuide) -> tuple[torch.Tensor, torch.
 
     hf = AutoModelForCausalLM.from_pretrained(str(target_dir), local_files_only=True).eval()
 
-    def dist(prefix: list[int]) -> torch.Tensor:  # [V] the constrained next-token distribution
-        m = guide.matcher([STOP])
-        for t in prefix:
-            m.accept(t)
-        with torch.inference_mode():
-            logits = hf(torch.tensor([PROMPT + prefix])).logits[0, -1]
-        return mask_logits(logits, m.allowed()).softmax(-1).double()
+    def dist(prefix: list[int]) -> torch.Tensor:
+        return constrained_next(hf, guide, prefix)
 
     def support(p: torch.Tensor) -> list[int]:
         return [int(t) for t in p.nonzero().flatten()]

@@ -225,6 +225,17 @@ def _v8_guide() -> CompiledGuide:
     return GuideCompiler.from_info(info, V).compile(Guide("ebnf_grammar", EBNF))
 
 
+def constrained_next(hf: Any, guide: CompiledGuide, prefix: list[int]) -> torch.Tensor:
+    """[V] the target's next-token distribution after PROMPT + ``prefix``, masked by the
+    grammar (the exact reference of the chi-square tests)."""
+    m = guide.matcher([STOP])
+    for t in prefix:
+        m.accept(t)
+    with torch.inference_mode():
+        logits = hf(torch.tensor([PROMPT + prefix])).logits[0, -1]
+    return mask_logits(logits, m.allowed()).softmax(-1).double()
+
+
 def _exact_constrained(target_dir: Path, guide: CompiledGuide
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """P(t1, t2) [V, V] and P(t3) [V] of sampling from the target masked by the grammar."""
@@ -232,13 +243,8 @@ def _exact_constrained(target_dir: Path, guide: CompiledGuide
 
     hf = AutoModelForCausalLM.from_pretrained(str(target_dir), local_files_only=True).eval()
 
-    def dist(prefix: list[int]) -> torch.Tensor:  # [V] the constrained next-token distribution
-        m = guide.matcher([STOP])
-        for t in prefix:
-            m.accept(t)
-        with torch.inference_mode():
-            logits = hf(torch.tensor([PROMPT + prefix])).logits[0, -1]
-        return mask_logits(logits, m.allowed()).softmax(-1).double()
+    def dist(prefix: list[int]) -> torch.Tensor:
+        return constrained_next(hf, guide, prefix)
 
     p1 = dist([])
     joint = torch.zeros(V, V, dtype=torch.float64)
