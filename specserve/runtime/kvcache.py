@@ -4,10 +4,17 @@ for in-flight batching), the attention mask of new tokens over it (:func:`step_m
 tree attention, Medusa, Cai et al. 2024), and the RoPE rows and write slots of a forward
 (:class:`RopeModel`, shared by :class:`~specserve.runtime.model.Transformer` and the EAGLE-3
 head). Rotary embeddings: Su et al. 2021, "RoFormer".
+
+The CPU buffers are anonymous memory maps (:func:`lazy_zeros`): zero pages the kernel maps only
+when first written ("MAP_ANONYMOUS: the mapping is not backed by any file; its contents are
+initialized to zero", mmap(2)), so a cache sized for the model's whole context (SmolLM2: 8,192
+positions x 16 rows, 6 GB in float32) costs resident memory only for the positions rows reach;
+``torch.zeros`` wrote every page at load (7 GB per served model).
 """
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +26,22 @@ from specserve.runtime.cpu_attention import KeyRows, key_rows
 from specserve.runtime.kv_pool import Plane
 from specserve.runtime.model_config import ModelConfig
 
+LAZY_MIN_BYTES = 1 << 20  # smaller buffers: torch.zeros (a map per buffer is not worth it)
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
+               ) -> torch.Tensor:
+    """A zero tensor whose CPU pages become resident only when written (an anonymous memory
+    map, which the tensor keeps alive); elsewhere, or below ``LAZY_MIN_BYTES``, ``torch.zeros``."""
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes < LAZY_MIN_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    private = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(private, dtype=dtype).view(shape)
+
 
 class KVCache:
     """Static per-layer K/V buffers [B, n_kv, S_max, D] and per-row valid lengths."""
@@ -26,8 +49,8 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.k = [lazy_zeros(shape, dtype, device) for _ in range(cfg.num_layers)]
+        self.v = [lazy_zeros(shape, dtype, device) for _ in range(cfg.num_layers)]
         self.batch, self.max_len = batch, max_len
         self.lengths: list[int] = [0] * batch
 

@@ -125,3 +125,25 @@ def test_capped_primitive_caches_bound_what_new_shapes_keep() -> None:
     capped, default = growth(16), growth(1024)
     assert default > 4, f"the default caches kept only {default:.1f} MB: probe too small"
     assert capped < default / 4, f"capped {capped:.1f} MB vs default {default:.1f} MB"
+
+
+def test_kv_cache_pages_resident_only_where_written() -> None:
+    """A KV cache sized for a long context (SmolLM2's layout, 8 layers x 16 rows x 4,096
+    positions: 384 MB of float32) costs resident memory only for the positions written (an
+    anonymous map); its values are zeros until written, and a write lands where it should."""
+    import torch
+
+    from specserve.runtime.kvcache import KVCache
+    from specserve.runtime.model_config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=576, intermediate_size=64, num_layers=8,
+                      num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                      rope_theta=1e4, rope_scaling=(), max_position_embeddings=4096,
+                      tie_word_embeddings=True, model_type="llama", eos_token_id=None)
+    before = _rss_mb()
+    cache = KVCache(cfg, 16, 4096, torch.float32, "cpu")
+    grown = _rss_mb() - before
+    assert grown < 48, f"a 384 MB cache made {grown:.0f} MB resident before any write"
+    cache.k[3][5, :, :10] = 1.0
+    assert float(cache.k[3][5, :, :10].sum()) == 3 * 10 * 64
+    assert float(cache.k[3][5, :, 10:].abs().sum()) == 0 and float(cache.v[0].abs().sum()) == 0
