@@ -25,6 +25,12 @@ class SpecCounters:
         self.accepted = Counter(v + "num_accepted_tokens", "accepted drafts", registry=reg)
         self.per_pos = Counter(v + "num_accepted_tokens_per_pos", "accepted drafts per position",
                                ["position"], registry=reg)
+        # Predicted Outputs: Dynamo's frontend builds the response's usage itself and has no
+        # field for OpenAI's accepted / rejected prediction tokens, so they are counted here
+        pred = "specserve:prediction_tokens"
+        self.prediction = Counter(pred, "prediction tokens drafted, by outcome (accepted: "
+                                  "kept in the output; rejected: drafted and not kept)",
+                                  ["outcome"], registry=reg)
         self.finished = Counter("vllm:request_success", "finished requests by reason (abort: "
                                 "the client went away, its slot freed)", ["finished_reason"],
                                 registry=reg)
@@ -52,3 +58,8 @@ class SpecCounters:
         self.accepted.inc(int(stats.get("accepted_tokens") or 0))
         for pos, n in enumerate(stats.get("per_position_accepted") or ()):
             self.per_pos.labels(position=str(pos)).inc(int(n))
+
+    def add_prediction(self, accepted: int, rejected: int) -> None:
+        """One request's accepted and rejected prediction tokens."""
+        self.prediction.labels(outcome="accepted").inc(accepted)
+        self.prediction.labels(outcome="rejected").inc(rejected)

@@ -22,7 +22,11 @@ Acceptance reaches the client through Prometheus (``--metrics-port``): vLLM's co
 added from each finished request's ``spec_stats_json``, so ``specserve bench --metrics-url``
 sums them over workers (:func:`specserve.client.acceptance.counter_acceptance`), and
 ``vllm:request_success{finished_reason}`` (``stop``, ``length``, ``error``, ``abort``: the client
-went away and the loop ended the request, freeing its slot).
+went away and the loop ended the request, freeing its slot). Predicted Outputs' counts come back
+in the final output's ``completion_usage`` (Dynamo's ``LLMEngineOutput`` field, which ai-dynamo
+1.6.1's frontend returns as the response's ``usage``: ``completion_tokens_details``
+``accepted_prediction_tokens`` / ``rejected_prediction_tokens``) and in
+``specserve:prediction_tokens{outcome}``.
 """
 
 from __future__ import annotations
@@ -111,6 +115,7 @@ class DynamoSender:
         self.index: int | None = None
         self.detok: IncrementalDetokenizer | None = None
         self.finals = 1  # final responses that end the request (n with split)
+        self.prompt_tokens = 0  # the request's (a prediction's usage)
 
     def split(self, n: int) -> list[Sender]:
         """One sender per choice (:class:`~specserve.serving.loop.SplitSender`)."""
@@ -146,13 +151,37 @@ class DynamoSender:
                 item["text"] = self.detok.push(tokens) + (self.detok.flush() if final else "")
             if final:
                 item["finish_reason"] = finish_reason(self.generated, self.params)
-            if final and arrays is not None and self.counters and "spec_stats_json" in arrays:
-                self.counters.add(json.loads(arrays["spec_stats_json"].reshape(-1)[0]))
+            if final and arrays is not None and "accepted_prediction_tokens" in arrays \
+                    and self.index is None:  # one choice (n > 1: the counters only)
+                item["completion_usage"] = prediction_usage(arrays, self.prompt_tokens,
+                                                            self.generated)
+            if final and arrays is not None and self.counters:
+                self._count(arrays)
         self.loop.call_soon_threadsafe(self.out.put_nowait, (item, final))
         return True
 
     def cancelled(self) -> bool:
         return self.gone.is_set()
+
+    def _count(self, arrays: Arrays) -> None:
+        """A final response's acceptance and prediction counts into the worker's counters."""
+        assert self.counters is not None
+        if "spec_stats_json" in arrays:
+            self.counters.add(json.loads(arrays["spec_stats_json"].reshape(-1)[0]))
+        if "accepted_prediction_tokens" in arrays:
+            self.counters.add_prediction(int(arrays["accepted_prediction_tokens"].sum()),
+                                         int(arrays["rejected_prediction_tokens"].sum()))
+
+
+def prediction_usage(arrays: Arrays, prompt: int, generated: int) -> dict[str, Any]:
+    """OpenAI's usage with ``completion_tokens_details``' accepted / rejected prediction
+    tokens, as Dynamo's ``LLMEngineOutput.completion_usage`` (ai-dynamo 1.6.1's frontend
+    returns it as the response's ``usage``)."""
+    return {"prompt_tokens": prompt, "completion_tokens": generated,
+            "total_tokens": prompt + generated,
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": int(arrays["accepted_prediction_tokens"].sum()),
+                "rejected_prediction_tokens": int(arrays["rejected_prediction_tokens"].sum())}}
 
 
 def logprob_fields(arrays: Arrays, text: TextFn | None) -> dict[str, Any]:
@@ -243,6 +272,7 @@ class Worker:
         except (ValueError, SpecserveError) as e:
             raise client_error(400, f"specserve: {e}") from None
         sender = DynamoSender(asyncio.get_running_loop(), params, self.counters, self._text)
+        sender.prompt_tokens = len(req.prompt)
         try:
             self.queue.put_nowait(Pending(req=req, params=params, sender=sender,
                                           arrival=time.monotonic_ns()))

@@ -76,3 +76,35 @@ def test_openai_s_own_prediction_field_is_refused_by_the_frontend(served: Any) -
         "model": "plain", "prompt": "hi", "max_tokens": 4,
         "prediction": {"type": "content", "content": "hi"}})
     assert status == 400 and "Unsupported parameter(s): `prediction`" in err["message"], err
+
+
+
+
+def test_prediction_counts_reach_the_client_in_usage_and_the_counters(served: Any) -> None:
+    """The worker's ``completion_usage`` becomes the response's ``usage``: the accepted and
+    rejected prediction tokens (the engine's count: that it equals the client's recount from
+    the emitted tokens is checked at the Triton doors, where token ids come back; the tiny
+    model's text does not survive a decode and re-encode), prompt and completion tokens equal
+    to the frontend's own; and the worker's Prometheus counter by outcome grows by the same."""
+    from tests.frontends.test_dynamo_e2e import _counter
+
+    body: dict[str, Any] = {"model": "plain", "prompt": "def add(a, b):", "max_tokens": 12,
+                            "temperature": 0}
+    status, plain = post(served.url, "/v1/completions", body)
+    assert status == 200, plain
+    want = str(plain["choices"][0]["text"])
+    (worker,) = [w for w in served.workers if w.model == "plain"]
+    name = "specserve:prediction_tokens_total"
+    before = [_counter(worker.metrics_url, name, outcome=o) for o in ("accepted", "rejected")]
+    status, out = post(served.url, "/v1/completions",
+                       {**body, "nvext": {"annotations": [f"prediction:{want} tail"]}})
+    assert status == 200, out
+    usage = out["usage"]
+    counts = [usage["completion_tokens_details"][f"{o}_prediction_tokens"]
+              for o in ("accepted", "rejected")]
+    assert counts[0] >= 1 and counts[1] >= 1, usage  # drafted from the prediction, some kept
+    assert counts[0] < usage["completion_tokens"]  # the prefill's token is never a draft
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        plain["usage"]["prompt_tokens"], plain["usage"]["completion_tokens"])
+    after = [_counter(worker.metrics_url, name, outcome=o) for o in ("accepted", "rejected")]
+    assert [a - b for a, b in zip(after, before, strict=True)] == counts
