@@ -206,6 +206,25 @@ def test_each_first_draft_is_the_heads_prediction_from_the_target_states(
     assert checked >= 10
 
 
+
+def test_the_heads_fc_runs_once_a_step_for_every_row(tiny_models: TinyModels) -> None:
+    """The FC that fuses the captured target states reads its weight once a step whatever the
+    batch: one ``fuse`` call per verify step (plus the prefill's), not one per row."""
+    target = tiny_models.target_copy
+    head = random_head(target, seed=3, scale=0.3)
+    calls: list[int] = []
+    inner = head.fuse
+
+    def counting(aux: torch.Tensor) -> torch.Tensor:
+        calls.append(aux.shape[0])
+        return inner(aux)
+
+    head.fuse = counting  # type: ignore[method-assign]
+    res = SpecDecoder(target, Eagle3Proposer(head, max_draft_len=3)).generate(
+        PROMPTS[:4], SamplingParams(max_tokens=12))
+    steps = max(r.stats.steps for r in res)
+    assert steps <= len(calls) <= steps + 4, (steps, calls)
+
 def test_a_qwen3_target_with_its_own_head_dim_decodes_losslessly(
         tiny_models: TinyModels, tmp_path: Path) -> None:
     """Qwen3 (q/k norms, head_dim 16 != hidden 48 / 4 heads), the family most public EAGLE-3

@@ -133,8 +133,10 @@ class Eagle3Proposer(ChainProposer):
     def update(self, outcome: StepOutcome) -> None:
         """Keep the fused target states of the positions the head has not seen: the kept
         tokens of this forward (a chain: indices 0..last along T; a tree: the kept path's
-        nodes), the i-th of n at position ``len(seq) - 1 - n + i``."""
+        nodes), the i-th of n at position ``len(seq) - 1 - n + i``. Every row's states go
+        through the head's FC in one call (its weight read once a step, not once a row)."""
         assert self.cache is not None and outcome.aux is not None
+        kept = []
         for b, seq in enumerate(outcome.seqs):
             buf = self.feats[b]
             n = outcome.last[b] + 1 if outcome.paths is None else len(outcome.paths[b])
@@ -143,11 +145,13 @@ class Eagle3Proposer(ChainProposer):
             if lo < 0:
                 raise RuntimeError(f"eagle3: row {b} lacks target states for positions "
                                    f"{have}..{len(seq) - 2 - n}")
-            if outcome.paths is None:
-                states = outcome.aux[b, lo:n]  # [n - lo, n_aux * Ht]
-            else:
-                states = outcome.aux[b, outcome.paths[b][lo:]]
-            new = self.head.fuse(states)  # [n - lo, H]
+            kept.append(outcome.aux[b, lo:n] if outcome.paths is None
+                        else outcome.aux[b, outcome.paths[b][lo:]])  # [n - lo, n_aux * Ht]
+        if not kept:
+            return
+        fused = self.head.fuse(torch.cat(kept)).split([len(x) for x in kept])  # [n - lo, H] each
+        for b, new in enumerate(fused):
+            buf = self.feats[b]
             self.feats[b] = new if buf is None else torch.cat([buf, new])
             if self.hist:  # in flight: the row's history too
                 self.hist[b].append(new)
