@@ -29,6 +29,13 @@ Examples:
   specserve bench --url 127.0.0.1:8001 --baseline-model ensemble_baseline \\
       --sweep 1,4,8 --input-lengths 128,256,448 --engine engines/demo --out reports/ctx
 \b
+  # Predicted Outputs: code edits with the unedited code as each record's "prediction",
+  # against the same model without it (the baseline variant never carries the prediction)
+  specserve prompts --code-edits --per-category 12 --chat-template checkpoints/smollm2 \\
+      --out edits.jsonl
+  specserve bench --url 127.0.0.1:8001 --model ensemble --baseline-model ensemble \\
+      --dataset edits.jsonl --temperature 0 --requests 12 --out reports/pred
+\b
   # machine-readable summary
   specserve bench --url 127.0.0.1:8001 --requests 8 --format json --out reports/q
 
@@ -40,9 +47,17 @@ cannot be reached.
 
 
 def _text(s: dict[str, Any]) -> str:
-    from specserve.client.report import flag_lines, replica_table, speedup_table, text_table
+    from specserve.client.report import (
+        flag_lines,
+        prediction_lines,
+        replica_table,
+        speedup_table,
+        text_table,
+    )
 
     lines = [text_table(s), *flag_lines(s)]
+    if s.get("prediction"):
+        lines += ["", *prediction_lines(s)]
     if s.get("replicas"):
         lines += ["", "per replica:", replica_table(s)]
     if s["speedup"]:
@@ -144,7 +159,7 @@ def _serve_targets(kw: dict[str, Any], path: str | None) -> None:
 @click.option("--warmup", type=int, default=2, show_default=True, help="Per variant.")
 @click.option("--dataset", type=click.Path(dir_okay=False), default=None,
               help="JSONL ({\"prompt\"|\"messages\"|\"turns\": ..., \"category\", "
-                   "\"max_tokens\": optional}) or ShareGPT JSON.")
+                   "\"max_tokens\", \"prediction\": optional}) or ShareGPT JSON.")
 @click.option("--prompts", default=None,
               help="Builtin prompt set: builtin-code (default), builtin-prose, builtin-json, "
                    "builtin-chat (multi-turn), builtin-mix (docs/workloads.md).")
@@ -175,9 +190,23 @@ def _serve_targets(kw: dict[str, Any], path: str | None) -> None:
 @click.option("--perf-outputs/--no-perf-outputs", default=True, show_default=True,
               help="Ask the server for perf metrics and per-response token counts (off: send "
                    "only what a plain client sends; acceptance is then not recorded).")
+@click.option("--prediction/--no-prediction", "send_prediction", default=True,
+              show_default=True,
+              help="Send each record's \"prediction\" (Predicted Outputs) with its spec request "
+                   "(never the baseline's): Triton's prediction input (ensemble, BLS, "
+                   "tensorrt_llm); OpenAI as --prediction-field says. The report gives the "
+                   "server's accepted/rejected prediction tokens and, where token ids come back "
+                   "(--model tensorrt_llm, with --tokenizer), the client's recount.")
+@click.option("--prediction-field", type=click.Choice(["nvext", "openai"]), default="nvext",
+              show_default=True,
+              help="OpenAI protocol: nvext (nvext.annotations [\"prediction:<text>\"], what "
+                   "Dynamo takes; its frontend refuses OpenAI's field) or openai (top-level "
+                   "prediction {type: content}, for servers that take OpenAI's field).")
 @click.option("--slo", default=None, help="Goodput SLOs in ms, e.g. ttft=200,tpot=50.")
 @click.option("--tokenizer", type=click.Path(exists=True), default=None,
-              help="Count tokens with this tokenizer when the server sends no counts.")
+              help="The model's tokenizer: counts tokens when the server sends none; needed by "
+                   "a model that takes token ids (--model tensorrt_llm) and for the recount of "
+                   "accepted prediction tokens.")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Per-request timeout (s).")
 @click.option("--out", default="reports/bench", show_default=True, help="Report directory.")

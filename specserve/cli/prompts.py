@@ -24,7 +24,8 @@ from specserve.cli._output import FORMAT_OPTION, emit
 @click.option("--chat-template", "template_dir", type=click.Path(path_type=Path,
               file_okay=False), default=None,
               help="A model directory whose chat template renders each prompt into the text a "
-                   "completion door (Triton text_input, /v1/completions) is sent.")
+                   "completion door (Triton text_input, /v1/completions) is sent (with "
+                   "--code-edits too: prediction and max_tokens kept, edit kind as category).")
 @click.option("--code-edits", is_flag=True,
               help="Write the code-edit set of Predicted Outputs instead: --per-category edit "
                    "requests on standard-library functions, as many on HumanEval's canonical "
@@ -48,6 +49,8 @@ def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_categ
       specserve prompts --sharegpt sg.json --chat-template checkpoints/smollm2 --out text.jsonl
       specserve prompts --code-edits --humaneval .cache/data/HumanEval.jsonl.gz \\
           --per-category 24 --out .cache/data/code-edits.jsonl
+      # the same, chat template applied, for `specserve bench` (prediction per record)
+      specserve prompts --code-edits --chat-template checkpoints/smollm2 --out edits.jsonl
     """
     from specserve.client.chat_sets import ChatSetConfig, chat_set, templated
     from specserve.client.datasets import dump_jsonl
@@ -55,7 +58,7 @@ def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_categ
     from specserve.errors import SpecserveError
 
     if code_edits:
-        _code_edits(humaneval, per_category, out, fmt)
+        _code_edits(humaneval, per_category, out, fmt, template_dir)
         return
     if sharegpt is None and humaneval is None:
         raise SpecserveError("give --sharegpt and/or --humaneval")
@@ -73,11 +76,17 @@ def command(sharegpt: Path | None, humaneval: Path | None, split: str, per_categ
          fmt, text)
 
 
-def _code_edits(humaneval: Path | None, per_source: int, out: Path, fmt: str) -> None:
-    from specserve.client.code_edits import build_code_edits, write_jsonl
+def _code_edits(humaneval: Path | None, per_source: int, out: Path, fmt: str,
+                template_dir: Path | None) -> None:
+    from specserve.client.code_edits import build_code_edits, templated_prompts, write_jsonl
+    from specserve.client.datasets import dump_jsonl
+    from specserve.config import write_text_atomic
 
     recs = build_code_edits(humaneval, per_source)
-    write_jsonl(recs, out)
+    if template_dir is None:
+        write_jsonl(recs, out)
+    else:
+        write_text_atomic(out, dump_jsonl(templated_prompts(recs, template_dir)))
     kinds = dict(collections.Counter(r.edit.kind for r in recs))
     sources = dict(collections.Counter(r.source.split(":")[0] for r in recs))
 

@@ -8,6 +8,8 @@ requests interleaved in one run, every request recorded as it completes.
 - With a baseline, prompt i is sent once to each variant, in alternating order
   (spec, baseline), (baseline, spec), ... so both see the same load and the same prompts.
 - Warmup requests go first (recorded with ``phase="warmup"``, left out of summaries).
+- A prompt's ``prediction`` (Predicted Outputs) goes with its spec request only; the baseline
+  variant gets the same request without it (:mod:`specserve.client.prediction`).
 - After ``abort_after_errors`` consecutive failed requests (unreachable, dying or unloaded
   server; a rejected request between successes does not count) no new request is sent; the run
   ends with the records it has (``aborted`` says why).
@@ -38,6 +40,7 @@ from specserve.client.config import BenchmarkConfig
 from specserve.client.datasets import load_prompts
 from specserve.client.metrics import RequestRecord, make_record
 from specserve.client.openai import OpenAITransport
+from specserve.client.prediction import TEXT_ONLY, Codec, chunk_texts, load_codec, recount
 from specserve.client.prompt import Prompt, conversation_text
 from specserve.client.scrape import TextGetter
 from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
@@ -47,6 +50,7 @@ from specserve.client.transport import (
     HttpTransport,
     RawResult,
     Transport,
+    takes_ids,
 )
 from specserve.errors import SpecserveError
 
@@ -114,11 +118,12 @@ class Runner:
 
     def __init__(self, cfg: BenchmarkConfig, targets: dict[str, Target],
                  on_record: Callable[[RequestRecord], None],
-                 count_text: Callable[[str], int] | None) -> None:
+                 count_text: Callable[[str], int] | None, codec: Codec | None = None) -> None:
         self.cfg = cfg
         self.targets = targets
         self.on_record = on_record
         self.count_text = count_text
+        self.codec = codec   # the model's tokenizer (--tokenizer): ids doors, the recount
         self.records: list[RequestRecord] = []
         self.aborted: str | None = None
         self.interrupted = False
@@ -129,13 +134,24 @@ class Runner:
     def stopping(self) -> bool:
         return self.aborted is not None or self.interrupted
 
-    def _params(self, job: Job, messages: tuple[tuple[str, str], ...] = ()) -> GenParams:
+    def _params(self, job: Job, messages: tuple[tuple[str, str], ...] = (),
+                text: str = "") -> GenParams:
         c = self.cfg
+        ids = None
+        if takes_ids(self.targets[job.variant].declared) and self.codec is not None:
+            ids = tuple(self.codec.encode(text))
         return GenParams(max_tokens=job.prompt.max_tokens or c.max_tokens, stream=c.stream,
                          temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed,
                          end_id=c.end_id, perf_outputs=c.perf_outputs,
                          num_draft_tokens=c.num_draft_tokens, ignore_eos=c.ignore_eos,
-                         messages=messages)
+                         messages=messages, prediction=self._prediction(job),
+                         prediction_field=c.prediction_field, input_ids=ids)
+
+    def _prediction(self, job: Job) -> str | None:
+        """The prompt's prediction, for its spec request (``--no-prediction``: none)."""
+        if job.variant != "spec" or not self.cfg.send_prediction or job.prompt.turns:
+            return None
+        return job.prompt.prediction
 
     async def run_job(self, job: Job) -> None:
         """One request, or every turn of a conversation (one record per turn)."""
@@ -161,16 +177,49 @@ class Runner:
                     turn: int) -> RequestRecord:
         t = self.targets[job.variant]
         raw = RawResult(send_wall_s=time.time())
+        params = self._params(job, messages, text)
         try:
-            raw = await t.transport.generate(t.model, text, self._params(job, messages),
-                                             t.declared, self.cfg.timeout_s)
+            raw = await t.transport.generate(t.model, text, params, t.declared,
+                                             self.cfg.timeout_s)
         except asyncio.CancelledError:
             raw.cancelled, raw.error = True, None
-            self._record(job, raw, text, turn)
+            self._record(job, raw, text, turn, params)
             raise
-        return self._record(job, raw, text, turn)
+        return self._record(job, raw, text, turn, params)
 
-    def _record(self, job: Job, raw: RawResult, text: str = "", turn: int = 0) -> RequestRecord:
+    def _from_ids(self, raw: RawResult) -> None:
+        """A door that answers ids (``tensorrt_llm``): each chunk's text, decoded here."""
+        ids = raw.output_ids
+        if ids is None or self.codec is None:
+            return
+        counts = [n or 0 for n in raw.chunk_num_tokens]
+        if sum(counts) == len(ids):
+            raw.chunk_texts = chunk_texts(ids, counts, self.codec.decode)
+        elif raw.chunk_texts:  # counts that do not add up: the whole text on the last chunk
+            raw.chunk_texts = [""] * (len(raw.chunk_texts) - 1) + [self.codec.decode(ids)]
+
+    def _prediction_fields(self, raw: RawResult, params: GenParams | None) -> dict[str, Any]:
+        """The record's Predicted Outputs fields (all unset without a prediction)."""
+        if params is None or params.prediction is None:
+            return {}
+        out: dict[str, Any] = {
+            "prediction_sent": True,
+            "accepted_prediction_tokens": raw.accepted_prediction_tokens,
+            "rejected_prediction_tokens": raw.rejected_prediction_tokens}
+        ids = raw.output_ids
+        if ids is None:
+            out["prediction_recount_note"] = TEXT_ONLY
+        elif self.codec is None:
+            out["prediction_recount_note"] = "no recount: no --tokenizer"
+        else:
+            out["prediction_recount"] = recount(
+                ids, self.codec.encode(params.prediction, special=False), params.max_tokens,
+                params.num_draft_tokens)
+        return out
+
+    def _record(self, job: Job, raw: RawResult, text: str = "", turn: int = 0,
+                params: GenParams | None = None) -> RequestRecord:
+        self._from_ids(raw)
         counts, source = resolve_chunk_tokens(raw.chunk_num_tokens, raw.chunk_texts,
                                               self.cfg.num_output_tokens_mode, self.count_text)
         if raw.usage_tokens is not None and sum(counts) != raw.usage_tokens:
@@ -192,7 +241,8 @@ class Runner:
             acceptance_source=acc_source,
             error=raw.error, cancelled=raw.cancelled, output_text="".join(raw.chunk_texts),
             category=job.prompt.category, turn=turn,
-            input_tokens=self.count_text(text) if self.count_text and text else None)
+            input_tokens=self.count_text(text) if self.count_text and text else None,
+            **self._prediction_fields(raw, params))
         self._errors_in_row = self._errors_in_row + 1 if rec.status == "error" else 0
         if self._errors_in_row >= self.cfg.abort_after_errors and not self.aborted:
             kind = "connection errors" if raw.connection_error else "failed requests"
@@ -267,13 +317,32 @@ def _transports(cfg: BenchmarkConfig) -> dict[str, tuple[Transport, str]]:
     return out
 
 
+def check_targets(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Target],
+                  codec: Codec | None) -> None:
+    """Refuse, in one line, a run its models cannot serve as asked: a model that takes token
+    ids without ``--tokenizer``; predictions for a Triton model without a ``prediction`` input."""
+    for t in targets.values():
+        if takes_ids(t.declared) and codec is None:
+            raise SpecserveError(f"model '{t.model}' takes token ids (input_ids), not text: "
+                                 "give --tokenizer (the model's tokenizer folder)")
+    spec = targets["spec"]
+    if cfg.protocol == "openai" or not cfg.send_prediction or "prediction" in spec.declared:
+        return
+    if any(j.prompt.prediction is not None and not j.prompt.turns for j in jobs
+           if j.variant == "spec"):
+        raise SpecserveError(f"model '{spec.model}' takes no 'prediction' input, and the "
+                             "prompts carry predictions: give --no-prediction to send them "
+                             "without")
+
+
 async def _run(cfg: BenchmarkConfig, jobs: list[Job], on_record: Callable[[RequestRecord], None],
-               count_text: Callable[[str], int] | None) -> RunResult:
+               count_text: Callable[[str], int] | None, codec: Codec | None = None) -> RunResult:
     transports = _transports(cfg)
     try:
         targets = {v: Target(tr, model, await tr.declared_inputs(model))
                    for v, (tr, model) in transports.items()}
-        return await _measure(cfg, jobs, targets, on_record, count_text)
+        check_targets(cfg, jobs, targets, codec)
+        return await _measure(cfg, jobs, targets, on_record, count_text, codec)
     finally:
         for tr in {id(t): t for t, _ in transports.values()}.values():
             await tr.close()
@@ -281,8 +350,9 @@ async def _run(cfg: BenchmarkConfig, jobs: list[Job], on_record: Callable[[Reque
 
 async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Target],
                    on_record: Callable[[RequestRecord], None],
-                   count_text: Callable[[str], int] | None) -> RunResult:
-    runner = Runner(cfg, targets, on_record, count_text)
+                   count_text: Callable[[str], int] | None,
+                   codec: Codec | None = None) -> RunResult:
+    runner = Runner(cfg, targets, on_record, count_text, codec)
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
 
@@ -385,17 +455,8 @@ def _phase(b: _Scrape | None, a: _Scrape) -> EngineAcceptance | None:
 
 def tokenizer_counter(path: str | None) -> Callable[[str], int] | None:
     """A text -> token count function from a tokenizer folder or file (fallback only)."""
-    if path is None:
-        return None
-    from tokenizers import Tokenizer
-
-    p = Path(path)
-    f = p / "tokenizer.json" if p.is_dir() else p
-    try:
-        tok = Tokenizer.from_file(str(f))
-    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
-        raise SpecserveError(f"{f}: cannot load tokenizer ({e})") from e
-    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+    codec = load_codec(path)
+    return None if codec is None else codec.count
 
 
 class JsonlSink:
@@ -424,11 +485,12 @@ def run_load(cfg: BenchmarkConfig, on_record: Callable[[RequestRecord], None],
     n = cfg.warmup + cfg.requests
     prompts = load_prompts(cfg.dataset, cfg.prompts, n, cfg.seed)
     jobs = plan_jobs(prompts, cfg.warmup, cfg.requests, cfg.has_baseline)
-    count_text = tokenizer_counter(cfg.tokenizer)
+    codec = load_codec(cfg.tokenizer)
+    count_text = None if codec is None else codec.count
 
     def both(rec: RequestRecord) -> None:
         on_record(rec)
         if progress is not None:
             progress(rec)
 
-    return asyncio.run(_run(cfg, jobs, both, count_text))
+    return asyncio.run(_run(cfg, jobs, both, count_text, codec))

@@ -36,7 +36,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specserve.client.chat_sets import humaneval_problems
+from specserve.client.chat_sets import humaneval_problems, templated
+from specserve.client.prompt import Prompt
 from specserve.config import write_text_atomic
 from specserve.errors import SpecserveError
 
@@ -166,6 +167,16 @@ def build_code_edits(humaneval: Path | None, per_source: int = 24) -> list[CodeE
 
 def write_jsonl(records: list[CodeEdit], path: str | Path) -> None:
     write_text_atomic(Path(path), "".join(json.dumps(r.to_dict()) + "\n" for r in records))
+
+
+def templated_prompts(records: list[CodeEdit], tokenizer_dir: Path) -> list[Prompt]:
+    """The records as bench prompts for completion doors (Triton ``text_input``,
+    ``/v1/completions``): each instruction rendered with ``tokenizer_dir``'s chat template,
+    the prediction and ``max_tokens`` kept, the edit kind as the category."""
+    prompts = [Prompt(r.instruction, r.max_tokens, r.edit.kind,
+                      messages=(("user", r.instruction),), prediction=r.prediction)
+               for r in records]
+    return templated(prompts, tokenizer_dir)
 
 
 def answer_code(text: str) -> str:

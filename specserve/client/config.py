@@ -61,6 +61,10 @@ class BenchmarkConfig(JsonConfig):
     # Dynamo frontend), scraped instead of the server's own and summed
     metrics_urls: tuple[str, ...] = ()
     baseline_metrics_urls: tuple[str, ...] = ()
+    # Predicted Outputs: send the prompts' predictions (spec variant only), and at --protocol
+    # openai where: "nvext" (Dynamo's nvext.annotations) or "openai" (top-level, e.g. vLLM)
+    send_prediction: bool = True
+    prediction_field: str = "nvext"
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -74,6 +78,9 @@ class BenchmarkConfig(JsonConfig):
             d.pop("balance")
         else:
             d["replicas"] = list(self.replicas)
+        if self.send_prediction and self.prediction_field == "nvext":
+            d.pop("send_prediction")   # the defaults: summary.json's config as before
+            d.pop("prediction_field")
         for k in ("metrics_urls", "baseline_metrics_urls"):
             if not d[k]:
                 d.pop(k)  # none given: summary.json's config as before
@@ -106,6 +113,9 @@ class BenchmarkConfig(JsonConfig):
             raise SpecserveError(f"--balance: '{self.balance}' is not one of {list(BALANCE)}")
         if self.protocol not in PROTOCOLS:
             raise SpecserveError(f"--protocol: '{self.protocol}' is not grpc, http or openai")
+        if self.prediction_field not in ("nvext", "openai"):
+            raise SpecserveError(f"--prediction-field: '{self.prediction_field}' is not nvext "
+                                 "or openai")
         if self.endpoint not in ("completions", "chat"):
             raise SpecserveError(f"--endpoint: '{self.endpoint}' is not completions or chat")
         if self.concurrency is not None and self.request_rate is not None:

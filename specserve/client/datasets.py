@@ -8,8 +8,11 @@ JSONL):
   feeds both clients), or ``messages`` (a chat history ``[{"role", "content"}, ...]`` sent as one
   request), or ``turns`` (a multi-turn conversation: the user turns, strings or
   ``{"text": ...}`` objects as AIPerf's ``multi_turn`` records have them); optionally
-  ``category`` (a string: reports split every figure by it) and ``max_tokens`` (or
-  ``output_length``). Sampling fields (``temperature`` ...) are refused: they are set per run.
+  ``category`` (a string: reports split every figure by it), ``max_tokens`` (or
+  ``output_length``) and ``prediction`` (Predicted Outputs: the expected output's text, or
+  OpenAI's ``{"type": "content", "content": ...}``; not with ``turns``). Sampling fields
+  (``temperature`` ...) are refused: they are set per run. Other fields are ignored (the
+  records of ``specserve prompts --code-edits`` load as they are, their prediction sent).
 - **ShareGPT JSON** (the layout of ``ShareGPT_V3_unfiltered_cleaned_split.json`` that vLLM's
   ``benchmarks/benchmark_dataset.py`` and SGLang's ``bench_serving`` read): an array of
   ``{"conversations": [{"from": "human"|"gpt"|"system", "value": ...}, ...]}``. One human turn
@@ -92,16 +95,41 @@ def parse_record(obj: Any, where: str) -> Prompt:
         raise SpecserveError(f"{where}: give one of 'prompt', 'messages' or 'turns'")
     category = _category(obj, where)
     max_tokens = _max_tokens(obj, where)
+    pred = _prediction(obj, where)
     if kinds == ["messages"]:
         msgs = _messages(obj["messages"], where)
-        return Prompt(conversation_text(msgs), max_tokens, category, messages=msgs)
+        return Prompt(conversation_text(msgs), max_tokens, category, messages=msgs,
+                      prediction=pred)
     if kinds == ["turns"]:
+        if pred is not None:
+            raise SpecserveError(f"{where}: 'prediction' is one request's, not a multi-turn "
+                                 "conversation's ('turns')")
         turns = _turns(obj["turns"], where)
         return Prompt(turns[0], max_tokens, category, turns=turns)
     if key is None:
         raise SpecserveError(f"{where}: missing 'prompt' (or 'text_input'/'text', 'messages', "
                              "'turns')")
-    return Prompt(_nonempty(obj[key], f"{where}: '{key}'"), max_tokens, category)
+    return Prompt(_nonempty(obj[key], f"{where}: '{key}'"), max_tokens, category,
+                  prediction=pred)
+
+
+def _prediction(obj: dict[str, Any], where: str) -> str | None:
+    """The record's ``prediction``: a non-empty string, or OpenAI's request form
+    ``{"type": "content", "content": str | [{"type": "text", "text": str}, ...]}``."""
+    if obj.get("prediction") is None:
+        return None
+    v = obj["prediction"]
+    if isinstance(v, dict) and v.get("type") == "content":
+        c = v.get("content")
+        if isinstance(c, list) and all(isinstance(x, dict) and isinstance(x.get("text"), str)
+                                       for x in c):
+            c = "".join(x["text"] for x in c)
+        v = c
+    if not isinstance(v, str) or not v:
+        raise SpecserveError(f"{where}: 'prediction' must be a non-empty string (or "
+                             "{\"type\": \"content\", \"content\": ...}), got "
+                             f"{obj['prediction']!r:.40}")
+    return v
 
 
 def _nonempty(v: Any, what: str) -> str:

@@ -109,6 +109,14 @@ class RequestRecord:
     category: str = "uncategorized"            # the prompt's category (reports split by it)
     turn: int = 0                              # multi-turn: the turn of the conversation
     input_tokens: int | None = None            # prompt tokens (--tokenizer), when counted
+    # Predicted Outputs (client/prediction.py): whether the request carried a prediction, the
+    # server's counts (None: not returned), the client's recount (None: not made, the note
+    # says why)
+    prediction_sent: bool = False
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
+    prediction_recount: int | None = None
+    prediction_recount_note: str | None = None
 
     @property
     def tokens_per_step(self) -> tuple[int, ...]:
@@ -151,6 +159,11 @@ def make_record(
     category: str = "uncategorized",
     turn: int = 0,
     input_tokens: int | None = None,
+    prediction_sent: bool = False,
+    accepted_prediction_tokens: int | None = None,
+    rejected_prediction_tokens: int | None = None,
+    prediction_recount: int | None = None,
+    prediction_recount_note: str | None = None,
 ) -> RequestRecord:
     """Build a record from a raw timeline; the status follows from ``error``/``cancelled``."""
     timing = derive_timing(chunk_times_s, chunk_tokens, end_s)
@@ -167,7 +180,10 @@ def make_record(
         itl_token_s=timing.itl_token_s, itl_chunk_s=timing.itl_chunk_s,
         server=dict(server or {}), spec_stats=spec_stats, error=error, output_text=output_text,
         acceptance_source=acceptance_source, category=category, turn=turn,
-        input_tokens=input_tokens,
+        input_tokens=input_tokens, prediction_sent=prediction_sent,
+        accepted_prediction_tokens=accepted_prediction_tokens,
+        rejected_prediction_tokens=rejected_prediction_tokens,
+        prediction_recount=prediction_recount, prediction_recount_note=prediction_recount_note,
     )
 
 

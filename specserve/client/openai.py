@@ -16,6 +16,11 @@
 - Per-request acceptance, where the engine sends it (vLLM ``metrics.speculative_decoding``,
   SGLang ``meta_info``), is read by :func:`specserve.client.acceptance.from_response`.
 - ``GET /v1/models`` checks that the server speaks the protocol and serves the model.
+- Predicted Outputs: a request's prediction goes as Dynamo takes it, ``nvext.annotations``
+  ``["prediction:<text>"]`` (its frontend refuses OpenAI's top-level ``prediction``), or as
+  OpenAI's own ``prediction: {"type": "content", "content": ...}`` (:data:`PREDICTION_FIELDS`);
+  the counts come back in ``usage.completion_tokens_details`` (``accepted_prediction_tokens``,
+  ``rejected_prediction_tokens``). Only text comes back, no token ids.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from specserve.client.transport import AiohttpClient, GenParams, RawResult, erro
 from specserve.errors import ServerError
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+PREDICTION_FIELDS = ("nvext", "openai")
 
 
 def openai_body(model: str, prompt: str, p: GenParams, endpoint: str) -> dict[str, Any]:
@@ -45,7 +51,31 @@ def openai_body(model: str, prompt: str, p: GenParams, endpoint: str) -> dict[st
     extra = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seed": p.seed,
              "ignore_eos": True if p.ignore_eos else None}
     body.update({k: v for k, v in extra.items() if v is not None})
+    if p.prediction is not None:
+        if p.prediction_field == "openai":
+            body["prediction"] = {"type": "content", "content": p.prediction}
+        else:
+            body["nvext"] = {"annotations": [f"prediction:{p.prediction}"]}
     return body
+
+
+def prediction_counts(data: dict[str, Any]) -> tuple[int, int] | None:
+    """(accepted, rejected) prediction tokens of ``usage.completion_tokens_details``; ``None``
+    when the answer has neither (a server that does not count them)."""
+    usage = data.get("usage")
+    details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
+    if not isinstance(details, dict):
+        return None
+    acc, rej = details.get("accepted_prediction_tokens"), details.get("rejected_prediction_tokens")
+    if not isinstance(acc, int) and not isinstance(rej, int):
+        return None
+    return (acc if isinstance(acc, int) else 0), (rej if isinstance(rej, int) else 0)
+
+
+def _take_counts(data: dict[str, Any], raw: RawResult) -> None:
+    counts = prediction_counts(data)
+    if counts is not None:
+        raw.accepted_prediction_tokens, raw.rejected_prediction_tokens = counts
 
 
 @dataclass
@@ -72,6 +102,7 @@ class _Stream:
         acc = from_response(data)
         if acc is not None:
             self.raw.acceptance = acc
+        _take_counts(data, self.raw)
         text = _choice_text(data)
         usage = _completion_tokens(data)
         n: int | None = None
@@ -193,6 +224,7 @@ def _whole_body(data: Any, t: float, raw: RawResult) -> None:
     n = _completion_tokens(data)
     raw.usage_tokens = n
     raw.acceptance = from_response(data)
+    _take_counts(data, raw)
     raw.chunk_times_s.append(t)
     raw.chunk_texts.append(_choice_text(data))
     raw.chunk_num_tokens.append(n)

@@ -18,13 +18,16 @@ class Prompt:
     ``text``: what a text endpoint is sent (for ``messages``, the history rendered by
     :func:`conversation_text`; for ``turns``, the first turn). ``max_tokens`` overrides the run's
     ``--max-tokens`` when set. ``messages``: (role, content) pairs of a chat history sent as one
-    request. ``turns``: the user turns of a multi-turn conversation (empty: a single request)."""
+    request. ``turns``: the user turns of a multi-turn conversation (empty: a single request).
+    ``prediction``: the expected output's text (Predicted Outputs), sent with the request by
+    ``specserve bench`` (not with ``turns``)."""
 
     text: str
     max_tokens: int | None = None
     category: str = UNCATEGORIZED
     messages: tuple[tuple[str, str], ...] = ()
     turns: tuple[str, ...] = ()
+    prediction: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSONL record that :func:`load_jsonl` reads back as this prompt."""
@@ -34,6 +37,8 @@ class Prompt:
         d["category"] = self.category
         if self.max_tokens is not None:
             d["max_tokens"] = self.max_tokens
+        if self.prediction is not None:
+            d["prediction"] = self.prediction
         return d
 
 

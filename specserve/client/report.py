@@ -16,6 +16,7 @@ from typing import Any
 
 from specserve.client.acceptance import EngineAcceptance
 from specserve.client.metrics import RequestRecord
+from specserve.client.prediction import prediction_summary
 from specserve.client.summary import Slo, Speedup, by_category, summarize
 from specserve.config import write_json_atomic, write_text_atomic
 
@@ -50,7 +51,33 @@ def build_summary(records: Sequence[RequestRecord], duration_s: float, slo: Slo 
         "categories": by_category(records, seed=int((extra.get("config") or {}).get("seed", 0))),
     }
     summary["flags"] = [f for v in summary["variants"].values() for f in v["flags"]]
+    pred = prediction_summary(records)
+    if pred is not None:  # only runs whose prompts carried predictions
+        summary["prediction"] = pred
     return summary
+
+
+def prediction_lines(summary: dict[str, Any]) -> list[str]:
+    """Predicted Outputs, a few lines ([] when no request carried a prediction)."""
+    pred = summary.get("prediction")
+    if not pred:
+        return []
+    p = pred["spec"]
+    lines = [f"Predicted Outputs: {p['requests']} requests with a prediction; server counts "
+             f"accepted {p['accepted_prediction_tokens']}, rejected "
+             f"{p['rejected_prediction_tokens']} (not returned by {p['not_returned']})."]
+    if p["recounted"]:
+        lines.append(f"Client recount: accepted {p['recount_accepted']} over {p['recounted']} "
+                     f"requests; server != recount in {p['mismatches']} of {p['compared']}.")
+    for note in p["recount_notes"]:
+        lines.append(f"No recount: {note}.")
+    vb = pred.get("vs_baseline")
+    if vb:
+        lines.append(f"Against the same requests without it ({vb['pairs']} pairs): per-user "
+                     f"tok/s x{_fmt(vb['per_user_tok_s_ratio_median'])} (median), E2E "
+                     f"x{_fmt(vb['e2e_ratio_median'])} (median); outputs equal in "
+                     f"{vb['outputs_equal']} of {vb['pairs']}.")
+    return lines
 
 
 def replica_split(records: Sequence[RequestRecord], urls: Sequence[str], duration_s: float,
@@ -121,9 +148,28 @@ def csv_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for m, s in summary["speedup"].items():
         rows.append({"variant": "speedup", "metric": m, "unit": "x", "value": s["speedup"],
                      "ci_low": s["ci_low"], "ci_high": s["ci_high"], "n": s["n_spec"]})
+    rows += prediction_rows(summary.get("prediction"))
     for r in rows:
         r["category"] = "all"
     return rows + category_rows(summary.get("categories") or {})
+
+
+def prediction_rows(pred: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Flat rows of Predicted Outputs (none without predictions; "not returned" kept as is)."""
+    if not pred:
+        return []
+    p = pred["spec"]
+    rows = [{"variant": "spec", "metric": name, "unit": "tokens", "value": p[name],
+             "n": p["requests"]} for name in ("accepted_prediction_tokens",
+                                              "rejected_prediction_tokens", "recount_accepted")]
+    rows.append({"variant": "spec", "metric": "prediction_recount_mismatches", "unit": "requests",
+                 "value": p["mismatches"], "n": p["compared"]})
+    vb = pred.get("vs_baseline")
+    if vb:
+        rows += [{"variant": "speedup", "metric": f"prediction_{name}", "unit": "x",
+                  "value": vb[name], "n": vb["pairs"]}
+                 for name in ("per_user_tok_s_ratio_median", "e2e_ratio_median")]
+    return rows
 
 
 CATEGORY_CSV = (("tau", ""), ("acceptance_rate", ""), ("ttft_ms_p50", "ms"),
@@ -252,6 +298,8 @@ def readme(summary: dict[str, Any], plots: list[str]) -> str:
         parts += ["", f"Throughput, both variants together: "
                   f"{c['output_token_throughput_tok_s']:.1f} output tok/s, "
                   f"{c['request_throughput_rps']:.2f} req/s ({c['note']})."]
+    if summary.get("prediction"):
+        parts += ["", "## Predicted Outputs", "", *prediction_lines(summary)]
     if summary["speedup"]:
         parts += ["", "## Speedup vs baseline (ratio of means, >1 = speculation better)", "",
                   speedup_table(summary["speedup"])]

@@ -62,7 +62,7 @@ class Context:
 def phase_config(cfg: BenchmarkConfig, level: int, variant: str, out: Path,
                  context: Context | None = None) -> BenchmarkConfig:
     """The single-variant run of one phase: ``variant``'s server and model at ``level`` (and
-    on ``context``'s prompts)."""
+    on ``context``'s prompts); the baseline's phase is sent no predictions."""
     model = cfg.model if variant == "spec" else (cfg.baseline_model or cfg.model)
     url = cfg.url if variant == "spec" else (cfg.baseline_url or cfg.url)
     replicas = cfg.replicas if variant == "spec" or not cfg.baseline_url else ()
@@ -71,7 +71,8 @@ def phase_config(cfg: BenchmarkConfig, level: int, variant: str, out: Path,
                                                         "prompts": None}
     return dataclasses.replace(cfg, url=url, replicas=replicas, model=model, baseline_model=None,
                                baseline_url=None, concurrency=level, request_rate=None,
-                               out=str(out / name), **extra)
+                               out=str(out / name),
+                               send_prediction=cfg.send_prediction and variant == "spec", **extra)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,13 @@ its ``num_output_tokens`` when present, the last value of every perf output, and
 ``spec_stats_json`` when the reference backend sends it. Times are ``time.perf_counter()``
 seconds after the send. Inputs a model does not declare are left out (see
 :func:`build_inputs`), so the same client talks to TRT-LLM's ensemble and to simpler ones.
+
+A model that takes token ids and no text (the ``tensorrt_llm`` model itself: ``input_ids``,
+``request_output_len``, ``streaming``) is sent the prompt's ids (:attr:`GenParams.input_ids`,
+tokenized by the client) and answers ``output_ids``, kept in :attr:`RawResult.output_ids`
+(the caller decodes them). Predicted Outputs: ``prediction`` (text) goes to every model that
+declares it; ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` come back on the
+final response.
 """
 
 from __future__ import annotations
@@ -39,12 +46,17 @@ INPUT_DTYPES: dict[str, str] = {
     "stop_words": "BYTES", "min_tokens": "INT32", "return_log_probs": "BOOL",
     "num_return_sequences": "INT32", "return_num_input_tokens": "BOOL",
     "num_top_log_probs": "INT32",   # the reference tensorrt_llm model's own
+    "prediction": "BYTES",          # Predicted Outputs (reference ensemble, BLS, tensorrt_llm)
+    # the tensorrt_llm model's own names (token ids in and out)
+    "input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32",
+    "streaming": "BOOL", "runtime_top_k": "INT32", "runtime_top_p": "FP32",
     "guided_decoding_guide_type": "BYTES", "guided_decoding_guide": "BYTES",
 }
 # outputs kept whole (flattened, in order), not reduced to their first element: log-probs of
 # each token (``output_log_probs`` [1, 1, T]) and, from the reference model, its top-k
 # (``top_log_probs`` / ``top_log_prob_ids`` [1, 1, T, k])
-ARRAY_OUTPUTS = ("output_log_probs", "top_log_probs", "top_log_prob_ids")
+ARRAY_OUTPUTS = ("output_log_probs", "top_log_probs", "top_log_prob_ids", "output_ids")
+PREDICTION_OUTPUTS = ("accepted_prediction_tokens", "rejected_prediction_tokens")
 _NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32,
        "UINT64": np.uint64}
 
@@ -66,17 +78,42 @@ class GenParams:
     # more ensemble inputs by name (names in INPUT_DTYPES), e.g. (("min_tokens", 4),)
     extra: tuple[tuple[str, Any], ...] = ()
     messages: tuple[tuple[str, str], ...] = ()  # OpenAI chat: the history, sent as messages
+    prediction: str | None = None        # Predicted Outputs: the expected output's text
+    # OpenAI protocol: how the prediction is sent: "nvext" (Dynamo's nvext.annotations
+    # "prediction:<text>") or "openai" (OpenAI's top-level {"type": "content", ...})
+    prediction_field: str = "nvext"
+    input_ids: tuple[int, ...] | None = None  # the prompt's ids, for models that take ids
+
+
+def takes_ids(declared: frozenset[str] | None) -> bool:
+    """Whether a model with these inputs takes token ids and no text (``tensorrt_llm``)."""
+    return declared is not None and "input_ids" in declared and "text_input" not in declared
 
 
 def build_inputs(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:
-    """Input name -> scalar value, limited to the names the model declares (all if ``None``)."""
+    """Input name -> value (scalars; the ids a tuple), limited to the names the model declares
+    (all if ``None``)."""
+    if takes_ids(declared):
+        if p.input_ids is None:
+            raise ValueError("this model takes token ids (input_ids): the client needs the "
+                             "model's tokenizer (--tokenizer)")
+        ids: dict[str, Any] = {
+            "input_ids": tuple(p.input_ids), "input_lengths": len(p.input_ids),
+            "request_output_len": p.max_tokens, "streaming": p.stream,
+            "temperature": p.temperature, "runtime_top_k": p.top_k, "runtime_top_p": p.top_p,
+            "seed": p.seed, "end_id": p.end_id, "exclude_input_in_output": True,
+            "return_perf_metrics": p.perf_outputs or None,
+            "return_num_output_tokens": p.perf_outputs or None,
+            "num_draft_tokens": p.num_draft_tokens, "prediction": p.prediction, **dict(p.extra),
+        }
+        return {k: v for k, v in ids.items() if v is not None and k in (declared or ())}
     values: dict[str, Any] = {
         "text_input": prompt, "max_tokens": p.max_tokens, "stream": p.stream,
         "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "seed": p.seed,
         "end_id": p.end_id, "exclude_input_in_output": True,
         "return_perf_metrics": p.perf_outputs or None,
         "return_num_output_tokens": p.perf_outputs or None,
-        "num_draft_tokens": p.num_draft_tokens, **dict(p.extra),
+        "num_draft_tokens": p.num_draft_tokens, "prediction": p.prediction, **dict(p.extra),
     }
     return {k: v for k, v in values.items()
             if v is not None and (declared is None or k in declared)}
@@ -98,10 +135,19 @@ class RawResult:
     usage_tokens: int | None = None  # OpenAI ``usage.completion_tokens`` (the request's total)
     acceptance: EngineAcceptance | None = None   # per request, as the engine reported it
     arrays: dict[str, list[Any]] = field(default_factory=dict)  # ARRAY_OUTPUTS, all responses
+    # Predicted Outputs, as the server counted them (None: not returned)
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
     error: str | None = None
     cancelled: bool = False
     connection_error: bool = False   # the server could not be reached at all
     replica: str | None = None       # pooled runs: the replica that served it (balance.py)
+
+    @property
+    def output_ids(self) -> list[int] | None:
+        """The emitted token ids where the model answered ids (``None``: text only)."""
+        ids = self.arrays.get("output_ids")
+        return None if ids is None else [int(x) for x in ids]
 
     def add_response(self, t: float, outputs: dict[str, Any]) -> None:
         """Record one response's outputs (already decoded to Python values)."""
@@ -119,10 +165,19 @@ class RawResult:
         for name in ARRAY_OUTPUTS:
             if outputs.get(name) is not None:
                 self.arrays.setdefault(name, []).extend(_flat(outputs[name]))
+        for name in PREDICTION_OUTPUTS:
+            v = outputs.get(name)
+            if v is not None and not isinstance(v, bool):
+                n_pred = int(_flat(v)[0]) if isinstance(v, (list, np.ndarray)) else int(v)
+                setattr(self, name, n_pred)
         text = outputs.get("text_output")
         n = outputs.get("num_output_tokens")
-        if text is None and n is None:
+        ids = outputs.get("output_ids")
+        n_ids = len(_flat(ids)) if ids is not None else 0
+        if text is None and n is None and not n_ids:
             return  # an empty (final) response
+        if n is None and ids is not None:
+            n = n_ids   # a model answering ids: its chunk's tokens
         self.chunk_times_s.append(t)
         self.chunk_texts.append(text or "")
         self.chunk_num_tokens.append(None if n is None else int(n))
@@ -253,7 +308,8 @@ class GrpcTransport:
         out = []
         for name, v in values.items():
             dtype = INPUT_DTYPES[name]
-            arr = np.array([[v.encode() if dtype == "BYTES" else v]], dtype=_NP[dtype])
+            row = list(v) if isinstance(v, tuple) else [v.encode() if dtype == "BYTES" else v]
+            arr = np.array([row], dtype=_NP[dtype])
             inp = grpcclient.InferInput(name, list(arr.shape), dtype)
             inp.set_data_from_numpy(arr)
             out.append(inp)
@@ -392,7 +448,7 @@ class HttpTransport(AiohttpClient):
                        declared: frozenset[str] | None, timeout_s: float) -> RawResult:
         s = await self._sess()
         endpoint = "generate_stream" if params.stream else "generate"
-        body = build_inputs(prompt, params, declared)
+        body = http_body(prompt, params, declared)
         raw = RawResult(send_wall_s=time.time())
         t0 = time.perf_counter()
         url = f"http://{self.url}/v2/models/{model}/{endpoint}"
@@ -415,6 +471,12 @@ class HttpTransport(AiohttpClient):
                 if raw.error:
                     return
             raw.end_s = time.perf_counter() - t0
+
+
+def http_body(prompt: str, p: GenParams, declared: frozenset[str] | None) -> dict[str, Any]:
+    """The JSON body of a generate request (:func:`build_inputs`; ids as a list)."""
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in build_inputs(prompt, p, declared).items()}
 
 
 def error_text(body: str) -> str:
