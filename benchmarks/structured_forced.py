@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     guide = GuideCompiler(tok, vocab, [tok.eos_token_id]).compile(
         Guide("json_schema", json.dumps(SCHEMA)))
     params = SamplingParams(max_tokens=args.max_tokens, end_id=tok.eos_token_id, guide=guide)
-    configs = [c for c in CONFIGS + (NO_SKIP if args.no_skip_too else []) if c[1] in decs]
+    configs = [c for c in CONFIGS + (NO_SKIP if args.no_skip_too else [])
+               if c[1] in decs and (not args.only or c[0] == "plain" or c[0] in args.only)]
     prompts = []
     for code in records(args.data, args.records):
         msgs = [{"role": "user", "content": ASK.format(code=code)}]
@@ -127,6 +128,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
         for name in outs:
             cols[name]["same"].append(float(outs[name] == outs["plain"]))
         print(f"record {i + 1}/{len(prompts)} done", flush=True)
+        if args.out is not None:  # what is done so far, should the run be cut short
+            _write(args.out, cols)
     return cols
 
 
@@ -153,6 +156,11 @@ def table(cols: dict[str, dict[str, list[float]]], seed: int = 0) -> str:
     return "\n".join(lines)
 
 
+def _write(path: Path, cols: dict[str, dict[str, list[float]]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cols, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "smollm2")
@@ -167,12 +175,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-skip-too", action="store_true",
                     help="also the merges that run the proposer on rows the grammar covers")
-    ap.add_argument("--out", type=Path, default=None, help="also write the raw columns (JSON)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="also write the raw columns (JSON; after every record)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="CONFIG",
+                    help="these configurations only (plain always first)")
     args = ap.parse_args()
     cols = run(args)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(cols, indent=1) + "\n")
+        _write(args.out, cols)
     print(table(cols))
 
 
