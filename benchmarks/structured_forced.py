@@ -5,13 +5,16 @@ constrained decoding, measured side by side.
 Records: HumanEval problems (Chen et al. 2021; ``HumanEval.jsonl.gz``, as ``specserve prompts``
 reads it), evenly spaced, each a chat request (the model's chat template) asking for the
 function's interface as JSON under :data:`SCHEMA`. Configurations: plain constrained decoding,
-forced drafts alone, n-gram (K = 4) alone and merged with forced drafts, the EAGLE-3 head
-(K = 4; when ``--drafts``/eagle3 exists) alone and merged. Every record runs through every
-configuration before the next record (the order reversed on odd records), so load from other
-processes hits them alike. Per-user tok/s = generated tokens / the request's seconds (prefill
-included); a configuration's ratio is its total tokens / total seconds over plain's, with a 95%
-bootstrap interval over records. Every answer is checked against the schema and against plain
-constrained decoding's (greedy is lossless). Prints ratios, never asserts on time.
+forced drafts alone, n-gram (K = 4, or k <= K per step under ``--draft-len-policy adaptive``)
+alone and merged with forced drafts, the EAGLE-3 head (likewise; when ``--drafts``/eagle3
+exists) alone and merged (``--no-skip-too``: the merges also with the proposer run on rows
+whose draft the grammar's chain fills). Every record runs through every configuration before
+the next record (the order reversed on odd records), so load from other processes hits them
+alike. Per-user tok/s = generated tokens / the request's seconds (prefill included; ``--clock
+cpu``: the thread's CPU seconds); a configuration's ratio is its total tokens / total seconds
+over plain's, with a 95% bootstrap interval over records. Every answer is checked against the
+schema and against plain constrained decoding's (greedy is lossless). Prints ratios, never
+asserts on time.
 
     .venv/bin/python benchmarks/structured_forced.py --records 32 \\
         --model checkpoints/smollm2 --drafts checkpoints/smollm2-drafts
@@ -47,9 +50,11 @@ SCHEMA = {"type": "object",
 ASK = ("Extract the interface of the Python function below as JSON with the keys "
        "function_name, parameter_names, return_type, one_line_summary and "
        "has_doctest_examples.\n\n```python\n{code}```")
-CONFIGS = [("plain", "plain", False), ("forced", "plain", True), ("ngram", "ngram", False),
-           ("ngram+forced", "ngram", True), ("eagle3", "eagle3", False),
-           ("eagle3+forced", "eagle3", True)]
+CONFIGS = [("plain", "plain", None), ("forced", "plain", "skip"), ("ngram", "ngram", None),
+           ("ngram+forced", "ngram", "skip"), ("eagle3", "eagle3", None),
+           ("eagle3+forced", "eagle3", "skip")]
+# --no-skip-too: the merges also with the proposer run on rows the grammar's chain covers
+NO_SKIP = [("ngram+forced/no-skip", "ngram", "run"), ("eagle3+forced/no-skip", "eagle3", "run")]
 
 
 def records(path: Path, n: int) -> list[str]:
@@ -60,13 +65,14 @@ def records(path: Path, n: int) -> list[str]:
     return rows[::step][:n]
 
 
-def _decoders(model: Path, drafts: Path, k: int) -> dict[str, Any]:
+def _decoders(model: Path, drafts: Path, k: int, policy: str) -> dict[str, Any]:
     from specserve.runtime.loader import build_decoder
 
-    out = {"plain": build_decoder(model), "ngram": build_decoder(model, ngram=True,
-                                                                  max_draft_len=k)}
+    out = {"plain": build_decoder(model),
+           "ngram": build_decoder(model, ngram=True, max_draft_len=k, draft_len_policy=policy)}
     if (drafts / "eagle3" / "config.json").is_file():
-        out["eagle3"] = build_decoder(model, eagle3_dir=drafts / "eagle3", max_draft_len=k)
+        out["eagle3"] = build_decoder(model, eagle3_dir=drafts / "eagle3", max_draft_len=k,
+                                      draft_len_policy=policy)
     return out
 
 
@@ -89,13 +95,15 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     from specserve.runtime.params import SamplingParams
 
     torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     tok = AutoTokenizer.from_pretrained(str(args.model))
-    decs = _decoders(args.model, args.drafts, args.k)
+    decs = _decoders(args.model, args.drafts, args.k, args.draft_len_policy)
     vocab = decs["plain"].target.cfg.vocab_size
     guide = GuideCompiler(tok, vocab, [tok.eos_token_id]).compile(
         Guide("json_schema", json.dumps(SCHEMA)))
     params = SamplingParams(max_tokens=args.max_tokens, end_id=tok.eos_token_id, guide=guide)
-    configs = [c for c in CONFIGS if c[1] in decs]
+    configs = [c for c in CONFIGS + (NO_SKIP if args.no_skip_too else [])
+               if c[1] in decs and (not args.only or c[0] == "plain" or c[0] in args.only)]
     prompts = []
     for code in records(args.data, args.records):
         msgs = [{"role": "user", "content": ASK.format(code=code)}]
@@ -109,11 +117,11 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
         outs: dict[str, list[int]] = {}
         for name, base, forced in (configs if i % 2 == 0 else configs[::-1]):
             dec = decs[base]
-            dec.forced = ForcedDrafts() if forced else None
-            t0 = time.perf_counter()
+            dec.forced = None if forced is None else ForcedDrafts(skip_covered=forced == "skip")
+            t0 = clock()
             (res,) = dec.generate([ids], params)
             c, outs[name] = cols[name], list(res.token_ids)
-            c["seconds"].append(time.perf_counter() - t0)
+            c["seconds"].append(clock() - t0)
             c["tokens"].append(len(res.token_ids))
             c["steps"].append(res.stats.steps)
             c["emitted"].append(res.stats.emitted_tokens)
@@ -122,6 +130,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
         for name in outs:
             cols[name]["same"].append(float(outs[name] == outs["plain"]))
         print(f"record {i + 1}/{len(prompts)} done", flush=True)
+        if args.out is not None:  # what is done so far, should the run be cut short
+            _write(args.out, cols)
     return cols
 
 
@@ -148,6 +158,11 @@ def table(cols: dict[str, dict[str, list[float]]], seed: int = 0) -> str:
     return "\n".join(lines)
 
 
+def _write(path: Path, cols: dict[str, dict[str, list[float]]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cols, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "smollm2")
@@ -156,13 +171,23 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--k", type=int, default=4, help="draft length of n-gram and EAGLE-3")
+    ap.add_argument("--draft-len-policy", choices=["fixed", "adaptive"], default="fixed",
+                    help="fixed: K drafts per step; adaptive: the engine's draft-length policy "
+                         "(k <= K per step from measured acceptance and step cost)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=None, help="also write the raw columns (JSON)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: this thread's CPU time (with --threads 1: what a request used, "
+                         "barely moved by other processes on a loaded machine)")
+    ap.add_argument("--no-skip-too", action="store_true",
+                    help="also the merges that run the proposer on rows the grammar covers")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="also write the raw columns (JSON; after every record)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="CONFIG",
+                    help="these configurations only (plain always first)")
     args = ap.parse_args()
     cols = run(args)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(cols, indent=1) + "\n")
+        _write(args.out, cols)
     print(table(cols))
 
 

@@ -39,7 +39,7 @@ import torch
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
 from specserve.runtime.draft_policy import DraftLenPolicy, step_clock
-from specserve.runtime.forced_drafts import ForcedDrafts
+from specserve.runtime.forced_drafts import ForcedDrafts, RowChain
 from specserve.runtime.grammar import DraftGuide, GuidedStep
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Forward, Transformer
@@ -318,6 +318,7 @@ class SpecDecoder:
         policy = self._policy_for(p, st, limits)
         if policy is not None:
             limits = policy.plan(st, limits)
+        limits, ready = self._cover(p, st, limits)
         clock = step_clock(self.device)
         t0 = clock()
         prop = None if p is None else p.get_proposal(
@@ -330,7 +331,7 @@ class SpecDecoder:
         if predicting:
             prop, limits = self._predict(st, prop, limits, predicting)
         if self.forced is not None and any(st.guides) and not isinstance(prop, TreeProposal):
-            prop, limits = self.forced.merge(st, prop, limits, self.device)
+            prop, limits = self.forced.merge(st, prop, limits, self.device, ready)
         if isinstance(prop, TreeProposal):
             tree_step(self.target, st, cache, prop, on_step)
             return
@@ -341,6 +342,16 @@ class SpecDecoder:
                 (min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)), default=0)
             policy.observe(st, before, len(st.seqs), width, drafted, t1 - t0,
                            clock() - t1)
+
+    def _cover(self, p: Proposer | None, st: Batch,
+               limits: list[int]) -> tuple[list[int], dict[int, RowChain]]:
+        """Grammar-forced drafts: rows whose grammar chain fills their limit get no proposer
+        drafts (limit 0; :meth:`ForcedDrafts.cover`), and those chains. Chain proposers only,
+        not in :meth:`verify` (the caller's drafts)."""
+        if (self.forced is None or p is None or not any(st.guides) or st.one_step
+                or p.lookahead != p.max_draft_len):
+            return limits, {}
+        return self.forced.cover(st, limits)
 
     def _policy_for(self, p: Proposer | None, st: Batch,
                     limits: list[int]) -> DraftLenPolicy | None:

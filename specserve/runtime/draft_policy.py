@@ -7,7 +7,9 @@ objective; this module feeds it and keeps its state).
   3, after a warm-up; more rows never cost less); what a real verify step takes beyond it (the
   step's bookkeeping, attention over long contexts) is added, measured online per draft width.
 - Acceptance: each row's own accepted drafts and rejecting steps (its whole request, through
-  :attr:`Batch.history`), shrunk towards an engine-wide rate that forgets at 3% per step.
+  :attr:`Batch.history`), shrunk towards an engine-wide rate that forgets at 3% per step. The
+  proposer's drafts only: grammar-forced drafts (:mod:`specserve.runtime.forced_drafts`),
+  nearly always accepted, would make a poor proposer look good.
 - The proposer's cost per drafted position is timed online.
 - Each step: before proposing, the k that maximises expected tokens per second (proposal cost
   included); after proposing, greedy rows' drafts cut again by the same choice over what was
@@ -138,9 +140,8 @@ class DraftLenPolicy:
         and taken low by :meth:`caution` standard errors."""
         z, out = self.caution(len(st.seqs)), []
         for b in rows:
-            h, s = st.history[b], st.stats[b]
-            out.append(row_alpha(h.accepted_tokens + s.accepted_tokens,
-                                 h.rejected_steps + s.rejected_steps, self.alpha, z=z))
+            (ha, hr), (sa, sr) = st.history[b].own_verdicts(), st.stats[b].own_verdicts()
+            out.append(row_alpha(ha + sa, hr + sr, self.alpha, z=z))
         return out
 
     def caution(self, batch: int) -> float:
@@ -214,8 +215,9 @@ class DraftLenPolicy:
         """After a step: acceptance deltas per row (``before``: each row's (accepted, rejected
         steps) before it), the forward's ``rows`` and draft ``width``, the proposal's drafted
         positions and the two timings."""
-        acc = sum(s.accepted_tokens for s in st.stats) - sum(a for a, _ in before)
-        rej = sum(s.rejected_steps for s in st.stats) - sum(r for _, r in before)
+        now = self.snapshot(st)
+        acc = sum(a for a, _ in now) - sum(a for a, _ in before)
+        rej = sum(r for _, r in now) - sum(r for _, r in before)
         self.acc = self.acc * self.DECAY + acc
         self.rej = self.rej * self.DECAY + rej
         if drafted:
@@ -228,8 +230,9 @@ class DraftLenPolicy:
 
     @staticmethod
     def snapshot(st: Batch) -> list[tuple[int, int]]:
-        """Each row's (accepted, rejected steps) in this batch's stats now."""
-        return [(s.accepted_tokens, s.rejected_steps) for s in st.stats]
+        """Each row's (accepted, rejected steps) of the proposer's own drafts in this batch's
+        stats now (grammar-forced drafts left out)."""
+        return [s.own_verdicts() for s in st.stats]
 
     def plain_share(self) -> float:
         """The share of steps it ran at k = 0."""

@@ -32,6 +32,15 @@ kept tokens; the draft model's KV holds verified tokens only, and it drafts thro
 tokens; a row whose chain is shorter than the batch's longest has draft K/V of the draft's
 own tokens past it, which may differ from accepted jump tokens: slower drafting there, never
 another output). Rows with a prediction keep its drafts; tree proposals are left as they are.
+
+A row whose grammar chain alone (forced and jump tokens) already fills the draft length k the
+step gives it (:meth:`ForcedDrafts.cover`, before proposing) is not asked for drafts (its limit
+is 0, the draft-length policy's k = 0 path: EAGLE-3 catches up on it at its next proposal, a
+draft model feeds what it has not seen); the proposer is not run at all where every row is so
+covered. Its drafts would have gone only to positions the grammar fills: at a forced position
+the forced token wins; at a jump position its draft could replace the jump token, but both are
+drafts of the same forced string. Lossless either way: the rule is picked from the grammar
+state, before any draft-side draw, and verification is unchanged.
 """
 
 from __future__ import annotations
@@ -111,22 +120,48 @@ class ForcedDrafts:
 
     jump: bool = True
     max_len: int = MAX_FORCED_DRAFT
+    skip_covered: bool = True  # no proposer drafts for rows the grammar's chain covers (cover)
+
+    def row_limit(self, st: Batch, b: int) -> int:
+        """Row b's most merged drafts this step (its cap, its tokens left)."""
+        p = st.params[b]
+        return min(p.draft_cap(self.max_len), p.max_tokens - len(st.out[b]) - 1)
+
+    def cover(self, st: Batch, limits: list[int]) -> tuple[list[int], dict[int, RowChain]]:
+        """Before proposing: ``limits`` with 0 for each guided row (no prediction) whose
+        grammar chain alone is at least its limit long, and those chains (for :meth:`merge`)."""
+        ready: dict[int, RowChain] = {}
+        if not self.skip_covered:
+            return limits, ready
+        for b in st.active():
+            m = st.guides[b]
+            if m is None or m.terminated or st.params[b].prediction or limits[b] <= 0:
+                continue
+            chain = merge_row(m.fork(), [], self.row_limit(st, b), self.jump)
+            if len(chain.tokens) >= limits[b]:
+                ready[b] = chain
+        return [0 if b in ready else lim for b, lim in enumerate(limits)], ready
 
     def merge(self, st: Batch, prop: ChainProposal | None, limits: list[int],
-              device: torch.device | str) -> tuple[ChainProposal | None, list[int]]:
+              device: torch.device | str,
+              ready: dict[int, RowChain] | None = None) -> tuple[ChainProposal | None, list[int]]:
         """The step's proposal and per-row draft limits with the guided rows' chains merged
-        (rows with a prediction, unguided and finished rows as they were); records the
-        grammar drafts' indices in ``st.forced_at``."""
+        (rows with a prediction, unguided and finished rows as they were; ``ready``: rows
+        :meth:`cover` took, their chains); records the grammar drafts' indices in
+        ``st.forced_at``."""
         st.forced_at = {}
         rows: dict[int, RowChain] = {}
         for b in st.active():
             m = st.guides[b]
             if m is None or b in st.predicted or m.terminated:
                 continue
-            own = [] if prop is None else prop.tokens[b, :min(prop.counts[b], limits[b])].tolist()
-            p = st.params[b]
-            lim = min(p.draft_cap(self.max_len), p.max_tokens - len(st.out[b]) - 1)
-            rows[b] = merge_row(m.fork(), own, max(lim, len(own)), self.jump)
+            if ready and b in ready:
+                rows[b] = ready[b]
+            else:
+                n = 0 if prop is None else min(prop.counts[b], limits[b])
+                own = [] if prop is None else prop.tokens[b, :n].tolist()
+                rows[b] = merge_row(m.fork(), own, max(self.row_limit(st, b), len(own)),
+                                    self.jump)
             st.forced_at[b] = rows[b].grammar_positions
         if not any(c.kinds for c in rows.values()):
             return prop, limits

@@ -119,6 +119,7 @@ def chain_step(target: Transformer, st: Batch, cache: KVCache, prop: ChainPropos
         if guide is not None:  # roll back the rejected drafts, take the last token
             guide.settle(counts[b], len(toks) - 1, toks[-1])
         st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
+        st.stats[b].observe_grammar(st.forced_at.get(b, ()), counts[b], len(toks) - 1)
         if b in st.predicted:
             st.pred[b][0] += min(len(toks) - 1, len(new))
         st.count_forced(b, min(len(toks) - 1, len(new)))
