@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "checkpoints"
 K = 4   # draft tokens per step of every chain (draft, n-gram, EAGLE-3)
+SEQ = {"real": ["--max-input-len", "1024", "--max-seq-len", "1536"]}   # build flags per set
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,10 @@ def from_args(args: argparse.Namespace) -> ModelSet:
 
 def build_engine(ms: ModelSet, kind: str, out: Path) -> None:
     """The torch engine of ``kind`` on ``ms`` (float32, batch 16, K = 4; Medusa: the heads'
-    own CPU tree when the set has one, else the builder's default); reused when built."""
+    own CPU tree when the set has one, else the builder's default); reused when built. The
+    real model's sequences are cut to 1,536 tokens (prompts up to 1,024): its KV cache for 16
+    sequences of 8,192 (the model's maximum) is ~6 GiB per engine instance, and a repository
+    holds two (ensemble and baseline)."""
     if (out / "build_config.json").exists():
         return
     tree = ms.drafts / "medusa_tree_cpu.json"
@@ -71,4 +75,5 @@ def build_engine(ms: ModelSet, kind: str, out: Path) -> None:
                         *(["--medusa-choices", str(tree)] if tree.is_file() else [])]}[kind]
     subprocess.run([sys.executable, "-m", "specserve.cli.main", "build", "--model",
                     str(ms.target), *extra, "--backend", "torch", "--dtype", "float32",
-                    "--max-batch-size", "16", "--out", str(out), "--force"], check=True)
+                    "--max-batch-size", "16", *SEQ.get(ms.name, []), "--out", str(out),
+                    "--force"], check=True)
