@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "reports" / "conform")
     ap.add_argument("--docs", type=Path, default=ROOT / "docs")
     ap.add_argument("--dest", type=Path, default=None, help="default: DOCS/conformance")
+    ap.add_argument("--note", default="", help="a line under the header (the model measured)")
     args = ap.parse_args()
     dest = args.dest or args.docs / "conformance"
     strip = str(dest.resolve().relative_to(args.docs.resolve())) + "/"
@@ -158,7 +159,8 @@ def main() -> None:
     doc = dest / OUT_NAME
     dest.mkdir(parents=True, exist_ok=True)
     page = os.path.relpath(args.docs / "conformance.md", dest)
-    doc.write_text(HEADER.replace("../conformance.md", page) + "\n\n" + "\n".join(parts))
+    head = HEADER.replace("../conformance.md", page) + (f"\n\n{args.note}" if args.note else "")
+    doc.write_text(head + "\n\n" + "\n".join(parts))
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     print(f"wrote {doc} and {dest}/ ({size / 1e6:.2f} MB)")
 
