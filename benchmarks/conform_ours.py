@@ -9,7 +9,9 @@ against itself. For draft and n-gram also ``tensorrt_llm_bls`` with ``num_draft_
 frontend and one specserve worker per served name) serving every method's engine under the
 method's name and the draft engine without speculation as "none"; each method is compared with
 "none" over OpenAI (protocol "openai", engine "specserve-dynamo"). Matrices go to
-``WORK/ours-METHOD-PROTOCOL/``, the pivot to ``WORK/ours.md``.
+``WORK/ours-METHOD-PROTOCOL/``, the pivot to ``WORK/ours.md``. ``--model-set real``: the same
+on SmolLM2-135M-Instruct and the drafts that exist for it (``benchmarks/conform_sets.py``;
+"none" is then served by the n-gram engine when there is no draft model).
 
     .venv/bin/python benchmarks/conform_ours.py --work reports/conform --frontends triton,dynamo
 """
@@ -27,7 +29,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-DEMO = ROOT / "checkpoints" / "demo"
 BLS_KINDS = ("draft", "ngram")   # tensorrt_llm_bls drafts itself (draft model or prompt lookup)
 
 
@@ -38,8 +39,9 @@ def conform(args: argparse.Namespace, method: str, protocol: str, url: str, mode
     cmd = [sys.executable, "-m", "specserve.cli.main", "conform", "--url", url,
            "--protocol", protocol, "--model", model, "--baseline-model", baseline,
            "--method", method, "--engine", engine, "--engine-version", version(),
-           "--tokenizer", str(DEMO / "tokenizer"), "--context-limit", str(limit),
+           "--tokenizer", str(args.set.tokenizer), "--context-limit", str(limit),
            "--samples", str(args.samples), "--budget-s", str(args.budget_s),
+           "--timeout-s", str(args.timeout_s), "--max-tokens", str(args.max_tokens),
            "--out", str(out), "--format", "json", *extra]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s + 900)
@@ -77,12 +79,13 @@ def dynamo(args: argparse.Namespace, kinds: list[str], only: set[str] | None
     from specserve.frontends.dynamo_serve import DynamoDeployment, DynamoServeConfig, ServedModel
 
     engines = {k: args.work / "engines" / k for k in kinds}
+    plain = engines[args.set.none_kind]
     models = tuple(ServedModel(k, engine=engines[k]) for k in kinds
                    if not only or k in only) + (
-        ServedModel("none", speculation=False, engine=engines["draft"]),)
-    cfg = DynamoServeConfig(engine=engines["draft"], models=models, max_batch=16,
+        ServedModel("none", speculation=False, engine=plain),)
+    cfg = DynamoServeConfig(engine=plain, models=models, max_batch=16,
                             log_dir=args.work / "dynamo-logs")
-    limit = read_engine_record(engines["draft"]).max_input_len
+    limit = read_engine_record(plain).max_input_len
     rows: list[dict[str, Any]] = []
     with DynamoDeployment(cfg).start(600) as dep:
         url = dep.url.removeprefix("http://")
@@ -95,12 +98,41 @@ def dynamo(args: argparse.Namespace, kinds: list[str], only: set[str] | None
     return rows
 
 
-def main() -> None:
-    from peers import build_engine  # benchmarks/peers.py: the same torch engines
-
-    from specserve.conform.matrix import pivot, row_from_dict
+def triton(args: argparse.Namespace, kind: str, only: set[str] | None) -> list[dict[str, Any]]:
+    """One repository and tritonserver for ``kind``: its ensemble (and BLS) against
+    ``ensemble_baseline``, and "none" on the set's none engine, over each protocol."""
     from specserve.engine_record import read_engine_record
     from specserve.triton.server import TritonServer
+
+    engine, repo = args.work / "engines" / kind, args.work / f"repo-{kind}"
+    subprocess.run([sys.executable, "-m", "specserve.cli.main", "repo", "--engine",
+                    str(engine), "--out", str(repo), "--baseline", "--force"], check=True,
+                   capture_output=True)
+    limit = read_engine_record(engine).max_input_len
+    srv = TritonServer(repo, log_path=args.work / f"triton-{kind}.log").start(timeout_s=600)
+    rows: list[dict[str, Any]] = []
+    try:
+        for protocol in args.protocols.split(","):
+            url = srv.grpc_url if protocol == "grpc" else srv.http_url
+            if kind == args.set.none_kind and (not only or "none" in only):
+                print(f"== none ({protocol})", flush=True)
+                rows += conform(args, "none", protocol, url, "ensemble_baseline", limit)["rows"]
+            if only and kind not in only:
+                continue
+            print(f"== {kind} ({protocol})", flush=True)
+            rows += conform(args, kind, protocol, url, "ensemble", limit)["rows"]
+            if kind in BLS_KINDS and not args.no_bls:   # the BLS's own loop, K = 4
+                print(f"== {kind}-bls ({protocol})", flush=True)
+                rows += conform(args, f"{kind}-bls", protocol, url, "tensorrt_llm_bls",
+                                limit, ("--num-draft-tokens", "4"))["rows"]
+            save(args.work / "ours-rows.json", rows)
+    finally:
+        srv.stop()
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
+    import conform_sets
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=ROOT / "reports" / "conform")
@@ -109,43 +141,33 @@ def main() -> None:
     ap.add_argument("--frontends", default="triton", help="triton and/or dynamo")
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--budget-s", type=float, default=600.0, help="per method and protocol")
+    ap.add_argument("--timeout-s", type=float, default=120.0, help="per request")
+    ap.add_argument("--max-tokens", type=int, default=32, help="per answer")
+    ap.add_argument("--no-bls", action="store_true", help="leave out the draft-bls/ngram-bls rows")
+    conform_sets.add_args(ap)
     args = ap.parse_args()
+    args.set = conform_sets.from_args(args)
+    return args
+
+
+def main() -> None:
+    from conform_sets import build_engine
+
+    from specserve.conform.matrix import pivot, row_from_dict
+
+    args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.work.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(",")) if args.only else None
     rows: list[dict[str, Any]] = []
     frontends = args.frontends.split(",")
-    kinds = [k for k in ("draft", "ngram", "medusa", "eagle3")   # draft: also "none"'s engine
-             if not only or k in only or k == "draft"]
+    none = args.set.none_kind   # also "none"'s engine
+    kinds = [k for k in args.set.kinds() if not only or k in only or k == none]
     for kind in kinds:
-        build_engine(kind, args.work / "engines" / kind, DEMO / "eagle3")
+        build_engine(args.set, kind, args.work / "engines" / kind)
     for kind in kinds if "triton" in frontends else []:
-        if only and kind not in only and not (kind == "draft" and "none" in only):
-            continue
-        engine, repo = args.work / "engines" / kind, args.work / f"repo-{kind}"
-        subprocess.run([sys.executable, "-m", "specserve.cli.main", "repo", "--engine",
-                        str(engine), "--out", str(repo), "--baseline", "--force"], check=True,
-                       capture_output=True)
-        limit = read_engine_record(engine).max_input_len
-        srv = TritonServer(repo, log_path=args.work / f"triton-{kind}.log").start(timeout_s=600)
-        try:
-            for protocol in args.protocols.split(","):
-                url = srv.grpc_url if protocol == "grpc" else srv.http_url
-                if kind == "draft" and (not only or "none" in only):
-                    print(f"== none ({protocol})", flush=True)
-                    rows += conform(args, "none", protocol, url, "ensemble_baseline",
-                                    limit)["rows"]
-                if only and kind not in only:
-                    continue
-                print(f"== {kind} ({protocol})", flush=True)
-                rows += conform(args, kind, protocol, url, "ensemble", limit)["rows"]
-                if kind in BLS_KINDS:   # the BLS's own speculation loop, K = 4
-                    print(f"== {kind}-bls ({protocol})", flush=True)
-                    rows += conform(args, f"{kind}-bls", protocol, url, "tensorrt_llm_bls",
-                                    limit, ("--num-draft-tokens", "4"))["rows"]
-                save(args.work / "ours-rows.json", rows)
-        finally:
-            srv.stop()
+        if not only or kind in only or (kind == none and "none" in only):
+            rows += triton(args, kind, only)
     if "dynamo" in frontends:
         rows += dynamo(args, kinds, only)
     table = pivot([row_from_dict(r) for r in save(args.work / "ours-rows.json", rows)])
