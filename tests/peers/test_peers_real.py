@@ -1,0 +1,49 @@
+"""``benchmarks/peers.py --real``: the real-model set alternates vLLM and ours method by method,
+drops EAGLE-3 on both sides when the head is missing, and interleaves the chat categories."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "peers.py"
+
+
+def _peers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("peers_bench", SCRIPT)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["peers_bench"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _args(eagle3: Path) -> argparse.Namespace:
+    return argparse.Namespace(real=True, served="smollm2", eagle3=eagle3)
+
+
+def test_real_set_alternates_engines(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    got = _peers().configs(_args(tmp_path))
+    assert [engine for _, engine, _, _ in got] == ["vllm", "triton"] * 3
+    assert [name for name, *_ in got] == ["vllm", "specserve", "vllm ngram K=4",
+                                          "specserve ngram", "vllm eagle3 K=4",
+                                          "specserve eagle3"]
+    assert got[4][2]["model"] == str(tmp_path) and got[4][2]["num_speculative_tokens"] == 4
+    assert {m for _, e, _, m in got if e == "vllm"} == {"smollm2"}
+    assert [m for _, e, _, m in got if e == "triton"] == ["ensemble_baseline", "ensemble",
+                                                          "ensemble"]
+
+
+def test_no_head_no_eagle3(tmp_path: Path) -> None:
+    got = _peers().configs(_args(tmp_path / "missing"))
+    assert [name for name, *_ in got] == ["vllm", "specserve", "vllm ngram K=4",
+                                          "specserve ngram"]
+
+
+def test_categories_interleaved() -> None:
+    assert _peers().interleave([["c1", "c2", "c3"], ["m1"], ["w1", "w2"]]) == \
+        ["c1", "m1", "w1", "c2", "w2", "c3"]
