@@ -55,6 +55,31 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "checkpoints" / "demo"
+SERVER: dict[str, int] = {}  # "pid": the running server's root process (vLLM, tritonserver)
+
+
+def server_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) of process ``pid`` and its descendants so far, including
+    their reaped children; None without a pid or psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    if not pid:
+        return None
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def chat_prompts(model: Path, data: Path, n: int, out: Path) -> Path:
@@ -146,6 +171,7 @@ def vllm(args: argparse.Namespace, spec: dict[str, Any] | None, log: Path) -> It
                      enforce_eager=eager, omp_threads_bind=args.vllm_bind)
     with VllmServer(cfg, log) as srv:
         print(f"  vLLM ready in {srv.wait_ready(timeout_s=600):.0f} s", flush=True)
+        SERVER["pid"] = srv.pid or 0
         yield srv.base_url
 
 
@@ -190,6 +216,7 @@ def triton(work: Path, kind: str, eagle3: Path, model: Path | None = None,
                     "--out", str(repo), "--baseline", "--force"], check=True,
                    capture_output=True)
     srv = TritonServer(repo, log_path=work / f"triton-{kind}.log").start(timeout_s=300)
+    SERVER["pid"] = srv.pid or 0
     try:
         yield srv.grpc_url
     finally:
@@ -247,11 +274,16 @@ def configs(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| configuration | conc. | per-user tok/s | TPOT p50 ms | TTFT p50 ms | TTFT p99 ms "
-            "| output tok/s | tau |\n|---|---|---|---|---|---|---|---|")
+            "| output tok/s | tau | server CPU s / 1k tok |\n|---|---|---|---|---|---|---|---|---|")
     return head + "".join(
         f"\n| {r['name']} | {r['concurrency']} | {r['per_user_tok_s']:.1f} | "
         f"{r['tpot_ms_p50']:.2f} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p99']:.1f} | "
-        f"{r['output_tok_s']:.1f} | {r['tau']:.2f} |" for r in rows)
+        f"{r['output_tok_s']:.1f} | {r['tau']:.2f} | "
+        f"{_opt(r.get('server_cpu_s_per_1k_tok'))} |" for r in rows)
+
+
+def _opt(x: float | None) -> str:
+    return "" if x is None else f"{x:.1f}"
 
 
 def main() -> None:
@@ -310,17 +342,26 @@ def main() -> None:
                   else dynamo(args.work, arg, args.eagle3) if engine == "dynamo"
                   else triton(args.work, arg, args.eagle3,
                               args.model if args.real else None, args.max_seq_len))
+        SERVER.clear()
         with server as got:
             url, metrics = got if isinstance(got, tuple) else (got, ())
             for c in levels:
-                t0 = time.time()
+                t0, cpu0 = time.time(), server_cpu_s(SERVER.get("pid"))
                 r = bench(args, "grpc" if engine == "triton" else "openai", url, model, c,
                           args.work / slug / f"c{c}", metrics[:1] if model == "spec" else ())
+                cpu1 = server_cpu_s(SERVER.get("pid"))
+                # the server's CPU seconds per 1,000 output tokens, warm-up requests included
+                made = (r["completed"] + min(c, 4)) * args.max_tokens
+                r["server_cpu_s_per_1k_tok"] = (1000 * (cpu1 - cpu0) / made
+                                                if cpu0 is not None and cpu1 is not None
+                                                and made else None)
                 rows.append({"name": name, **r})
                 flags = f" {r['flags']}" if r["flags"] else ""
                 print(f"  c={c}: per-user {r['per_user_tok_s']:.1f} tok/s, output "
                       f"{r['output_tok_s']:.1f} tok/s, TTFT p50 {r['ttft_ms_p50']:.1f} ms, tau "
-                      f"{r['tau']:.2f} ({time.time() - t0:.0f} s){flags}", flush=True)
+                      f"{r['tau']:.2f}, server CPU s/1k tok "
+                      f"{r['server_cpu_s_per_1k_tok'] or 0:.1f} ({time.time() - t0:.0f} s)"
+                      f"{flags}", flush=True)
         (args.work / "peers.json").write_text(json.dumps(rows, indent=2))
     print("\n" + table(rows))
     (args.work / "peers.md").write_text(table(rows) + "\n")

@@ -47,3 +47,25 @@ def test_no_head_no_eagle3(tmp_path: Path) -> None:
 def test_categories_interleaved() -> None:
     assert _peers().interleave([["c1", "c2", "c3"], ["m1"], ["w1", "w2"]]) == \
         ["c1", "m1", "w1", "c2", "w2", "c3"]
+
+
+def test_server_cpu_counts_descendants() -> None:
+    """A server's CPU time includes its children's: a shell whose child spins 0.4 s of CPU
+    counts at least 0.3 s while the shell itself sleeps; no pid, no figure."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    peers = _peers()
+    proc = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'import time\n"
+                             "t = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+                             "time.sleep(30)' & wait"], start_new_session=True)
+    try:
+        time.sleep(1.5)
+        got = peers.server_cpu_s(proc.pid)
+        assert got is not None and got >= 0.3
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert peers.server_cpu_s(None) is None and peers.server_cpu_s(0) is None
