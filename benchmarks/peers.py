@@ -276,14 +276,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = ("| configuration | conc. | per-user tok/s | TPOT p50 ms | TTFT p50 ms | TTFT p99 ms "
             "| output tok/s | tau | server CPU s / 1k tok |\n|---|---|---|---|---|---|---|---|---|")
     return head + "".join(
-        f"\n| {r['name']} | {r['concurrency']} | {r['per_user_tok_s']:.1f} | "
-        f"{r['tpot_ms_p50']:.2f} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p99']:.1f} | "
-        f"{r['output_tok_s']:.1f} | {r['tau']:.2f} | "
+        f"\n| {r['name']} | {r['concurrency']} | {_opt(r['per_user_tok_s'])} | "
+        f"{_opt(r['tpot_ms_p50'], '.2f')} | {_opt(r['ttft_ms_p50'])} | "
+        f"{_opt(r['ttft_ms_p99'])} | {_opt(r['output_tok_s'])} | {_opt(r['tau'], '.2f')} | "
         f"{_opt(r.get('server_cpu_s_per_1k_tok'))} |" for r in rows)
 
 
-def _opt(x: float | None) -> str:
-    return "" if x is None else f"{x:.1f}"
+def _opt(x: float | None, fmt: str = ".1f") -> str:
+    """``x`` formatted, or "-" where there is no figure (every request failed)."""
+    return "-" if x is None else format(x, fmt)
 
 
 def main() -> None:
@@ -357,12 +358,15 @@ def main() -> None:
                                                 and made else None)
                 rows.append({"name": name, **r})
                 flags = f" {r['flags']}" if r["flags"] else ""
-                print(f"  c={c}: per-user {r['per_user_tok_s']:.1f} tok/s, output "
-                      f"{r['output_tok_s']:.1f} tok/s, TTFT p50 {r['ttft_ms_p50']:.1f} ms, tau "
-                      f"{r['tau']:.2f}, server CPU s/1k tok "
-                      f"{r['server_cpu_s_per_1k_tok'] or 0:.1f} ({time.time() - t0:.0f} s)"
+                print(f"  c={c}: {r['completed']} done, {r['errors']} errors; per-user "
+                      f"{_opt(r['per_user_tok_s'])} tok/s, output {_opt(r['output_tok_s'])} "
+                      f"tok/s, TTFT p50 {_opt(r['ttft_ms_p50'])} ms, tau "
+                      f"{_opt(r['tau'], '.2f')}, server CPU s/1k tok "
+                      f"{_opt(r['server_cpu_s_per_1k_tok'])} ({time.time() - t0:.0f} s)"
                       f"{flags}", flush=True)
-        (args.work / "peers.json").write_text(json.dumps(rows, indent=2))
+                if not r["completed"]:  # the server died (vLLM's EAGLE-3 worker can hang)
+                    break
+            (args.work / "peers.json").write_text(json.dumps(rows, indent=2))
     print("\n" + table(rows))
     (args.work / "peers.md").write_text(table(rows) + "\n")
 

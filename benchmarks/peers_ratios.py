@@ -33,8 +33,8 @@ def load(dirs: list[Path], vllm: bool) -> dict[tuple[str, int], list[dict[str, A
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for d in dirs:
         for row in json.loads((d / "peers.json").read_text()):
-            if row["name"].startswith("vllm") != vllm:
-                continue
+            if row["name"].startswith("vllm") != vllm or row.get("output_tok_s") is None:
+                continue  # the other engine's, or a cell whose every request failed
             cells.setdefault((row["name"], int(row["concurrency"])), []).append(row)
     return cells
 

@@ -69,3 +69,13 @@ def test_server_cpu_counts_descendants() -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert peers.server_cpu_s(None) is None and peers.server_cpu_s(0) is None
+
+
+def test_a_dead_server_cell_renders() -> None:
+    """Every request failed (vLLM's EAGLE-3 worker hung): no figures, a row of dashes, not a
+    crash that loses the configurations still to run."""
+    row = {"name": "vllm eagle3 K=4", "concurrency": 1, "completed": 0, "errors": 4,
+           "per_user_tok_s": None, "tpot_ms_p50": None, "ttft_ms_p50": None,
+           "ttft_ms_p99": None, "output_tok_s": None, "tau": None,
+           "server_cpu_s_per_1k_tok": None}
+    assert "| vllm eagle3 K=4 | 1 | - | - | - | - | - | - | - |" in _peers().table([row])
