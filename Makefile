@@ -231,9 +231,11 @@ bench-peers: setup peer-vllm
 
 # make bench-peers-real: the same on the real model (checkpoints/smollm2, make real-model) with
 # its EAGLE-3 head: plain, n-gram, EAGLE-3 on each engine, alternated vLLM, ours, ... method by
-# method; held-out chat prompts with the chat template, 96 tokens, T = 0, c = 1, 8, 16; both
-# engines on cores 0-1 (vLLM VLLM_CPU_OMP_THREADS_BIND=0-1, ours 2 torch threads)
-PEERS_REAL_ARGS ?= --threads 2 --vllm-bind 0-1
+# method; held-out chat prompts with the chat template, 96 tokens, T = 0, c = 1, 8, 16; one
+# compute core each: vLLM's OpenMP threads on core 0 (VLLM_CPU_OMP_THREADS_BIND=0; its default,
+# auto, also keeps a core for its busy-polling engine core: bound to 0-1 on 2 cores it starves)
+# and our 1 torch thread (the default); PEERS_REAL_ARGS="--threads 2 --vllm-bind 0-1": both cores
+PEERS_REAL_ARGS ?= --threads 1 --vllm-bind 0
 bench-peers-real: setup peer-vllm real-model real-prompts
 	$(BIN)/python benchmarks/peers.py --real --model $(REAL_MODEL) --eagle3 $(REAL_DRAFTS)/eagle3 \
 	  --chat $(CHAT_HELDOUT) --requests 4 --max-seq-len 1024 --work reports/peers-real \

@@ -31,11 +31,15 @@ method by method. ``--chat FILE`` sends held-out chat prompts with the model's o
 applied (the text renders to the same ids the template tokenizes to), categories interleaved,
 written to ``WORK/prompts-chat.jsonl``. Cores: vLLM's OpenMP threads are bound by
 ``--vllm-bind`` (``VLLM_CPU_OMP_THREADS_BIND``), ours run ``--threads`` torch threads
-(``SPECSERVE_TORCH_THREADS``); both are recorded in ``WORK/setup.json``.
+(``SPECSERVE_TORCH_THREADS``); both are recorded in ``WORK/setup.json``. On 2 cores, one each
+(``--vllm-bind 0 --threads 1``): vLLM's engine-core process polls without sleeping (its own
+``auto`` binding keeps a core for it), so with its OpenMP threads on both cores every step waits
+on a descheduled thread (measured: c = 1 at 2.1-10.7 tok/s bound to 0-1, 13.3 bound to 0).
+Every cell also gets the server's CPU seconds per 1,000 output tokens (process tree, psutil).
 
     .venv/bin/python benchmarks/peers.py --real --model checkpoints/smollm2 \\
         --eagle3 checkpoints/smollm2-drafts/eagle3 --chat .cache/data/chat-heldout.jsonl \\
-        --threads 2 --vllm-bind 0-1 --work reports/peers-real
+        --threads 1 --vllm-bind 0 --work reports/peers-real
 """
 
 from __future__ import annotations
