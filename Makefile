@@ -31,8 +31,9 @@ ENGINE_BACKEND := torch
 endif
 
 .PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-tiny demo-dynamo engine repo serve bench container-python bench-runtime soak kv-soak peer-vllm \
-  peer-aiperf test-peers bench-peers eagle3-vllm bench-methods bench-proposal aiperf-crosscheck trtllm-check \
-  conform conform-vllm conform-real conform-real-vllm conform-trtllm clean help
+  peer-aiperf test-peers bench-peers bench-peers-real eagle3-vllm bench-methods bench-proposal \
+  aiperf-crosscheck trtllm-check conform conform-vllm conform-real conform-real-vllm conform-trtllm \
+  clean help
 
 help:
 	@echo "make demo   - install, import the real model, train its EAGLE-3 head, serve on Triton, benchmark, report"
@@ -228,6 +229,18 @@ PEERS_ARGS ?=
 bench-peers: setup peer-vllm
 	@test -f checkpoints/demo/draft/config.json || $(BIN)/specserve demo-model --out checkpoints/demo
 	$(BIN)/python benchmarks/peers.py --work reports/peers $(PEERS_ARGS)
+
+# make bench-peers-real: the same on the real model (checkpoints/smollm2, make real-model) with
+# its EAGLE-3 head: plain, n-gram, EAGLE-3 on each engine, alternated vLLM, ours, ... method by
+# method; held-out chat prompts with the chat template, 96 tokens, T = 0, c = 1, 8, 16; one
+# compute core each: vLLM's OpenMP threads on core 0 (VLLM_CPU_OMP_THREADS_BIND=0; its default,
+# auto, also keeps a core for its busy-polling engine core: bound to 0-1 on 2 cores it starves)
+# and our 1 torch thread (the default); PEERS_REAL_ARGS="--threads 2 --vllm-bind 0-1": both cores
+PEERS_REAL_ARGS ?= --threads 1 --vllm-bind 0
+bench-peers-real: setup peer-vllm real-model real-prompts
+	$(BIN)/python benchmarks/peers.py --real --model $(REAL_MODEL) --eagle3 $(REAL_DRAFTS)/eagle3 \
+	  --chat $(CHAT_HELDOUT) --requests 4 --max-seq-len 1024 --work reports/peers-real \
+	  $(PEERS_REAL_ARGS) $(PEERS_ARGS)
 
 # make eagle3-vllm: the EAGLE-3 portability proof. vLLM-CPU serves the demo target with the
 # demo's EAGLE-3 head (method eagle3, K = 4) and so does the reference engine on Triton; the same

@@ -47,3 +47,24 @@ def test_a_directory_without_results_is_refused(tmp_path: Path) -> None:
                           str(tmp_path)], capture_output=True, text=True)
     assert run.returncode == 2 and "no peers.json" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_run_holding_both_engines(tmp_path: Path) -> None:
+    """``peers.py --real`` alternates both engines in one run: named on both sides, the vLLM
+    side reads its vLLM rows only and ours the others (our n-gram at 600 over vLLM's 500 is
+    1.20, not over the mean with itself); TTFT p50 20 ms over vLLM's 40 ms is 0.50."""
+    both = tmp_path / "both"
+    both.mkdir()
+    (both / "peers.json").write_text(json.dumps([
+        {"name": n, "concurrency": 8, "output_tok_s": o, "per_user_tok_s": p, "ttft_ms_p50": t}
+        for n, o, p, t in (("vllm ngram K=4", 500, 50, 40.0), ("specserve ngram", 600, 60, 20.0),
+                           ("vllm", 400, 40, 30.0), ("specserve", 440, 44, 15.0))]))
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--vllm", str(both), "--ours", str(both),
+                          "--json", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got = {r["name"]: r for r in json.loads(out.read_text())}
+    assert set(got) == {"specserve ngram", "specserve"}
+    assert got["specserve ngram"]["output_ratio"] == [1.2]
+    assert got["specserve ngram"]["ttft_ratio"] == [0.5]
+    assert got["specserve"]["per_user_ratio"] == [1.1]
