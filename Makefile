@@ -31,7 +31,7 @@ ENGINE_BACKEND := torch
 endif
 
 .PHONY: setup setup-dynamo test test-dynamo test-slow lint demo demo-tiny demo-dynamo engine repo serve bench container-python bench-runtime soak kv-soak peer-vllm \
-  peer-aiperf test-peers bench-peers bench-peers-real eagle3-vllm bench-methods bench-proposal \
+  peer-aiperf test-peers bench-peers bench-peers-real bench-threads eagle3-vllm bench-methods bench-proposal \
   aiperf-crosscheck trtllm-check conform conform-vllm conform-real conform-real-vllm conform-trtllm \
   clean help
 
@@ -390,7 +390,7 @@ TRAIN_REAL_MINUTES ?= 25
 TRAIN_THREADS ?= 1
 EAGLE3_REAL_FLAGS = --data $(CHAT_TRAIN) --prompt-len 64 --gen-len 96 --draft-vocab 8192 \
   --threads $(TRAIN_THREADS)
-.PHONY: train-real bench-real bench-verify
+.PHONY: train-real bench-real bench-verify bench-threads
 $(CHAT_TRAIN): $(SHAREGPT) $(HUMANEVAL)
 	$(BIN)/specserve prompts --sharegpt $(SHAREGPT) --humaneval $(HUMANEVAL) --split train \
 	  --per-category 100 --out $@
@@ -413,3 +413,10 @@ BENCH_VERIFY_ARGS ?=
 bench-verify: real-model real-prompts
 	$(BIN)/python benchmarks/verify_cost.py --model $(REAL_MODEL) --data $(CHAT_HELDOUT) \
 	  --out reports/verify-cost.json $(BENCH_VERIFY_ARGS)
+
+# make bench-threads: one torch thread or two for the served engine on the real model (an n-gram
+# engine and its no-speculation baseline on Triton, c = 1, 8, 16; benchmarks/threads.py)
+BENCH_THREADS_ARGS ?=
+bench-threads: real-model $(CHAT_TEXT)
+	$(BIN)/python benchmarks/threads.py --model $(REAL_MODEL) --data $(CHAT_TEXT) \
+	  --work reports/threads $(BENCH_THREADS_ARGS)
