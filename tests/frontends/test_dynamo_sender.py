@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from specserve.frontends.dynamo_worker import DynamoSender
+from specserve.frontends.dynamo_sender import DynamoSender
 from specserve.runtime.params import SamplingParams
 
 
