@@ -119,13 +119,18 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def oracle_args(ap: argparse.ArgumentParser, tokens: int) -> None:
+    """The options this benchmark and its profile mode (verify_profile.py) share."""
     ap.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "smollm2")
     ap.add_argument("--data", type=Path, default=ROOT / ".cache" / "data" / "chat-heldout.jsonl")
     ap.add_argument("--batches", default="1,4,8")
     ap.add_argument("--ks", default="1,2,4,7")
-    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--tokens", type=int, default=tokens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    oracle_args(ap, 96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "verify-cost.json")

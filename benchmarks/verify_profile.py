@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from profile_step import group_of  # noqa: E402
-from verify_cost import _prompts  # noqa: E402
+from verify_cost import _prompts, oracle_args  # noqa: E402
 
 CATEGORIES = ("linears", "lm head", "attention", "norms+rotary", "verify", "other aten",
               "python")
@@ -320,11 +320,7 @@ def markdown(rows: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "smollm2")
-    ap.add_argument("--data", type=Path, default=ROOT / ".cache" / "data" / "chat-heldout.jsonl")
-    ap.add_argument("--batches", default="1,4,8")
-    ap.add_argument("--ks", default="1,2,4,7")
-    ap.add_argument("--tokens", type=int, default=32)
+    oracle_args(ap, 32)
     ap.add_argument("--prompt-tokens", type=int, default=256,
                     help="each prompt's last N tokens (at most 256, as verify_cost.py)")
     ap.add_argument("--probe-mb", type=int, default=512)
