@@ -39,6 +39,9 @@ from specserve.runtime.plan import Chunk, Join, StepOutput, StepPlan, Store
 from specserve.runtime.proposers import Restored, SlotProposer, StepOutcome
 from specserve.runtime.proposers.base import NOTHING_RESTORED
 
+# a prefill forward runs at most this many times the tokens of its rows (padding included)
+PAD_LIMIT = 1.25
+
 
 class ModelRunner:
     """Executes step plans over ``capacity`` pool rows of up to ``max_len`` tokens each.
@@ -102,7 +105,8 @@ class ModelRunner:
         if plan.chunk is not None:
             self._chunk(plan.chunk)
         out: list[RowOutput] = []
-        for group in _groups(plan.join):
+        bs = 0 if self.kv is None else self.kv.block_size
+        for group in _groups(plan.join, bs):
             out += self._prefill(group)
         return StepOutput("prefill", tuple(out))
 
@@ -186,14 +190,22 @@ class ModelRunner:
         return st.outputs()
 
 
-def _groups(joins: tuple[Join, ...]) -> list[list[Join]]:
-    """Consecutive joins with the same ``fed`` (one prefill forward each)."""
+def _groups(joins: tuple[Join, ...], block_size: int = 0) -> list[list[Join]]:
+    """Consecutive joins with the same ``fed`` (one prefill forward each), split where one
+    more row would pad the forward past :data:`PAD_LIMIT` times the tokens it runs (rows are
+    right-padded to the longest: a 500-token prompt among 70-token ones ran 16 x 500 tokens
+    for 16 x 180). ``block_size``: the prefix cache's (a join's cached blocks are not run)."""
     out: list[list[Join]] = []
+    sizes: list[int] = []
     for j in joins:
-        if out and out[-1][0].fed == j.fed == 0:
+        n = len(j.handle.prompt) - j.skip(block_size)
+        if (out and out[-1][0].fed == j.fed == 0
+                and max(*sizes, n) * (len(sizes) + 1) <= PAD_LIMIT * (sum(sizes) + n)):
             out[-1].append(j)
+            sizes.append(n)
         else:
             out.append([j])
+            sizes = [n]
     return out
 
 

@@ -438,3 +438,32 @@ def test_prefill_runs_on_its_own_threads_and_decode_on_the_models(
     assert seen == {"prefill": {2}, "decode": {1}}
     assert torch.get_num_threads() == 1
     assert [h.result.token_ids for h in handles if h.result] == [w[0] for w in want]
+
+
+def test_a_burst_of_uneven_prompts_is_not_padded_to_its_longest(
+        tiny_models: TinyModels) -> None:
+    """Prompts of 3, 2, 3 and 30 tokens join in one step (budget 64): the short ones share a
+    forward and the long one runs in its own, so the step's prefill forwards run at most 1.25x
+    the 38 prompt tokens (one padded forward ran 4 x 30 = 120); each answer is its own."""
+    prompts = [[5, 6, 7], [20, 21], [30, 31, 32], [(9 * i) % 200 + 3 for i in range(30)]]
+    dec = SpecDecoder(tiny_models.target)
+    sch = Scheduler(dec, 4, max_len=64, prefill_chunk=64)
+    shapes: list[tuple[int, int]] = []
+    run = dec.target.run
+
+    def counted_run(tokens: torch.Tensor, *a: object, **kw: object) -> object:
+        shapes.append((tokens.shape[0], tokens.shape[1]))  # [B, T] of every target forward
+        return run(tokens, *a, **kw)  # type: ignore[arg-type]
+
+    dec.target.run = counted_run  # type: ignore[method-assign]
+    try:
+        handles = [sch.submit(p, SamplingParams(max_tokens=4)) for p in prompts]
+        sch.step()
+    finally:
+        del dec.target.run
+    prefill = [b * t for b, t in shapes if t > 1]
+    assert len(prefill) == 2 and sum(prefill) <= 1.25 * sum(map(len, prompts)), shapes
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert [h.result.token_ids for h in handles if h.result] == [
+        alone.generate([p], SamplingParams(max_tokens=4))[0].token_ids for p in prompts]
