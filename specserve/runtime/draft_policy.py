@@ -8,8 +8,9 @@ objective; this module feeds it and keeps its state).
   step's bookkeeping, attention over long contexts) is added, measured online per draft width.
 - Acceptance: each row's own accepted drafts and rejecting steps (its whole request, through
   :attr:`Batch.history`), shrunk towards an engine-wide rate that forgets at 3% per step. The
-  proposer's drafts only: grammar-forced drafts (:mod:`specserve.runtime.forced_drafts`),
-  nearly always accepted, would make a poor proposer look good.
+  proposer's drafts only: grammar-forced drafts (:mod:`specserve.runtime.forced_drafts`) and a
+  request's prediction (Predicted Outputs), nearly always accepted, would make a poor proposer
+  look good.
 - The proposer's cost per drafted position is timed online.
 - Each step: before proposing, the k that maximises expected tokens per second (proposal cost
   included); after proposing, greedy rows' drafts cut again by the same choice over what was

@@ -119,7 +119,8 @@ def chain_step(target: Transformer, st: Batch, cache: KVCache, prop: ChainPropos
         if guide is not None:  # roll back the rejected drafts, take the last token
             guide.settle(counts[b], len(toks) - 1, toks[-1])
         st.stats[b].observe(counts[b], len(toks) - 1, num_emitted=len(new))
-        st.stats[b].observe_grammar(st.forced_at.get(b, ()), counts[b], len(toks) - 1)
+        foreign = range(counts[b]) if b in st.predicted else st.forced_at.get(b, ())
+        st.stats[b].observe_foreign(foreign, counts[b], len(toks) - 1)  # not the proposer's
         if b in st.predicted:
             st.pred[b][0] += min(len(toks) - 1, len(new))
         st.count_forced(b, min(len(toks) - 1, len(new)))

@@ -38,11 +38,11 @@ class AcceptanceStats:
     # steps that rejected a draft (alpha's MLE: accepted / (accepted + these)); the engine's own
     # (runtime/draft_policy.py), not in to_dict
     rejected_steps: int = field(default=0, compare=False)
-    # of those, the drafts the grammar proposed (structured output's forced drafts) that were
-    # accepted and the steps whose first rejected draft was one: the proposer's own acceptance
-    # leaves them out (own_verdicts); not in to_dict
-    grammar_accepted: int = field(default=0, compare=False)
-    grammar_rejected_steps: int = field(default=0, compare=False)
+    # of those, the drafts the proposer did not make (structured output's grammar-forced drafts,
+    # a request's prediction) that were accepted and the steps whose first rejected draft was
+    # one: the proposer's own acceptance leaves them out (own_verdicts); not in to_dict
+    foreign_accepted: int = field(default=0, compare=False)
+    foreign_rejected_steps: int = field(default=0, compare=False)
 
     def observe(
         self,
@@ -77,19 +77,19 @@ class AcceptanceStats:
             key = f"{head},{rank}"
             self.accepted_nodes[key] = self.accepted_nodes.get(key, 0) + 1
 
-    def observe_grammar(self, positions: Iterable[int], num_drafted: int,
+    def observe_foreign(self, positions: Iterable[int], num_drafted: int,
                         num_accepted: int) -> None:
         """Of the step just observed: the drafts at ``positions`` (indices in its chain) were
-        the grammar's, not the proposer's."""
+        not the proposer's (the grammar's, the request's prediction)."""
         at = set(positions)
-        self.grammar_accepted += sum(j < num_accepted for j in at)
-        self.grammar_rejected_steps += int(num_accepted < num_drafted and num_accepted in at)
+        self.foreign_accepted += sum(j < num_accepted for j in at)
+        self.foreign_rejected_steps += int(num_accepted < num_drafted and num_accepted in at)
 
     def own_verdicts(self) -> tuple[int, int]:
         """The proposer's own accepted drafts and steps that rejected one of its drafts (the
-        grammar's drafts left out)."""
-        return (self.accepted_tokens - self.grammar_accepted,
-                self.rejected_steps - self.grammar_rejected_steps)
+        grammar's and a prediction's drafts left out)."""
+        return (self.accepted_tokens - self.foreign_accepted,
+                self.rejected_steps - self.foreign_rejected_steps)
 
     def merge(self, other: AcceptanceStats) -> AcceptanceStats:
         """A new AcceptanceStats holding both."""
@@ -108,8 +108,8 @@ class AcceptanceStats:
             accept_hist=_add_lists(self.accept_hist, other.accept_hist),
             accepted_nodes=nodes,
             rejected_steps=self.rejected_steps + other.rejected_steps,
-            grammar_accepted=self.grammar_accepted + other.grammar_accepted,
-            grammar_rejected_steps=self.grammar_rejected_steps + other.grammar_rejected_steps,
+            foreign_accepted=self.foreign_accepted + other.foreign_accepted,
+            foreign_rejected_steps=self.foreign_rejected_steps + other.foreign_rejected_steps,
         )
 
     @property

@@ -175,7 +175,7 @@ def test_a_row_whose_accepted_drafts_were_the_grammars_keeps_the_prior() -> None
     part = Batch([[1, 2]], [SamplingParams()], torch.device("cpu"))
     for _ in range(20):
         part.stats[0].observe(4, 4)
-        part.stats[0].observe_grammar(range(4), 4, 4)
+        part.stats[0].observe_foreign(range(4), 4, 4)
     st = Batch.detach([part], None)
     (alpha,) = DraftLenPolicy(FLAT).row_alphas(st, [0])
     assert alpha == pytest.approx(0.5)  # the prior (FLAT: no caution)

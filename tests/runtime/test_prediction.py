@@ -166,3 +166,29 @@ def test_bad_predictions_fail_that_request_only(tiny_models: TinyModels) -> None
         sch.submit(PROMPTS[1], SamplingParams(max_tokens=4, prediction=(1, -1)))
     sch.run_until_idle()
     assert good.result is not None and len(good.result.token_ids) == 8
+
+
+def test_the_policy_counts_the_proposers_drafts_not_the_predictions(
+        tiny_models: TinyModels) -> None:
+    """A prediction equal to the answer supplies nearly every draft, all accepted: the
+    draft-length policy's acceptance counts only the proposer's own verdicts (a poor proposer
+    must not look good on a prediction's drafts), and the engine-wide counts equal the rows'."""
+    from specserve.runtime.draft_policy import DraftLenPolicy
+    from specserve.runtime.proposers import NgramProposer
+    from tests.runtime.test_draft_policy import FLAT
+
+    class Undecayed(DraftLenPolicy):
+        DECAY = 1.0  # the engine-wide counts are plain sums
+
+    want = _plain(tiny_models)[:2]
+    policy = Undecayed(FLAT)
+    dec = SpecDecoder(tiny_models.target, NgramProposer(max_draft_len=4), draft_policy=policy)
+    res = [dec.generate([p], SamplingParams(max_tokens=MAX, prediction=tuple(w)))[0]
+           for p, w in zip(PROMPTS[:2], want, strict=True)]
+    assert [r.token_ids for r in res] == want
+    own = [r.stats.own_verdicts() for r in res]
+    from_prediction = sum(r.accepted_prediction_tokens or 0 for r in res)
+    assert from_prediction > 20
+    assert sum(r.stats.accepted_tokens for r in res) == sum(a for a, _ in own) + from_prediction
+    assert (policy.acc, policy.rej) == (2.0 + sum(a for a, _ in own),
+                                        2.0 + sum(r for _, r in own))
