@@ -36,9 +36,10 @@ from torch import nn
 
 from specserve.checkpoint import load_state_dict
 from specserve.errors import SpecserveError
-from specserve.runtime import cpu_attention
+from specserve.runtime import cpu_attention, cpu_layer
 from specserve.runtime.checkpoint import load_target_config
-from specserve.runtime.cpu_linear import MULTI_ROW_MIN, Linear, lay_out, linear
+from specserve.runtime.cpu_linear import MAX_ROWS, MULTI_ROW_MIN, Linear, lay_out, linear
+from specserve.runtime.cpu_linear import usable as rows_usable
 from specserve.runtime.kvcache import KVCache, RopeModel, StepInputs
 from specserve.runtime.model_config import ModelConfig
 
@@ -187,6 +188,7 @@ class Transformer(RopeModel):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._fusable: bool | None = None  # every linear takes the few-row kernel (decode_layout)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -208,6 +210,7 @@ class Transformer(RopeModel):
             tied = [m for m in lins if m.weight is self.embed.weight]
             lay_out([m for m in lins if m not in tied], self.dtype, multi_row_limit_bytes,
                     multi_row_min, shared=tied)
+            self._fusable = None
         return self
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
@@ -234,6 +237,8 @@ class Transformer(RopeModel):
         """
         st = self.step_inputs(tokens, cache, lengths, depth, node_mask, window)
         x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
+        if self._fused_rows(x, st):
+            return self._run_fused(x, cache, st, capture)
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             if i in capture:
@@ -242,6 +247,52 @@ class Transformer(RopeModel):
         if len(self.layers) in capture:
             aux.append(x)
         return Forward(_rms_norm(x, self.norm), torch.cat(aux, dim=-1) if aux else None)
+
+    def _fused_rows(self, x: torch.Tensor, st: StepInputs) -> bool:
+        """Whether this forward's layers take the C path (:mod:`specserve.runtime.cpu_layer`):
+        the attention kernel attends (``st.rows``), every linear takes the few-row kernel for
+        these B T rows, no Qwen3 q/k norms."""
+        if st.rows is None or x.shape[0] * x.shape[1] > MAX_ROWS or self.cfg.qk_norm:
+            return False
+        if self._fusable is None:
+            blocks = [cast(Block, blk) for blk in self.layers]
+            self._fusable = all(lin.few_rows for blk in blocks for lin in (
+                blk.attn.qkv, blk.attn.o, blk.gate_up, blk.down))
+        return self._fusable and cpu_layer.usable(x, self.cfg.head_dim) and rows_usable(x)
+
+    def _run_fused(self, x: torch.Tensor, cache: KVCache, st: StepInputs,
+                   capture: Sequence[int]) -> Forward:
+        """:meth:`run`'s layers as C calls: per layer RMSNorm (fused with the last residual
+        add), q/k/v, RoPE and the KV write, attention, o, add + RMSNorm, gate/up,
+        SiLU-and-multiply, down. The residual stream ``x`` [M, H] is updated in place."""
+        b, t, h = x.shape
+        nh, nkv, hd, eps = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim, \
+            self.cfg.rms_norm_eps
+        assert st.rows is not None
+        x = x.reshape(b * t, h).contiguous()  # [M, H]
+        write = st.write
+        slots = ((torch.arange(t) + write).repeat(b) if isinstance(write, int)
+                 else write.reshape(-1).to(torch.int64).contiguous())  # [M]
+        aux: list[torch.Tensor] = []
+        layers = [cast(Block, layer) for layer in self.layers]
+        y = cpu_layer.rms(x, layers[0].attn_norm.weight, eps) if layers else x
+        for i, blk in enumerate(layers):
+            if i in capture:
+                aux.append(x.clone())
+            a = blk.attn
+            qkv = linear(y, a.qkv)  # [M, (nh + 2 nkv) D]
+            cpu_layer.rope_kv(qkv, st.cos, st.sin, cache.k[i], cache.v[i], slots, t, nh, nkv)
+            q = qkv.view(b, t, nh + 2 * nkv, hd)[:, :, :nh].transpose(1, 2)  # [B, nh, T, D]
+            att = cpu_attention.attend(q, cache.k[i], cache.v[i], st.rows)  # [B, T, nh D]
+            y = cpu_layer.add_rms(x, linear(att.view(b * t, -1), a.o), blk.mlp_norm.weight, eps)
+            gu = linear(y, blk.gate_up)  # [M, 2 I]
+            nxt = layers[i + 1].attn_norm.weight if i + 1 < len(layers) else self.norm.weight
+            y = cpu_layer.add_rms(x, linear(cpu_layer.silu_mul(gu), blk.down), nxt, eps)
+        if len(layers) in capture:
+            aux.append(x.clone())
+        hidden = (y if layers else cpu_layer.rms(x, self.norm.weight, eps))
+        cat = torch.cat(aux, dim=-1).view(b, t, -1) if aux else None
+        return Forward(hidden.view(b, t, h), cat)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., V] from hidden states [..., H]."""
