@@ -358,3 +358,39 @@ def test_a_long_newcomer_beside_a_long_row_fits_the_head_cache(tiny_models: Tiny
     for h, (p, n) in ((long, ([5] * 4, 58)), (late, (list(range(10, 50)), 4))):
         assert h.result is not None
         assert h.result.token_ids == alone.generate([p], SamplingParams(max_tokens=n))[0].token_ids
+
+
+def test_a_newcomers_backlog_does_not_pad_the_running_rows(tiny_models: TinyModels) -> None:
+    """In flight, three rows one step behind and a newcomer with a 40-token prompt: the next
+    proposal feeds the head at most 1.5x the pending positions (one padded forward fed 4 x 40
+    for 43), and every request's tokens are its own alone."""
+    from specserve.runtime.scheduler import Scheduler
+
+    m = tiny_models.target
+    head = random_head(m, seed=4, scale=0.05)
+    prop = Eagle3Proposer(head, max_draft_len=3)
+    sch = Scheduler(SpecDecoder(m, prop), 4, max_len=96)
+    prompts = [[5, 6, 7], [20, 21, 22], [30, 31], [(7 * i) % 90 + 3 for i in range(40)]]
+    p = SamplingParams(max_tokens=12)
+    handles = [sch.submit(x, p) for x in prompts[:3]]
+    for _ in range(3):
+        sch.step()
+    fed: list[tuple[int, int]] = []
+    forward = head.forward
+
+    def counted(tokens: torch.Tensor, *a: object, **kw: object) -> torch.Tensor:
+        fed.append((tokens.shape[0], tokens.shape[1]))  # [B, T] of every head forward
+        return forward(tokens, *a, **kw)  # type: ignore[arg-type]
+
+    handles.append(sch.submit(prompts[3], p))
+    head.forward = counted  # type: ignore[method-assign]
+    try:
+        sch.step()  # the newcomer joins (its prompt the head's backlog) and every row drafts
+    finally:
+        del head.forward
+    catch_up = [b * t for b, t in fed if t > 1]
+    assert catch_up and sum(catch_up) <= 1.5 * (len(prompts[3]) + 3 * 2), fed
+    sch.run_until_idle()
+    alone = SpecDecoder(m, Eagle3Proposer(head, max_draft_len=3))
+    assert [h.result.token_ids for h in handles if h.result] == [
+        alone.generate([x], p)[0].token_ids for x in prompts]

@@ -158,7 +158,39 @@ class Eagle3Proposer(ChainProposer):
 
     def _catch_up(self, seqs: list[list[int]]) -> torch.Tensor:
         """Feed every row's pending (feature, next token) pairs; the head's output at each
-        row's last position [B, H]."""
+        row's last position [B, H]. One forward pads every row to the longest backlog, so a
+        row far behind the rest (a newcomer's whole prompt beside rows one step behind) is
+        first fed alone down to :meth:`_joint_cap` pending positions: at c = 8 a 300-token
+        prompt padded 8 rows to 300 head positions for 307 real ones."""
+        assert self.cache is not None
+        counts = [0 if f is None else f.shape[0] for f in self.feats]
+        cap = self._joint_cap(counts)
+        for b, n in enumerate(counts):
+            if n > cap:
+                self._feed_row(b, seqs[b], n - cap)
+        return self._feed_all(seqs)
+
+    @staticmethod
+    def _joint_cap(counts: list[int]) -> int:
+        """The backlog the joint forward pads to: twice the median's (at least 4)."""
+        return max(4, 2 * sorted(counts)[len(counts) // 2])
+
+    def _feed_row(self, b: int, seq: list[int], n: int) -> None:
+        """Row ``b``'s first ``n`` pending pairs through the head in a forward of its own."""
+        assert self.cache is not None
+        f = self.feats[b]
+        assert f is not None
+        lens = list(self.cache.lengths)
+        one = self.cache.view(b, b + 1)
+        one.lengths = [lens[b]]
+        toks = torch.tensor([seq[lens[b] + 1:lens[b] + 1 + n]], device=self.head.device)
+        self.head(toks, f[None, :n], one)  # [1, n, H]: only its cache writes are kept
+        lens[b] += n
+        self.cache.lengths = lens
+        self.feats[b] = f[n:]
+
+    def _feed_all(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Every row's pending pairs in one forward, right-padded to the longest."""
         assert self.cache is not None
         dev, h = self.head.device, self.head.cfg.hidden_size
         lens = list(self.cache.lengths)
