@@ -98,9 +98,23 @@ def dynamo(args: argparse.Namespace, kinds: list[str], only: set[str] | None
     return rows
 
 
-def triton(args: argparse.Namespace, kind: str, only: set[str] | None) -> list[dict[str, Any]]:
-    """One repository and tritonserver for ``kind``: its ensemble (and BLS) against
-    ``ensemble_baseline``, and "none" on the set's none engine, over each protocol."""
+def triton_runs(kind: str, none_kind: str, only: set[str] | None, no_bls: bool) -> list[str]:
+    """The rows ``kind``'s repository serves, in order: "none" (on the set's none engine),
+    ``kind`` (its ensemble) and ``kind-bls`` (the BLS, draft and n-gram). ``--only`` names
+    methods: ``kind`` brings its BLS along (unless ``--no-bls``), ``kind-bls`` the BLS alone."""
+    def wanted(method: str) -> bool:
+        return not only or method in only
+
+    runs = ["none"] if kind == none_kind and wanted("none") else []
+    runs += [kind] if wanted(kind) else []
+    if kind in BLS_KINDS and (f"{kind}-bls" in (only or ()) or (wanted(kind) and not no_bls)):
+        runs.append(f"{kind}-bls")
+    return runs
+
+
+def triton(args: argparse.Namespace, kind: str, runs: list[str]) -> list[dict[str, Any]]:
+    """One repository and tritonserver for ``kind``: the rows ``runs`` names (its ensemble and
+    BLS against ``ensemble_baseline``; "none": ``ensemble_baseline`` itself), each protocol."""
     from specserve.engine_record import read_engine_record
     from specserve.triton.server import TritonServer
 
@@ -114,18 +128,17 @@ def triton(args: argparse.Namespace, kind: str, only: set[str] | None) -> list[d
     try:
         for protocol in args.protocols.split(","):
             url = srv.grpc_url if protocol == "grpc" else srv.http_url
-            if kind == args.set.none_kind and (not only or "none" in only):
-                print(f"== none ({protocol})", flush=True)
-                rows += conform(args, "none", protocol, url, "ensemble_baseline", limit)["rows"]
-            if only and kind not in only:
-                continue
-            print(f"== {kind} ({protocol})", flush=True)
-            rows += conform(args, kind, protocol, url, "ensemble", limit)["rows"]
-            if kind in BLS_KINDS and not args.no_bls:   # the BLS's own loop, K = 4
-                print(f"== {kind}-bls ({protocol})", flush=True)
-                rows += conform(args, f"{kind}-bls", protocol, url, "tensorrt_llm_bls",
-                                limit, ("--num-draft-tokens", "4"))["rows"]
-            save(args.work / "ours-rows.json", rows)
+            for method in runs:
+                print(f"== {method} ({protocol})", flush=True)
+                if method == "none":
+                    rows += conform(args, "none", protocol, url, "ensemble_baseline",
+                                    limit)["rows"]
+                elif method.endswith("-bls"):   # the BLS's own loop, K = 4
+                    rows += conform(args, method, protocol, url, "tensorrt_llm_bls", limit,
+                                    ("--num-draft-tokens", "4"))["rows"]
+                else:
+                    rows += conform(args, method, protocol, url, "ensemble", limit)["rows"]
+                save(args.work / "ours-rows.json", rows)
     finally:
         srv.stop()
     return rows
@@ -136,14 +149,17 @@ def parse_args() -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=ROOT / "reports" / "conform")
-    ap.add_argument("--only", default=None, help="comma-separated methods")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated methods (ngram also runs ngram-bls; ngram-bls alone: "
+                         "the BLS rows only)")
     ap.add_argument("--protocols", default="grpc,http")
     ap.add_argument("--frontends", default="triton", help="triton and/or dynamo")
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--budget-s", type=float, default=600.0, help="per method and protocol")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="per request")
     ap.add_argument("--max-tokens", type=int, default=32, help="per answer")
-    ap.add_argument("--no-bls", action="store_true", help="leave out the draft-bls/ngram-bls rows")
+    ap.add_argument("--no-bls", action="store_true", help="leave out the draft-bls/ngram-bls rows "
+                    "(those --only names still run)")
     conform_sets.add_args(ap)
     args = ap.parse_args()
     args.set = conform_sets.from_args(args)
@@ -162,13 +178,15 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     frontends = args.frontends.split(",")
     none = args.set.none_kind   # also "none"'s engine
-    kinds = [k for k in args.set.kinds() if not only or k in only or k == none]
+    kinds = [k for k in args.set.kinds()
+             if not only or k == none or only & {k, f"{k}-bls"}]
     for kind in kinds:
         build_engine(args.set, kind, args.work / "engines" / kind)
     for kind in kinds if "triton" in frontends else []:
-        if not only or kind in only or (kind == none and "none" in only):
-            rows += triton(args, kind, only)
-    if "dynamo" in frontends:
+        runs = triton_runs(kind, none, only, args.no_bls)
+        if runs:
+            rows += triton(args, kind, runs)
+    if "dynamo" in frontends and (not only or only & {"none", *kinds}):   # no BLS on Dynamo
         rows += dynamo(args, kinds, only)
     table = pivot([row_from_dict(r) for r in save(args.work / "ours-rows.json", rows)])
     (args.work / "ours.md").write_text(table)
