@@ -41,6 +41,9 @@ from specserve.runtime.proposers.base import NOTHING_RESTORED
 
 # a prefill forward runs at most this many times the tokens of its rows (padding included)
 PAD_LIMIT = 1.25
+# a prefill forward of several prompts runs at most this many of their tokens: a step's first
+# tokens go out forward by forward (prefill is compute-bound: splitting costs a weight read)
+GROUP_TOKENS = 512
 
 
 class ModelRunner:
@@ -86,15 +89,19 @@ class ModelRunner:
         return len(self.lengths)
 
     @torch.inference_mode()
-    def prefill(self, plan: StepPlan) -> StepOutput:
+    def prefill(self, plan: StepPlan,
+                on_group: Callable[[StepOutput], None] | None = None) -> StepOutput:
         """Phase 1: stores into the prefix cache, evictions, the chunk, the newcomers'
         prefill (rows in ``plan.join`` order; their cached prefixes restored first) and their
         proposer state; on ``prefill_threads`` torch threads when > 0 and there is a prefill
-        (prompt forwards are compute-bound matmuls; a decode step's are not)."""
+        (prompt forwards are compute-bound matmuls; a decode step's are not). ``on_group``
+        hears each prefill forward's rows as soon as it ran (their first tokens need not wait
+        for the step's other forwards)."""
         with intra_op_threads(self.prefill_threads if plan.join or plan.chunk else 0):
-            return self._phase1(plan)
+            return self._phase1(plan, on_group)
 
-    def _phase1(self, plan: StepPlan) -> StepOutput:
+    def _phase1(self, plan: StepPlan,
+                on_group: Callable[[StepOutput], None] | None = None) -> StepOutput:
         for s in plan.store:
             self._store(s)
         for row in plan.evict:
@@ -107,7 +114,10 @@ class ModelRunner:
         out: list[RowOutput] = []
         bs = 0 if self.kv is None else self.kv.block_size
         for group in _groups(plan.join, bs):
-            out += self._prefill(group)
+            rows = self._prefill(group)
+            out += rows
+            if on_group is not None:
+                on_group(StepOutput("prefill", tuple(rows)))
         return StepOutput("prefill", tuple(out))
 
     @torch.inference_mode()
@@ -194,12 +204,13 @@ def _groups(joins: tuple[Join, ...], block_size: int = 0) -> list[list[Join]]:
     """Consecutive joins with the same ``fed`` (one prefill forward each), split where one
     more row would pad the forward past :data:`PAD_LIMIT` times the tokens it runs (rows are
     right-padded to the longest: a 500-token prompt among 70-token ones ran 16 x 500 tokens
-    for 16 x 180). ``block_size``: the prefix cache's (a join's cached blocks are not run)."""
+    for 16 x 180) or take it past :data:`GROUP_TOKENS`. ``block_size``: the prefix cache's (a
+    join's cached blocks are not run)."""
     out: list[list[Join]] = []
     sizes: list[int] = []
     for j in joins:
         n = len(j.handle.prompt) - j.skip(block_size)
-        if (out and out[-1][0].fed == j.fed == 0
+        if (out and out[-1][0].fed == j.fed == 0 and sum(sizes) + n <= GROUP_TOKENS
                 and max(*sizes, n) * (len(sizes) + 1) <= PAD_LIMIT * (sum(sizes) + n)):
             out[-1].append(j)
             sizes.append(n)

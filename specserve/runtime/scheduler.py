@@ -19,8 +19,8 @@ Each :meth:`Scheduler.step` runs in three parts, as vLLM v1's engine core does
    forward);
 3. :meth:`Scheduler.update` applies each phase's outcome to the requests: emitted tokens
    (streamed), stats, stops and finish; a finished request leaves (its row goes in the next
-   plan's ``evict``) and gets its result. Newcomers' first tokens go out after the prefill,
-   before the step's speculative tokens.
+   plan's ``evict``) and gets its result. Newcomers join shortest prompt first, and each
+   prefill forward's first tokens go out as it ends, before the step's speculative tokens.
 
 Outputs are unchanged by batching: every row's verification depends only on its own tokens,
 drafts and generator (the decoder's invariant), so a request's tokens equal its tokens run alone,
@@ -35,6 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch
@@ -130,7 +131,14 @@ class Scheduler:
         if plan.empty:
             return False
         self._plan = plan
-        self.update(plan, self.runner.prefill(plan))
+        done = [0]
+
+        def joined(out: StepOutput) -> None:  # each prefill forward's first tokens, at once
+            i = done[0]
+            self.update(replace(plan, join=plan.join[i:i + len(out.rows)]), out)
+            done[0] += len(out.rows)
+
+        self.runner.prefill(plan, joined)
         self.update(plan, self.runner.decode(plan))
         self._plan = None
         return True
@@ -151,6 +159,7 @@ class Scheduler:
         evict, self._leaving = tuple(self._leaving), []
         n = len(self.running)
         new, budget = self._take()
+        new.sort(key=self._uncached)  # shortest first: the step's forwards emit in this order
         joins = [Join(h, n + i, 0, tuple(h.blocks)) for i, h in enumerate(new)]
         chunk, last = self._next_chunk()
         if last is not None:
@@ -244,6 +253,10 @@ class Scheduler:
         for h in cancelled:  # callbacks run without the lock held
             self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
         return out, budget
+
+    def _uncached(self, h: Handle) -> int:
+        """Prompt tokens ``h``'s prefill runs (those after its cached blocks)."""
+        return len(h.prompt) - len(h.blocks) * (0 if self.kv is None else self.kv.block_size)
 
     def _cached(self, h: Handle) -> list[int]:
         """The pool blocks of ``h``'s prompt's longest cached full-block prefix (its last

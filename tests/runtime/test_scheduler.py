@@ -467,3 +467,32 @@ def test_a_burst_of_uneven_prompts_is_not_padded_to_its_longest(
     alone = SpecDecoder(tiny_models.target)
     assert [h.result.token_ids for h in handles if h.result] == [
         alone.generate([p], SamplingParams(max_tokens=4))[0].token_ids for p in prompts]
+
+
+def test_a_steps_shortest_prompts_get_their_first_tokens_first(tiny_models: TinyModels) -> None:
+    """A 30-token prompt submitted before two 3-token ones, all joining in one step (budget
+    64): the short ones are prefilled first and their first tokens go out before the long
+    prompt's forward runs; the answers are each request's own."""
+    dec = SpecDecoder(tiny_models.target)
+    sch = Scheduler(dec, 4, max_len=64, prefill_chunk=64)
+    events: list[str] = []
+    run = dec.target.run
+
+    def counted_run(tokens: torch.Tensor, *a: object, **kw: object) -> object:
+        events.append(f"forward {tokens.shape[1]}")
+        return run(tokens, *a, **kw)  # type: ignore[arg-type]
+
+    prompts = [[(9 * i) % 200 + 3 for i in range(30)], [5, 6, 7], [20, 21, 22]]
+    p = SamplingParams(max_tokens=4)
+    dec.target.run = counted_run  # type: ignore[method-assign]
+    try:
+        handles = [sch.submit(x, p, on_tokens=lambda t, i=i: events.append(f"tokens {i}"))
+                   for i, x in enumerate(prompts)]
+        sch.step()
+    finally:
+        del dec.target.run
+    assert events[:5] == ["forward 3", "tokens 1", "tokens 2", "forward 30", "tokens 0"], events
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert [h.result.token_ids for h in handles if h.result] == [
+        alone.generate([x], p)[0].token_ids for x in prompts]
