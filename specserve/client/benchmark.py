@@ -44,14 +44,9 @@ from specserve.client.prediction import TEXT_ONLY, Codec, chunk_texts, load_code
 from specserve.client.prompt import Prompt, conversation_text
 from specserve.client.scrape import TextGetter
 from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
-from specserve.client.transport import (
-    GenParams,
-    GrpcTransport,
-    HttpTransport,
-    RawResult,
-    Transport,
-    takes_ids,
-)
+from specserve.client.transport import GenParams, RawResult, Transport, takes_ids
+from specserve.client.triton_grpc import GrpcTransport
+from specserve.client.triton_http import HttpTransport
 from specserve.errors import SpecserveError
 
 
