@@ -13,6 +13,9 @@ requests interleaved in one run, every request recorded as it completes.
 - After ``abort_after_errors`` consecutive failed requests (unreachable, dying or unloaded
   server; a rejected request between successes does not count) no new request is sent; the run
   ends with the records it has (``aborted`` says why).
+
+The engine's own counters around the measured phase are read by
+:mod:`specserve.client.phase_acceptance`.
 """
 
 from __future__ import annotations
@@ -28,21 +31,15 @@ from typing import IO, Any
 
 import numpy as np
 
-from specserve.client.acceptance import (
-    EngineAcceptance,
-    Samples,
-    counter_acceptance,
-    from_perf_metrics,
-    pool,
-)
+from specserve.client.acceptance import EngineAcceptance
 from specserve.client.balance import PooledTransport
 from specserve.client.config import BenchmarkConfig
 from specserve.client.datasets import load_prompts
 from specserve.client.metrics import RequestRecord, make_record
 from specserve.client.openai import OpenAITransport
+from specserve.client.phase_acceptance import phase_acceptance, scrape_variants
 from specserve.client.prediction import TEXT_ONLY, Codec, chunk_texts, load_codec, recount
 from specserve.client.prompt import Prompt, conversation_text
-from specserve.client.scrape import TextGetter
 from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
 from specserve.client.transport import GenParams, RawResult, Transport, takes_ids
 from specserve.client.triton_grpc import GrpcTransport
@@ -362,11 +359,12 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
         pass
     duration = 0.0
     counters: dict[str, EngineAcceptance] = {}
+    transports = {v: t.transport for v, t in targets.items()}
     try:
         warm = [j for j in jobs if j.phase == "warmup"]
         meas = [j for j in jobs if j.phase == "measure"]
         await runner.closed_loop(warm, cfg.closed_loop_concurrency)
-        before = await _scrape_all(cfg, targets)
+        before = await scrape_variants(cfg, transports)
         t0 = time.perf_counter()
         try:
             if cfg.request_rate is not None:
@@ -375,7 +373,7 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
                 await runner.closed_loop(meas, cfg.closed_loop_concurrency)
         finally:
             duration = time.perf_counter() - t0
-        counters = _deltas(before, await _scrape_all(cfg, targets))
+        counters = phase_acceptance(before, await scrape_variants(cfg, transports))
     except asyncio.CancelledError:
         if not runner.interrupted:
             raise
@@ -386,66 +384,6 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
         loop.remove_signal_handler(signal.SIGINT)
     return RunResult(tuple(runner.records), duration, runner.aborted, runner.interrupted,
                      {v: sorted(t.declared) for v, t in targets.items()}, counters)
-
-
-@dataclass(frozen=True)
-class _Scrape:
-    samples: Samples | None
-    perf: list[Any] | None     # trtllm-serve /perf_metrics entries
-
-
-def _servers(tr: Transport) -> list[Transport]:
-    """The servers a variant's transport sends to: every replica of a pool, else its one."""
-    return list(tr.transports) if isinstance(tr, PooledTransport) else [tr]
-
-
-async def _scrape_all(cfg: BenchmarkConfig,
-                      targets: dict[str, Target]) -> dict[str, list[_Scrape]]:
-    """Variant -> what each of its servers' metrics say now (one entry per replica); only for
-    a variant whose servers are its own (a shared server's counters mix both variants)."""
-    from specserve.client.scrape import MetricsEndpoint
-
-    if cfg.protocol != "openai" or not cfg.scrape_metrics:
-        return {}
-    servers = {v: _servers(t.transport) for v, t in targets.items()}
-    out: dict[str, list[_Scrape]] = {}
-    named = {"spec": cfg.metrics_urls, "baseline": cfg.baseline_metrics_urls}
-    for variant, mine in servers.items():
-        if named.get(variant):  # the variant's workers: their counters are its alone
-            out[variant] = [await _scrape_one(MetricsEndpoint(u)) for u in named[variant]]
-            continue
-        others = {s.url for v, theirs in servers.items() if v != variant for s in theirs}
-        if not any(s.url in others for s in mine):
-            out[variant] = [await _scrape_one(s) for s in mine]
-    return out
-
-
-async def _scrape_one(server: Transport | TextGetter) -> _Scrape:
-    from specserve.client.scrape import perf_entries, scrape_settled
-
-    if not isinstance(server, TextGetter):
-        raise SpecserveError(f"{server.url}: this transport cannot read the server's metrics")
-    return _Scrape(await scrape_settled(server), await perf_entries(server))
-
-
-def _deltas(before: dict[str, list[_Scrape]],
-            after: dict[str, list[_Scrape]]) -> dict[str, EngineAcceptance]:
-    """Variant -> acceptance over the phase: per server, counter deltas, else its /perf_metrics
-    entries; over replicas, their sum (none unless every replica reports)."""
-    out: dict[str, EngineAcceptance] = {}
-    for variant, ends in after.items():
-        starts: list[_Scrape | None] = [*before.get(variant, [None] * len(ends))]
-        accs = [_phase(b, a) for b, a in zip(starts, ends, strict=True)]
-        found = [a for a in accs if a is not None]
-        total = found[0] if len(found) == 1 else pool(found)
-        if total is not None and len(found) == len(accs):
-            out[variant] = total
-    return out
-
-
-def _phase(b: _Scrape | None, a: _Scrape) -> EngineAcceptance | None:
-    acc = counter_acceptance(b.samples or {} if b else {}, a.samples) if a.samples else None
-    return acc or (from_perf_metrics(a.perf) if a.perf else None)
 
 
 def tokenizer_counter(path: str | None) -> Callable[[str], int] | None:
