@@ -14,8 +14,8 @@ requests interleaved in one run, every request recorded as it completes.
   server; a rejected request between successes does not count) no new request is sent; the run
   ends with the records it has (``aborted`` says why).
 
-The engine's own counters around the measured phase are read by
-:mod:`specserve.client.phase_acceptance`.
+Each answer becomes its record in :mod:`specserve.client.request_accounting`; the engine's own
+counters around the measured phase are read by :mod:`specserve.client.phase_acceptance`.
 """
 
 from __future__ import annotations
@@ -38,9 +38,14 @@ from specserve.client.datasets import load_prompts
 from specserve.client.metrics import RequestRecord, make_record
 from specserve.client.openai import OpenAITransport
 from specserve.client.phase_acceptance import phase_acceptance, scrape_variants
-from specserve.client.prediction import TEXT_ONLY, Codec, chunk_texts, load_codec, recount
+from specserve.client.prediction import Codec, load_codec
 from specserve.client.prompt import Prompt, conversation_text
-from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
+from specserve.client.request_accounting import (
+    acceptance_fields,
+    chunk_tokens,
+    decode_ids,
+    prediction_fields,
+)
 from specserve.client.transport import GenParams, RawResult, Transport, takes_ids
 from specserve.client.triton_grpc import GrpcTransport
 from specserve.client.triton_http import HttpTransport
@@ -86,17 +91,6 @@ def plan_jobs(prompts: list[Prompt], warmup: int, requests: int, baseline: bool)
             for variant in order:
                 jobs.append(Job(len(jobs), variant, phase, pi, prompts[pi]))
     return jobs
-
-
-def acceptance_source(raw: RawResult) -> str | None:
-    """Which server field the request's acceptance came from (``None``: none was sent)."""
-    if raw.acceptance is not None:
-        return raw.acceptance.source
-    if raw.spec_stats:
-        return "specserve: spec_stats_json"
-    if "total_draft_tokens" in raw.server:
-        return "triton: perf outputs"
-    return None
 
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
@@ -179,49 +173,11 @@ class Runner:
             raise
         return self._record(job, raw, text, turn, params)
 
-    def _from_ids(self, raw: RawResult) -> None:
-        """A door that answers ids (``tensorrt_llm``): each chunk's text, decoded here."""
-        ids = raw.output_ids
-        if ids is None or self.codec is None:
-            return
-        counts = [n or 0 for n in raw.chunk_num_tokens]
-        if sum(counts) == len(ids):
-            raw.chunk_texts = chunk_texts(ids, counts, self.codec.decode)
-        elif raw.chunk_texts:  # counts that do not add up: the whole text on the last chunk
-            raw.chunk_texts = [""] * (len(raw.chunk_texts) - 1) + [self.codec.decode(ids)]
-
-    def _prediction_fields(self, raw: RawResult, params: GenParams | None) -> dict[str, Any]:
-        """The record's Predicted Outputs fields (all unset without a prediction)."""
-        if params is None or params.prediction is None:
-            return {}
-        out: dict[str, Any] = {
-            "prediction_sent": True,
-            "accepted_prediction_tokens": raw.accepted_prediction_tokens,
-            "rejected_prediction_tokens": raw.rejected_prediction_tokens}
-        ids = raw.output_ids
-        if ids is None:
-            out["prediction_recount_note"] = TEXT_ONLY
-        elif self.codec is None:
-            out["prediction_recount_note"] = "no recount: no --tokenizer"
-        else:
-            out["prediction_recount"] = recount(
-                ids, self.codec.encode(params.prediction, special=False), params.max_tokens,
-                params.num_draft_tokens)
-        return out
-
     def _record(self, job: Job, raw: RawResult, text: str = "", turn: int = 0,
                 params: GenParams | None = None) -> RequestRecord:
-        self._from_ids(raw)
-        counts, source = resolve_chunk_tokens(raw.chunk_num_tokens, raw.chunk_texts,
-                                              self.cfg.num_output_tokens_mode, self.count_text)
-        if raw.usage_tokens is not None and sum(counts) != raw.usage_tokens:
-            counts, source = fit_to_total(counts, raw.usage_tokens), f"usage+{source}"
-        elif raw.usage_tokens is not None:
-            source = "usage" if source == "server" else f"usage+{source}"
-        server, spec_stats, acc_source = raw.server, raw.spec_stats, acceptance_source(raw)
-        if raw.acceptance is not None:
-            server = {**server, **raw.acceptance.server_fields()}
-            spec_stats = raw.acceptance.spec_stats() or spec_stats
+        decode_ids(raw, self.codec)
+        counts, source = chunk_tokens(raw, self.cfg.num_output_tokens_mode, self.count_text)
+        server, spec_stats, acc_source = acceptance_fields(raw)
         t = self.targets[job.variant]
         rec = make_record(
             index=job.index, variant=job.variant, phase=job.phase, model=t.model,
@@ -234,7 +190,7 @@ class Runner:
             error=raw.error, cancelled=raw.cancelled, output_text="".join(raw.chunk_texts),
             category=job.prompt.category, turn=turn,
             input_tokens=self.count_text(text) if self.count_text and text else None,
-            **self._prediction_fields(raw, params))
+            **prediction_fields(raw, params, self.codec))
         self._errors_in_row = self._errors_in_row + 1 if rec.status == "error" else 0
         if self._errors_in_row >= self.cfg.abort_after_errors and not self.aborted:
             kind = "connection errors" if raw.connection_error else "failed requests"
