@@ -13,6 +13,9 @@ requests interleaved in one run, every request recorded as it completes.
 - After ``abort_after_errors`` consecutive failed requests (unreachable, dying or unloaded
   server; a rejected request between successes does not count) no new request is sent; the run
   ends with the records it has (``aborted`` says why).
+
+Each answer becomes its record in :mod:`specserve.client.request_accounting`; the engine's own
+counters around the measured phase are read by :mod:`specserve.client.phase_acceptance`.
 """
 
 from __future__ import annotations
@@ -28,30 +31,24 @@ from typing import IO, Any
 
 import numpy as np
 
-from specserve.client.acceptance import (
-    EngineAcceptance,
-    Samples,
-    counter_acceptance,
-    from_perf_metrics,
-    pool,
-)
+from specserve.client.acceptance import EngineAcceptance
 from specserve.client.balance import PooledTransport
 from specserve.client.config import BenchmarkConfig
 from specserve.client.datasets import load_prompts
 from specserve.client.metrics import RequestRecord, make_record
 from specserve.client.openai import OpenAITransport
-from specserve.client.prediction import TEXT_ONLY, Codec, chunk_texts, load_codec, recount
+from specserve.client.phase_acceptance import phase_acceptance, scrape_variants
+from specserve.client.prediction import Codec, load_codec
 from specserve.client.prompt import Prompt, conversation_text
-from specserve.client.scrape import TextGetter
-from specserve.client.tokens import fit_to_total, resolve_chunk_tokens
-from specserve.client.transport import (
-    GenParams,
-    GrpcTransport,
-    HttpTransport,
-    RawResult,
-    Transport,
-    takes_ids,
+from specserve.client.request_accounting import (
+    acceptance_fields,
+    chunk_tokens,
+    decode_ids,
+    prediction_fields,
 )
+from specserve.client.transport import GenParams, RawResult, Transport, takes_ids
+from specserve.client.triton_grpc import GrpcTransport
+from specserve.client.triton_http import HttpTransport
 from specserve.errors import SpecserveError
 
 
@@ -94,17 +91,6 @@ def plan_jobs(prompts: list[Prompt], warmup: int, requests: int, baseline: bool)
             for variant in order:
                 jobs.append(Job(len(jobs), variant, phase, pi, prompts[pi]))
     return jobs
-
-
-def acceptance_source(raw: RawResult) -> str | None:
-    """Which server field the request's acceptance came from (``None``: none was sent)."""
-    if raw.acceptance is not None:
-        return raw.acceptance.source
-    if raw.spec_stats:
-        return "specserve: spec_stats_json"
-    if "total_draft_tokens" in raw.server:
-        return "triton: perf outputs"
-    return None
 
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
@@ -187,49 +173,11 @@ class Runner:
             raise
         return self._record(job, raw, text, turn, params)
 
-    def _from_ids(self, raw: RawResult) -> None:
-        """A door that answers ids (``tensorrt_llm``): each chunk's text, decoded here."""
-        ids = raw.output_ids
-        if ids is None or self.codec is None:
-            return
-        counts = [n or 0 for n in raw.chunk_num_tokens]
-        if sum(counts) == len(ids):
-            raw.chunk_texts = chunk_texts(ids, counts, self.codec.decode)
-        elif raw.chunk_texts:  # counts that do not add up: the whole text on the last chunk
-            raw.chunk_texts = [""] * (len(raw.chunk_texts) - 1) + [self.codec.decode(ids)]
-
-    def _prediction_fields(self, raw: RawResult, params: GenParams | None) -> dict[str, Any]:
-        """The record's Predicted Outputs fields (all unset without a prediction)."""
-        if params is None or params.prediction is None:
-            return {}
-        out: dict[str, Any] = {
-            "prediction_sent": True,
-            "accepted_prediction_tokens": raw.accepted_prediction_tokens,
-            "rejected_prediction_tokens": raw.rejected_prediction_tokens}
-        ids = raw.output_ids
-        if ids is None:
-            out["prediction_recount_note"] = TEXT_ONLY
-        elif self.codec is None:
-            out["prediction_recount_note"] = "no recount: no --tokenizer"
-        else:
-            out["prediction_recount"] = recount(
-                ids, self.codec.encode(params.prediction, special=False), params.max_tokens,
-                params.num_draft_tokens)
-        return out
-
     def _record(self, job: Job, raw: RawResult, text: str = "", turn: int = 0,
                 params: GenParams | None = None) -> RequestRecord:
-        self._from_ids(raw)
-        counts, source = resolve_chunk_tokens(raw.chunk_num_tokens, raw.chunk_texts,
-                                              self.cfg.num_output_tokens_mode, self.count_text)
-        if raw.usage_tokens is not None and sum(counts) != raw.usage_tokens:
-            counts, source = fit_to_total(counts, raw.usage_tokens), f"usage+{source}"
-        elif raw.usage_tokens is not None:
-            source = "usage" if source == "server" else f"usage+{source}"
-        server, spec_stats, acc_source = raw.server, raw.spec_stats, acceptance_source(raw)
-        if raw.acceptance is not None:
-            server = {**server, **raw.acceptance.server_fields()}
-            spec_stats = raw.acceptance.spec_stats() or spec_stats
+        decode_ids(raw, self.codec)
+        counts, source = chunk_tokens(raw, self.cfg.num_output_tokens_mode, self.count_text)
+        server, spec_stats, acc_source = acceptance_fields(raw)
         t = self.targets[job.variant]
         rec = make_record(
             index=job.index, variant=job.variant, phase=job.phase, model=t.model,
@@ -242,7 +190,7 @@ class Runner:
             error=raw.error, cancelled=raw.cancelled, output_text="".join(raw.chunk_texts),
             category=job.prompt.category, turn=turn,
             input_tokens=self.count_text(text) if self.count_text and text else None,
-            **self._prediction_fields(raw, params))
+            **prediction_fields(raw, params, self.codec))
         self._errors_in_row = self._errors_in_row + 1 if rec.status == "error" else 0
         if self._errors_in_row >= self.cfg.abort_after_errors and not self.aborted:
             kind = "connection errors" if raw.connection_error else "failed requests"
@@ -367,11 +315,12 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
         pass
     duration = 0.0
     counters: dict[str, EngineAcceptance] = {}
+    transports = {v: t.transport for v, t in targets.items()}
     try:
         warm = [j for j in jobs if j.phase == "warmup"]
         meas = [j for j in jobs if j.phase == "measure"]
         await runner.closed_loop(warm, cfg.closed_loop_concurrency)
-        before = await _scrape_all(cfg, targets)
+        before = await scrape_variants(cfg, transports)
         t0 = time.perf_counter()
         try:
             if cfg.request_rate is not None:
@@ -380,7 +329,7 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
                 await runner.closed_loop(meas, cfg.closed_loop_concurrency)
         finally:
             duration = time.perf_counter() - t0
-        counters = _deltas(before, await _scrape_all(cfg, targets))
+        counters = phase_acceptance(before, await scrape_variants(cfg, transports))
     except asyncio.CancelledError:
         if not runner.interrupted:
             raise
@@ -391,66 +340,6 @@ async def _measure(cfg: BenchmarkConfig, jobs: list[Job], targets: dict[str, Tar
         loop.remove_signal_handler(signal.SIGINT)
     return RunResult(tuple(runner.records), duration, runner.aborted, runner.interrupted,
                      {v: sorted(t.declared) for v, t in targets.items()}, counters)
-
-
-@dataclass(frozen=True)
-class _Scrape:
-    samples: Samples | None
-    perf: list[Any] | None     # trtllm-serve /perf_metrics entries
-
-
-def _servers(tr: Transport) -> list[Transport]:
-    """The servers a variant's transport sends to: every replica of a pool, else its one."""
-    return list(tr.transports) if isinstance(tr, PooledTransport) else [tr]
-
-
-async def _scrape_all(cfg: BenchmarkConfig,
-                      targets: dict[str, Target]) -> dict[str, list[_Scrape]]:
-    """Variant -> what each of its servers' metrics say now (one entry per replica); only for
-    a variant whose servers are its own (a shared server's counters mix both variants)."""
-    from specserve.client.scrape import MetricsEndpoint
-
-    if cfg.protocol != "openai" or not cfg.scrape_metrics:
-        return {}
-    servers = {v: _servers(t.transport) for v, t in targets.items()}
-    out: dict[str, list[_Scrape]] = {}
-    named = {"spec": cfg.metrics_urls, "baseline": cfg.baseline_metrics_urls}
-    for variant, mine in servers.items():
-        if named.get(variant):  # the variant's workers: their counters are its alone
-            out[variant] = [await _scrape_one(MetricsEndpoint(u)) for u in named[variant]]
-            continue
-        others = {s.url for v, theirs in servers.items() if v != variant for s in theirs}
-        if not any(s.url in others for s in mine):
-            out[variant] = [await _scrape_one(s) for s in mine]
-    return out
-
-
-async def _scrape_one(server: Transport | TextGetter) -> _Scrape:
-    from specserve.client.scrape import perf_entries, scrape_settled
-
-    if not isinstance(server, TextGetter):
-        raise SpecserveError(f"{server.url}: this transport cannot read the server's metrics")
-    return _Scrape(await scrape_settled(server), await perf_entries(server))
-
-
-def _deltas(before: dict[str, list[_Scrape]],
-            after: dict[str, list[_Scrape]]) -> dict[str, EngineAcceptance]:
-    """Variant -> acceptance over the phase: per server, counter deltas, else its /perf_metrics
-    entries; over replicas, their sum (none unless every replica reports)."""
-    out: dict[str, EngineAcceptance] = {}
-    for variant, ends in after.items():
-        starts: list[_Scrape | None] = [*before.get(variant, [None] * len(ends))]
-        accs = [_phase(b, a) for b, a in zip(starts, ends, strict=True)]
-        found = [a for a in accs if a is not None]
-        total = found[0] if len(found) == 1 else pool(found)
-        if total is not None and len(found) == len(accs):
-            out[variant] = total
-    return out
-
-
-def _phase(b: _Scrape | None, a: _Scrape) -> EngineAcceptance | None:
-    acc = counter_acceptance(b.samples or {} if b else {}, a.samples) if a.samples else None
-    return acc or (from_perf_metrics(a.perf) if a.perf else None)
 
 
 def tokenizer_counter(path: str | None) -> Callable[[str], int] | None:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.client.acceptance import from_response
-from specserve.client.transport import AiohttpClient, GenParams, RawResult, error_text
+from specserve.client.http_client import AiohttpClient, error_text
+from specserve.client.transport import GenParams, RawResult
 from specserve.errors import ServerError
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

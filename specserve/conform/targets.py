@@ -27,15 +27,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from specserve.client.http_client import AiohttpClient, error_text
 from specserve.client.openai import ENDPOINTS
-from specserve.client.transport import (
-    AiohttpClient,
-    GenParams,
-    GrpcTransport,
-    HttpTransport,
-    RawResult,
-    error_text,
-)
+from specserve.client.transport import GenParams, RawResult
+from specserve.client.triton_grpc import GrpcTransport
+from specserve.client.triton_http import HttpTransport
 from specserve.conform.probe import (
     Choice,
     NotExpressible,

@@ -3,8 +3,8 @@ path (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative D
 Chen et al. 2023; Medusa tree attention, Cai et al. 2024).
 
 The loop composes; it does not compute: proposers live in :mod:`specserve.runtime.proposers`,
-the model in :mod:`specserve.runtime.model`, one step's execution (steps 2-4 below) in
-:mod:`specserve.runtime.step`, and all acceptance math in :mod:`specserve.spec`
+the model in :mod:`specserve.runtime.model`, one step's execution (steps 2-4 below) and the
+prefill in :mod:`specserve.runtime.step`, and all acceptance math in :mod:`specserve.spec`
 (``greedy_verify``, ``rejection_sample``, ``typical_acceptance``, ``tree_greedy_verify``). The
 decoder knows proposers only through the :class:`~specserve.runtime.proposers.Proposer` protocol;
 the verification is picked by the kind of proposal (chain or tree), never by the proposer's class.
@@ -40,7 +40,7 @@ from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
 from specserve.runtime.draft_policy import DraftLenPolicy, step_clock
 from specserve.runtime.forced_drafts import ForcedDrafts, RowChain
-from specserve.runtime.grammar import DraftGuide, GuidedStep
+from specserve.runtime.grammar import DraftGuide
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Forward, Transformer
 from specserve.runtime.params import SamplingParams
@@ -59,15 +59,11 @@ from specserve.runtime.proposers.prediction import (
 )
 from specserve.runtime.step import (
     OnStep,
-    ban_stops,
-    capture,
     chain_step,
-    deliver,
     kmax,
-    pick,
+    prefill_step,
     tree_step,
 )
-from specserve.spec.grammar import mask_logits
 from specserve.spec.schedule import DraftSchedule
 
 __all__ = ["GenerationResult", "SamplingParams", "SpecDecoder"]
@@ -257,46 +253,8 @@ class SpecDecoder:
 
     def _prefill(self, st: Batch, cache: KVCache, on_step: OnStep | None,
                  sample: bool = True, fed: int | Sequence[int] = 0) -> Forward:
-        """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
-        hidden states [B, P, H]. ``sample`` False (:meth:`verify`): run all but each prompt's
-        last token (which stays pending) and sample nothing; no forward when that is nothing
-        (hidden states [B, 1, H] of zeros then). ``fed``: the first tokens of every prompt are
-        in the cache already (a chunked prefill's earlier chunks, or a prefix restored from the
-        prefix cache; per row when a list): only the rest is run, and hidden states are those
-        of the rest. The captured layers (EAGLE-3) come with them."""
-        dev, n = self.device, len(st.seqs)
-        feds = [fed] * n if isinstance(fed, int) else list(fed)
-        end = 0 if sample else 1
-        rows = [s[f:len(s) - end] for s, f in zip(st.seqs, feds, strict=True)]
-        lens = [len(s) for s in rows]
-        layers = capture(st)
-        if max(lens) == 0:
-            cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
-            h = self.target.cfg.hidden_size
-            zeros = torch.zeros(n, 1, h, dtype=self.target.dtype, device=dev)
-            return Forward(zeros, zeros.repeat(1, 1, len(layers)) if layers else None)
-        cache.lengths = feds
-        tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in rows], device=dev)
-        fwd = self.target.run(tokens, cache, capture=layers)
-        hidden = fwd.hidden  # [B, P, H]
-        cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
-        if not sample:
-            return fwd
-        last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
-        logits = self.target.logits(last)[:, None]  # [B, 1, V]
-        ban_stops(st, logits, [0])
-        allowed = GuidedStep.first(st.guides, st.active(), logits.shape[-1], dev)
-        if allowed is not None:  # structured output: the grammar's tokens only
-            logits = mask_logits(logits, allowed)  # [B, 1, V]
-        first = pick(st, logits[:, 0])
-        for b in range(n):
-            new = st.emit(b, [first[b]])
-            st.record(b, logits[b], new)
-            guide = st.guides[b]
-            if guide is not None and new:
-                guide.accept(new[0])
-            deliver(st, b, new, on_step)
-        return fwd
+        """The prefill forward and first tokens (:func:`~specserve.runtime.step.prefill_step`)."""
+        return prefill_step(self.target, st, cache, on_step, sample, fed)
 
     def _step(self, st: Batch, cache: KVCache, on_step: OnStep | None) -> None:
         """1. propose, then verify as the proposal's kind asks (no proposal: plain decoding)."""

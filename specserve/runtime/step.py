@@ -1,6 +1,7 @@
 """One speculative step, executed (steps 2-4 of :mod:`specserve.runtime.decoder`'s loop): the
 target's verify forward over a proposal, the verification the proposal's kind asks for, and the
-bookkeeping of what was kept.
+bookkeeping of what was kept; and the prefill before the first step (:func:`prefill_step`: the
+prompts' forward, each row's first token sampled from it, or in a verify call nothing sampled).
 
 - chain (:func:`chain_step`): ``[pending, drafts]`` under the causal mask; greedy equality at
   temperature 0, Leviathan et al. 2023 / Chen et al. 2023 rejection sampling otherwise (Medusa's
@@ -19,14 +20,14 @@ step (draft limits, the schedule's budget, Predicted Outputs); this module runs 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from specserve.runtime.batch import Batch
 from specserve.runtime.grammar import GuidedStep
 from specserve.runtime.kvcache import KVCache
-from specserve.runtime.model import Transformer
+from specserve.runtime.model import Forward, Transformer
 from specserve.runtime.proposers import ChainProposal, StepOutcome, TreeProposal
 from specserve.spec.grammar import mask_logits
 from specserve.spec.sampling import logits_to_probs, sample
@@ -34,7 +35,7 @@ from specserve.spec.tree import tree_greedy_verify
 from specserve.spec.verify import greedy_verify, rejection_sample, typical_acceptance
 
 __all__ = ["OnStep", "ban_stops", "capture", "chain_step", "deliver", "kmax", "pick",
-           "tree_step"]
+           "prefill_step", "tree_step"]
 
 OnStep = Callable[[int, list[int]], None]
 
@@ -75,6 +76,50 @@ def deliver(st: Batch, b: int, new: list[int], on_step: OnStep | None) -> None:
     """Stream row b's new tokens (none: no call)."""
     if new and on_step is not None:
         on_step(b, new)
+
+
+def prefill_step(target: Transformer, st: Batch, cache: KVCache, on_step: OnStep | None,
+                 sample: bool = True, fed: int | Sequence[int] = 0) -> Forward:
+    """Run the prompts (right-padded) and sample each sequence's first token; the prompts'
+    hidden states [B, P, H]. ``sample`` False (the decoder's ``verify``): run all but each prompt's
+    last token (which stays pending) and sample nothing; no forward when that is nothing
+    (hidden states [B, 1, H] of zeros then). ``fed``: the first tokens of every prompt are
+    in the cache already (a chunked prefill's earlier chunks, or a prefix restored from the
+    prefix cache; per row when a list): only the rest is run, and hidden states are those
+    of the rest. The captured layers (EAGLE-3) come with them."""
+    dev, n = target.device, len(st.seqs)
+    feds = [fed] * n if isinstance(fed, int) else list(fed)
+    end = 0 if sample else 1
+    rows = [s[f:len(s) - end] for s, f in zip(st.seqs, feds, strict=True)]
+    lens = [len(s) for s in rows]
+    layers = capture(st)
+    if max(lens) == 0:
+        cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
+        h = target.cfg.hidden_size
+        zeros = torch.zeros(n, 1, h, dtype=target.dtype, device=dev)
+        return Forward(zeros, zeros.repeat(1, 1, len(layers)) if layers else None)
+    cache.lengths = feds
+    tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in rows], device=dev)
+    fwd = target.run(tokens, cache, capture=layers)
+    hidden = fwd.hidden  # [B, P, H]
+    cache.lengths = [f + x for f, x in zip(feds, lens, strict=True)]
+    if not sample:
+        return fwd
+    last = hidden[torch.arange(n, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
+    logits = target.logits(last)[:, None]  # [B, 1, V]
+    ban_stops(st, logits, [0])
+    allowed = GuidedStep.first(st.guides, st.active(), logits.shape[-1], dev)
+    if allowed is not None:  # structured output: the grammar's tokens only
+        logits = mask_logits(logits, allowed)  # [B, 1, V]
+    first = pick(st, logits[:, 0])
+    for b in range(n):
+        new = st.emit(b, [first[b]])
+        st.record(b, logits[b], new)
+        guide = st.guides[b]
+        if guide is not None and new:
+            guide.accept(new[0])
+        deliver(st, b, new, on_step)
+    return fwd
 
 
 def chain_step(target: Transformer, st: Batch, cache: KVCache, prop: ChainProposal | None,

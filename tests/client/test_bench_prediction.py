@@ -26,7 +26,9 @@ from specserve.client.prediction import (
 )
 from specserve.client.prompt import Prompt
 from specserve.client.report import build_summary, csv_rows, prediction_lines, readme
-from specserve.client.transport import GenParams, GrpcTransport, RawResult, build_inputs, http_body
+from specserve.client.transport import GenParams, RawResult, build_inputs
+from specserve.client.triton_grpc import GrpcTransport
+from specserve.client.triton_http import http_body
 from specserve.errors import SpecserveError
 
 PRED = "def add(a, b):\n    return a + b\n"

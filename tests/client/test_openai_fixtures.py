@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from specserve.client.acceptance import counter_acceptance, parse_prometheus
+from specserve.client.http_client import error_text
 from specserve.client.openai import _Stream, _whole_body
-from specserve.client.transport import RawResult, error_text
+from specserve.client.transport import RawResult
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "openai"
 

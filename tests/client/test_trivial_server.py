@@ -116,7 +116,8 @@ def test_http_generate_200_with_error_body_is_an_error(server) -> None:
     # {"error": ...} in the body; the transport must record it as an error.
     import asyncio
 
-    from specserve.client.transport import HttpTransport, RawResult
+    from specserve.client.transport import RawResult
+    from specserve.client.triton_http import HttpTransport
 
     async def call() -> RawResult:
         tr = HttpTransport(server.http_url)

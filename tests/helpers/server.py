@@ -177,7 +177,7 @@ def grpc_responses(url: str, model: str, requests: list[dict[str, np.ndarray[Any
             yield int(resp.id), d
     finally:
         # cancel only what is left: cancelling a stream whose requests all ended can leak a
-        # model reference in tritonserver 2.51's gRPC front end (specserve/client/transport.py)
+        # model reference in tritonserver 2.51's gRPC front end (specserve/client/triton_grpc.py)
         client.stop_stream(cancel_requests=ended < len(requests))
         client.close()
 

@@ -10,8 +10,9 @@ Three checks, each bounded in time (``docs/reliability.md`` has the figures):
 2. :func:`kill_during_bench`: ``specserve bench`` runs while the server is SIGKILLed; the bench
    must keep its records, write a partial report and exit non-zero; after a restart on the same
    ports the same bench command must pass (exit 0).
-3. :func:`sigint_build`: ``specserve build`` gets SIGINT as soon as its staging directory appears;
-   no engine directory (nor staging directory) may remain.
+3. :func:`sigint_build`: ``specserve build`` gets SIGINT while it is paused inside its staging
+   step (the engine written, not yet renamed into place); no engine directory (nor staging
+   directory) may remain.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -276,23 +278,57 @@ def kill_during_bench(server: Any, out: Path, requests: int = 200,
     return res
 
 
+# The build, run as ``specserve build`` would (click's ``cli``), with the torch engine's writer
+# wrapped in this process only: it writes the engine into the staging dir, touches the file
+# named by its first argument and sleeps until a signal ends it. So SIGINT always lands inside
+# the staged build (the tiny engine stages in milliseconds: a signal sent on seeing the staging
+# dir could arrive after the swap), and nothing in the product knows about the pause. SIGINT
+# raises KeyboardInterrupt as in a terminal even when the test runs in a background job (a
+# non-interactive shell starts those with SIGINT ignored, and Python keeps it ignored).
+_PAUSED_BUILD = """
+import signal, sys, time
+from pathlib import Path
+import specserve.build.torch_engine as torch_engine
+from specserve.cli.main import cli
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+ready, real = Path(sys.argv[1]), torch_engine.write_torch_engine
+
+def write_then_pause(*args, **kwargs):
+    parts = real(*args, **kwargs)
+    ready.touch()
+    time.sleep(3600)  # the signal ends it
+    return parts
+
+torch_engine.write_torch_engine = write_then_pause
+cli(sys.argv[2:], prog_name="specserve")
+"""
+
+
 def sigint_build(model: Path, out: Path, timeout_s: float = 120.0) -> dict[str, Any]:
-    """Check 3. SIGINT ``specserve build`` when its staging dir appears (or after 60 s)."""
-    exe = str(Path(sys.executable).with_name("specserve"))
+    """Check 3. SIGINT ``specserve build`` (the torch engine, n-gram) while it is paused inside
+    its staging step, the engine written into ``.<name>.building`` but not yet swapped into
+    place (:data:`_PAUSED_BUILD`); without a pause within ``timeout_s`` it is signalled anyway
+    and ``interrupted_while_staging`` is false."""
     stage = out.parent / f".{out.name}.building"
-    proc = subprocess.Popen([exe, "build", "--model", str(model), "--ngram", "--backend",
-                             "torch", "--dtype", "float32", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    t0 = time.monotonic()
-    while not stage.exists() and proc.poll() is None and time.monotonic() - t0 < 60:
-        time.sleep(0.002)
-    staged = stage.exists()
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
+    with tempfile.TemporaryDirectory(prefix="sigint-build-") as tmp:
+        ready = Path(tmp) / "staged"
+        proc = subprocess.Popen([sys.executable, "-c", _PAUSED_BUILD, str(ready), "build",
+                                 "--model", str(model), "--ngram", "--backend", "torch",
+                                 "--dtype", "float32", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        t0 = time.monotonic()
+        while not ready.exists() and proc.poll() is None and time.monotonic() - t0 < timeout_s:
+            time.sleep(0.01)
+        paused = ready.exists() and proc.poll() is None
+        staged = paused and (stage / "target" / "model.safetensors").is_file()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
     return {"interrupted_while_staging": staged, "exit_code": proc.returncode,
             "engine_dir_left": out.exists(), "staging_dir_left": stage.exists(),
             "stderr_tail": err.decode(errors="replace").strip().splitlines()[-1:]}
