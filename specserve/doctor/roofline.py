@@ -6,8 +6,9 @@ batch x (K + 1) rows when the linears read each weight once for all rows) and do
 FLOPs / FMA rate. :func:`measure` finds the two rates on one thread:
 
 - read bandwidth: a float32 GEMV (``torch.mv``, one row) over a matrix of ``size_mb`` (at least
-  512 MB by default, more than most last-level caches), best of ``repeats`` after a warm-up:
-  matrix bytes / seconds;
+  512 MB by default, more than most last-level caches) on huge pages where the engine puts its
+  weights (:mod:`specserve.runtime.huge_pages`), best of ``repeats`` after a warm-up: matrix
+  bytes / seconds;
 - FMA rate: a float32 GEMM (``torch.mm``, 1024 cubed: compute-bound, in cache), best of
   ``repeats``: 2 * 1024^3 FLOPs / seconds.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.errors import SpecserveError
+from specserve.runtime import huge_pages
 
 GEMM_N = 1024  # FMA-rate probe: a 1024-cube float32 product (~8 MB, compute-bound)
 DEFAULT_MB = 512
@@ -151,7 +153,7 @@ def _best_s(fn: Any, repeats: int) -> float:
 def _read_bytes_per_s(rows: int, cols: int, repeats: int) -> float:
     import torch
 
-    w = torch.empty(rows, cols).uniform_(-1, 1)  # [rows, cols] float32
+    w = huge_pages.huge_empty(rows * cols * 4).view(torch.float32).view(rows, cols).uniform_(-1, 1)
     x = torch.randn(cols)  # [cols]
     return w.numel() * 4 / _best_s(lambda: torch.mv(w, x), repeats)
 
@@ -189,5 +191,6 @@ def measure(size_mb: int = DEFAULT_MB, repeats: int = 5) -> Machine:
     return Machine(cpu=cpu_name(info), cpus=len(cpus),
                    smt_siblings=siblings(cpus, _topology(cpus)),
                    read_gbs=round(read / 1e9, 2), gflops=round(flops / 1e9, 1),
-                   method=f"one thread; read: float32 GEMV (torch.mv) over {mb:.0f} MB, "
+                   method=f"one thread; read: float32 GEMV (torch.mv) over {mb:.0f} MB"
+                          f"{' on huge pages' if huge_pages.enabled() else ''}, "
                           f"best of {repeats}; FMA: float32 GEMM {GEMM_N}^3, best of {repeats}")

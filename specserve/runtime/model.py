@@ -40,6 +40,7 @@ from specserve.runtime import cpu_attention, cpu_layer
 from specserve.runtime.checkpoint import load_target_config
 from specserve.runtime.cpu_linear import MAX_ROWS, MULTI_ROW_MIN, Linear, lay_out, linear
 from specserve.runtime.cpu_linear import usable as rows_usable
+from specserve.runtime.huge_pages import move_to_huge_pages
 from specserve.runtime.kvcache import KVCache, RopeModel, StepInputs
 from specserve.runtime.model_config import ModelConfig
 
@@ -202,14 +203,16 @@ class Transformer(RopeModel):
                       multi_row_min: int = MULTI_ROW_MIN) -> Transformer:
         """Lay the CPU linear weights out for decoding (same values; a no-op on other devices):
         see :func:`specserve.runtime.cpu_linear.lay_out`. An embedding tied to the LM head
-        stays as it is (the few-row kernel still takes it). Also builds or loads the CPU
-        attention kernel (cpu_attention.py) before the first forward needs it."""
+        stays as it is (the few-row kernel still takes it). The weights then move to huge
+        pages (:mod:`specserve.runtime.huge_pages`). Also builds or loads the CPU attention
+        kernel (cpu_attention.py) before the first forward needs it."""
         if self.device.type == "cpu":
             cpu_attention.prepare()
             lins = [m for m in self.modules() if isinstance(m, Linear)]
             tied = [m for m in lins if m.weight is self.embed.weight]
             lay_out([m for m in lins if m not in tied], self.dtype, multi_row_limit_bytes,
                     multi_row_min, shared=tied)
+            move_to_huge_pages([m.weight for m in lins])  # every step streams them
             self._fusable = None
         return self
 
