@@ -182,10 +182,12 @@ def make_scheduler(decoder: SpecDecoder, capacity: int, max_seq_len: int,
     cannot join a running batch (the model then fails to load with that message)."""
     from specserve.runtime.scheduler import Scheduler
 
-    return Scheduler(decoder, capacity, max_seq_len or
-                     decoder.target.cfg.max_position_embeddings, prefill_chunk=prefill_chunk,
-                     prefix_cache_bytes=prefix_cache_bytes, on_event=on_event,
-                     prefill_threads=prefill_threads)
+    scheduler = Scheduler(decoder, capacity, max_seq_len or
+                          decoder.target.cfg.max_position_embeddings,
+                          prefill_chunk=prefill_chunk, prefix_cache_bytes=prefix_cache_bytes,
+                          on_event=on_event, prefill_threads=prefill_threads)
+    decoder.prepare_policy(capacity)  # timed at load, not inside served steps
+    return scheduler
 
 
 def external_verify(decoder: SpecDecoder, max_draft_len: int,

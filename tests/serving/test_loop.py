@@ -339,3 +339,20 @@ def test_trimmer_ticks_idle_only_before_the_loop_waits(decoder: SpecDecoder) -> 
     assert all(s.finals and s.finals[0][1] is None for s in senders)
     assert ticks.idle[0] is True and len(ticks.idle) >= 3
     assert not any(ticks.idle[1:])
+
+
+def test_the_draft_length_policy_times_its_step_costs_when_the_batcher_is_made(
+        decoder: SpecDecoder) -> None:
+    """A served engine's draft-length policy has its step-cost curve, as wide as a full
+    batch's verify forward (capacity x (K + 1) rows), before the first request: no timing
+    forward runs inside a served step; engines without the policy time nothing."""
+    from specserve.runtime.draft_policy import DraftLenPolicy
+    from specserve.runtime.proposers import NgramProposer
+
+    policy = DraftLenPolicy()
+    spec = SpecDecoder(decoder.target, NgramProposer(max_draft_len=4), draft_policy=policy)
+    make_scheduler(spec, 6, 64, 256)
+    assert policy.cost is not None and policy.cost.rows[-1] >= 6 * 5
+    plain = SpecDecoder(decoder.target)
+    make_scheduler(plain, 6, 64, 256)
+    assert plain.draft_policy is None
