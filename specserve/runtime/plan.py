@@ -105,7 +105,8 @@ class StepPlan:
     speculative step, pool row i = ``decode[i]``: the running ones, then the newcomers;
     ``join``: the newcomers, prefilled first into the rows after the running ones, in row
     order; ``chunk``: a long prompt's chunk into the scratch row;
-    ``token_budget``: prompt tokens the step may prefill (``prefill_chunk``), of which
+    ``token_budget``: prompt tokens the step may prefill (``prefill_chunk``; more with no row
+    running: ``scheduler.IDLE_PREFILL_TOKENS``), of which
     ``prefill_tokens`` are planned (the chunk's included; prefixes restored from the prefix
     cache are not); ``store``: blocks copied into the prefix cache first (:class:`Store`)."""
 

