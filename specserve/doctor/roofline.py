@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from specserve.errors import SpecserveError
-from specserve.runtime import huge_pages
 
 GEMM_N = 1024  # FMA-rate probe: a 1024-cube float32 product (~8 MB, compute-bound)
 DEFAULT_MB = 512
@@ -153,7 +152,9 @@ def _best_s(fn: Any, repeats: int) -> float:
 def _read_bytes_per_s(rows: int, cols: int, repeats: int) -> float:
     import torch
 
-    w = huge_pages.huge_empty(rows * cols * 4).view(torch.float32).view(rows, cols).uniform_(-1, 1)
+    from specserve.runtime.huge_pages import huge_empty
+
+    w = huge_empty(rows * cols * 4).view(torch.float32).view(rows, cols).uniform_(-1, 1)
     x = torch.randn(cols)  # [cols]
     return w.numel() * 4 / _best_s(lambda: torch.mv(w, x), repeats)
 
@@ -172,6 +173,8 @@ def measure(size_mb: int = DEFAULT_MB, repeats: int = 5) -> Machine:
         raise SpecserveError(f"roofline probe: size {size_mb} MB and repeats {repeats} must be "
                              "positive")
     import torch
+
+    from specserve.runtime.huge_pages import enabled as huge_pages_enabled
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -192,5 +195,5 @@ def measure(size_mb: int = DEFAULT_MB, repeats: int = 5) -> Machine:
                    smt_siblings=siblings(cpus, _topology(cpus)),
                    read_gbs=round(read / 1e9, 2), gflops=round(flops / 1e9, 1),
                    method=f"one thread; read: float32 GEMV (torch.mv) over {mb:.0f} MB"
-                          f"{' on huge pages' if huge_pages.enabled() else ''}, "
+                          f"{' on huge pages' if huge_pages_enabled() else ''}, "
                           f"best of {repeats}; FMA: float32 GEMM {GEMM_N}^3, best of {repeats}")
