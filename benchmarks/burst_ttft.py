@@ -12,27 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verify_cost import _prompts  # noqa: E402  (the held-out chat prompts, template applied)
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def prompts(model: Path, data: Path, n: int) -> list[list[int]]:
-    """The first ``n`` prompts of the chat set, templated and tokenized."""
-    from transformers import AutoTokenizer
-
-    from specserve.client.datasets import load_dataset
-
-    tok = AutoTokenizer.from_pretrained(str(model))
-    out = []
-    for p in load_dataset(data)[:n]:
-        msgs = [{"role": r, "content": c} for r, c in p.messages]
-        out.append(list(tok.apply_chat_template(msgs, add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)["input_ids"]))
-    return out
 
 
 def burst(model: Path, batch: list[list[int]], chunk: int, max_tokens: int) -> dict[str, float]:
@@ -44,9 +34,13 @@ def burst(model: Path, batch: list[list[int]], chunk: int, max_tokens: int) -> d
     sch = make_scheduler(build_decoder(model), len(batch), 2048, chunk)
     first: dict[int, float] = {}
     t0 = time.perf_counter()
+    def first_token(i: int) -> Callable[[list[int]], None]:
+        def seen(_tokens: list[int]) -> None:
+            first.setdefault(i, time.perf_counter() - t0)
+        return seen
+
     for i, p in enumerate(batch):
-        sch.submit(p, SamplingParams(max_tokens=max_tokens),
-                   on_tokens=lambda _t, i=i: first.setdefault(i, time.perf_counter() - t0))
+        sch.submit(p, SamplingParams(max_tokens=max_tokens), on_tokens=first_token(i))
     sch.run_until_idle()
     ttft = sorted(first.values())
     return {"chunk": chunk, "ttft_p50_s": statistics.median(ttft), "ttft_max_s": ttft[-1],
@@ -63,7 +57,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    batch = prompts(args.model, args.data, args.prompts)
+    batch = _prompts(args.model, args.data, args.prompts, last=None)
     rows = []
     for chunk in (int(c) for c in args.chunk.split(",")):
         r = burst(args.model, batch, chunk, args.max_tokens)

@@ -31,7 +31,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _prompts(model: Path, data: Path, n: int) -> list[list[int]]:
+def _prompts(model: Path, data: Path, n: int, last: int | None = 256) -> list[list[int]]:
+    """The first ``n`` chat prompts of ``data``, the chat template applied, tokenized; each its
+    last ``last`` tokens at most (None: whole)."""
     from transformers import AutoTokenizer
 
     from specserve.client.datasets import load_dataset
@@ -42,7 +44,8 @@ def _prompts(model: Path, data: Path, n: int) -> list[list[int]]:
         msgs = [{"role": r, "content": c} for r, c in p.messages]
         enc: Any = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
                                            return_dict=True)
-        out.append(list(enc["input_ids"])[-256:])  # the prompt's last 256 tokens at most
+        ids = list(enc["input_ids"])
+        out.append(ids if last is None else ids[-last:])
     return out
 
 

@@ -21,9 +21,6 @@ the same inputs (checked against it in ``tests/runtime/test_cpu_attention.py``).
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +34,6 @@ MAX_NEW = 16  # new tokens per row the kernel takes (decode, verify, tree levels
 ENV = "SPECSERVE_CPU_ATTENTION"  # "off" (or 0/false/sdpa): always SDPA
 SOURCE = Path(__file__).parent / "csrc" / "attn_rows.c"
 _OFF = ("off", "0", "false", "sdpa")
-_log = logging.getLogger("specserve")
 
 
 @dataclass(frozen=True)
@@ -101,17 +97,13 @@ _loaded: list[Callable[..., int] | None] = []  # [] until first asked
 def _kernel() -> Callable[..., int] | None:
     """The compiled kernel, or None (switched off, or no compiler: logged once)."""
     if not _loaded:
-        _loaded.append(None if os.environ.get(ENV, "").lower() in _OFF else _load())
+        lib = native_build.load(SOURCE, ENV, "CPU attention kernel",
+                                "F.scaled_dot_product_attention", _OFF)
+        _loaded.append(None if lib is None else _bind(lib))
     return _loaded[0]
 
 
-def _load() -> Callable[..., int] | None:
-    try:
-        lib = ctypes.CDLL(str(build()))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # (a compiler timing out)
-        _log.warning("specserve: CPU attention kernel unavailable (%s); using "
-                     "F.scaled_dot_product_attention", e)
-        return None
+def _bind(lib: ctypes.CDLL) -> Callable[..., int]:
     fn: Any = lib.specserve_attn_rows_f32
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64,

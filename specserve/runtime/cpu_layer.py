@@ -17,9 +17,6 @@ them within float32 rounding (``tests/runtime/test_cpu_layer.py``).
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +28,6 @@ from specserve.runtime import native_build
 ENV = "SPECSERVE_CPU_LAYER"  # "off" (or 0/false): the ATen ops
 SOURCE = Path(__file__).parent / "csrc" / "layer_rows.c"
 MAX_HEAD_DIM = 256  # the RoPE loop's scratch
-_OFF = ("off", "0", "false")
-_log = logging.getLogger("specserve")
 
 
 @dataclass(frozen=True)
@@ -49,16 +44,12 @@ _loaded: list[Kernels | None] = []  # [] until first asked
 def _kernel() -> Kernels | None:
     """The compiled kernels, or None (switched off, or no compiler: logged once)."""
     if not _loaded:
-        _loaded.append(None if os.environ.get(ENV, "").lower() in _OFF else _load())
+        lib = native_build.load(SOURCE, ENV, "CPU layer kernels", "ATen")
+        _loaded.append(None if lib is None else _bind(lib))
     return _loaded[0]
 
 
-def _load() -> Kernels | None:
-    try:
-        lib = ctypes.CDLL(str(native_build.build(SOURCE)))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # (a compiler timing out)
-        _log.warning("specserve: CPU layer kernels unavailable (%s); using ATen", e)
-        return None
+def _bind(lib: ctypes.CDLL) -> Kernels:
     i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     sigs = {"specserve_rms_rows": [ptr, i64, ptr, ptr, i64, i32, i32, f32],
             "specserve_add_rms_rows": [ptr, i64, ptr, i64, ptr, ptr, i64, i32, i32, f32],

@@ -32,9 +32,6 @@ Numbers: ``docs/results.md`` ("The C kernels: decode attention and few-row linea
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +51,6 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 ENV = "SPECSERVE_CPU_LINEAR"  # "off" (or 0/false): never the few-row kernel
 SOURCE = Path(__file__).parent / "csrc" / "linear_rows.c"
 _OFF = ("off", "0", "false")
-_log = logging.getLogger("specserve")
 
 
 class Linear(nn.Linear):
@@ -212,18 +208,9 @@ _loaded: list[Kernels | None] = []  # [] until first asked
 def _kernel() -> Kernels | None:
     """The compiled kernel, or None (switched off, or no compiler: logged once)."""
     if not _loaded:
-        _loaded.append(None if os.environ.get(ENV, "").lower() in _OFF else _load())
+        lib = native_build.load(SOURCE, ENV, "CPU few-row linear kernel", "MKL / oneDNN", _OFF)
+        _loaded.append(None if lib is None else bind(lib))
     return _loaded[0]
-
-
-def _load() -> Kernels | None:
-    try:
-        lib = ctypes.CDLL(str(build()))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # (a compiler timing out)
-        _log.warning("specserve: CPU few-row linear kernel unavailable (%s); using "
-                     "MKL / oneDNN", e)
-        return None
-    return bind(lib)
 
 
 def bind(lib: ctypes.CDLL) -> Kernels:

@@ -14,7 +14,9 @@ numpy included).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -23,7 +25,23 @@ import tempfile
 from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
+OFF = ("off", "0", "false")  # an ``env`` value that switches a kernel off (:func:`load`)
 LINK = ("-shared", "-fPIC")
+
+
+def load(source: Path, env: str, what: str, instead: str,
+         off: tuple[str, ...] = OFF) -> ctypes.CDLL | None:
+    """``source``'s library built (:func:`build`) and loaded, or None: switched off by
+    environment variable ``env`` (a value in ``off``), or no compiler / a failed build (logged
+    as "``what`` unavailable (why); using ``instead``")."""
+    if os.environ.get(env, "").lower() in off:
+        return None
+    try:
+        return ctypes.CDLL(str(build(source)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # (a compiler timing out)
+        logging.getLogger("specserve").warning("specserve: %s unavailable (%s); using %s", what,
+                                               e, instead)
+        return None
 
 
 def build(source: Path, out_dir: Path | None = None, flags: tuple[str, ...] = FLAGS) -> Path:
