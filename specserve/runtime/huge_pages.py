@@ -61,7 +61,8 @@ def move_to_huge_pages(params: Sequence[torch.Tensor]) -> int:
     seen: set[int] = set()
     todo = []
     for p in params:
-        if id(p) in seen or p.device.type != "cpu" or p.is_mkldnn or not p.is_contiguous():
+        if (id(p) in seen or p.device.type != "cpu" or p.is_mkldnn or not p.is_contiguous()
+                or getattr(p, "on_huge_pages", False)):  # moved already: a second layout
             continue
         seen.add(id(p))
         todo.append(p)
@@ -77,4 +78,5 @@ def move_to_huge_pages(params: Sequence[torch.Tensor]) -> int:
         dst = arena[off:off + n].view(p.dtype).view(p.shape)
         dst.copy_(p.detach())
         p.data = dst
+        p.on_huge_pages = True  # type: ignore[attr-defined]
     return total

@@ -53,6 +53,8 @@ def test_parameters_keep_values_shapes_and_ties() -> None:
     assert torch.equal(a, want[0]) and torch.equal(b, want[1])
     assert a.shape == (1024, 2048) and b.shape == (513, 7) and b.data_ptr() % 64 == 0
     assert _advised(a.data_ptr()) and _advised(b.data_ptr())
+    where = a.data_ptr()
+    assert huge_pages.move_to_huge_pages([a, b]) == 0 and a.data_ptr() == where  # once only
 
 
 @linux
