@@ -29,7 +29,7 @@ def burst(model: Path, batch: list[list[int]], chunk: int, max_tokens: int) -> d
     """Every prompt submitted at once; TTFT p50 / max and the whole burst's seconds."""
     from specserve.runtime.loader import build_decoder
     from specserve.runtime.params import SamplingParams
-    from specserve.serving.loop import make_scheduler
+    from specserve.serving.engine import make_scheduler
 
     sch = make_scheduler(build_decoder(model), len(batch), 2048, chunk)
     first: dict[int, float] = {}

@@ -60,8 +60,13 @@ def child(a: argparse.Namespace) -> None:
 
     from specserve.runtime.native_memory import Trimmer
     from specserve.runtime.params import SamplingParams
-    from specserve.serving.engine import engine_limits, load_decoder
-    from specserve.serving.loop import Pending, ServingLoop, external_verify, make_scheduler
+    from specserve.serving.engine import (
+        engine_limits,
+        external_verify,
+        load_decoder,
+        make_scheduler,
+    )
+    from specserve.serving.loop import Pending, ServingLoop
     from specserve.serving.request import LlmRequest
     from tests.helpers.soak import rss_bytes
 

@@ -53,6 +53,7 @@ from specserve.frontends.dynamo_request import admit
 from specserve.frontends.dynamo_sender import DynamoSender
 from specserve.runtime.kv_pool import BLOCK_SIZE
 from specserve.runtime.native_memory import cap_primitive_cache, trimmer
+from specserve.serving.engine import external_verify
 from specserve.serving.engine_params import (
     DEFAULT_MALLOC_TRIM_S,
     DEFAULT_MAX_PENDING,
@@ -61,11 +62,7 @@ from specserve.serving.engine_params import (
     env_threads,
     prefix_cache_split,
 )
-from specserve.serving.loop import (
-    Pending,
-    ServingLoop,
-    external_verify,
-)
+from specserve.serving.loop import Pending, ServingLoop
 from specserve.serving.request import EngineLimits
 
 if TYPE_CHECKING:
@@ -109,8 +106,7 @@ class Worker:
 
     def __init__(self, cfg: WorkerConfig) -> None:
         from specserve.runtime.grammar import GuideCompiler
-        from specserve.serving.engine import engine_limits, load_decoder
-        from specserve.serving.loop import make_scheduler
+        from specserve.serving.engine import engine_limits, load_decoder, make_scheduler
 
         self.cfg = cfg
         self.decoder, self.tokenizer, record = load_decoder(str(cfg.engine_dir),

@@ -25,7 +25,7 @@ Policy (in-flight batching, :class:`~specserve.runtime.scheduler.Scheduler`):
   nothing more is taken: requests stay in the model's bounded queue, and past its bound the
   model answers "server busy".
 - **draft_input_ids** requests (TensorRT-LLM's external drafts) never join the batch: each runs
-  one verify call of its own between steps (:func:`external_verify`).
+  one verify call of its own between steps (:func:`specserve.serving.engine.external_verify`).
 - **failure**: a step that raises fails every request in flight with that message; the loop goes
   on with an empty pool.
 - **cancellation**: after every step, a request whose client went away is cancelled (its slot is
@@ -35,7 +35,8 @@ Policy (in-flight batching, :class:`~specserve.runtime.scheduler.Scheduler`):
   seconds (RSS flat over a long mixed soak: docs/reliability.md §3).
 
 A proposer that cannot join a running batch (``slots()`` is None: oracle, external) is refused
-when the loop is made (:func:`make_scheduler`), never served some other way.
+when the loop is made (:func:`specserve.serving.engine.make_scheduler`), never served some
+other way.
 """
 
 from __future__ import annotations
@@ -63,8 +64,6 @@ from specserve.serving.responses import (
 
 if TYPE_CHECKING:
     from specserve.runtime.batch import GenerationResult
-    from specserve.runtime.decoder import SpecDecoder
-    from specserve.runtime.kv_pool import KVEvent
     from specserve.runtime.native_memory import Trimmer
     from specserve.runtime.params import SamplingParams
     from specserve.runtime.scheduler import Scheduler
@@ -171,49 +170,6 @@ class Pending:
 VerifyFn = Callable[[Pending, OnStep], "GenerationResult"]
 TextFn = Callable[[list[int]], str]
 StatsFn = Callable[[dict[str, Any]], None]  # a finished request's AcceptanceStats.to_dict()
-
-
-def make_scheduler(decoder: SpecDecoder, capacity: int, max_seq_len: int,
-                   prefill_chunk: int, prefix_cache_bytes: int = 0,
-                   on_event: Callable[[KVEvent], None] | None = None,
-                   prefill_threads: int = 0) -> Scheduler:
-    """The model's in-flight batcher (with a prefix cache of ``prefix_cache_bytes``, 0: none;
-    ``on_event`` hears of its blocks stored and removed); SpecserveError for a proposer that
-    cannot join a running batch (the model then fails to load with that message)."""
-    from specserve.runtime.scheduler import Scheduler
-
-    scheduler = Scheduler(decoder, capacity, max_seq_len or
-                          decoder.target.cfg.max_position_embeddings,
-                          prefill_chunk=prefill_chunk, prefix_cache_bytes=prefix_cache_bytes,
-                          on_event=on_event, prefill_threads=prefill_threads)
-    decoder.prepare_policy(capacity)  # timed at load, not inside served steps
-    return scheduler
-
-
-def external_verify(decoder: SpecDecoder, max_draft_len: int,
-                    prefix_cache_bytes: int = 0) -> VerifyFn:
-    """``draft_input_ids``: one ``SpecDecoder.verify`` with an ExternalDraftProposer; with a
-    target-only prefix cache of ``prefix_cache_bytes`` (runtime/verify_cache.py; 0: none), so
-    that the BLS loop's per-iteration calls prefill only the context's tail."""
-    prefix = None
-    if prefix_cache_bytes > 0:
-        from specserve.runtime.verify_cache import VerifyPrefixCache
-
-        plane = decoder.target.new_cache(1, 1).plane("target")
-        prefix = VerifyPrefixCache(plane, prefix_cache_bytes, device=decoder.device)
-
-    def verify(p: Pending, on_step: OnStep) -> GenerationResult:
-        import torch
-
-        from specserve.runtime.proposers import ExternalDraftProposer
-
-        logits = None if p.req.draft_logits is None else torch.from_numpy(p.req.draft_logits)
-        proposer = ExternalDraftProposer([p.req.draft_ids or ()], [logits],
-                                         max_draft_len=max_draft_len)
-        return decoder.verify([p.req.prompt], [p.params], proposer, on_step,
-                              return_logits=[p.req.return_generation_logits],
-                              prefix=prefix)[0]
-    return verify
 
 
 def final_arrays(p: Pending, result: GenerationResult) -> Arrays | None:

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from specserve.runtime.decoder import SpecDecoder
-from specserve.serving.loop import Pending, ServingLoop, external_verify, make_scheduler
+from specserve.serving.engine import external_verify, make_scheduler
+from specserve.serving.loop import Pending, ServingLoop
 from specserve.serving.request import EngineLimits
 from specserve.triton.llm_io import admit
 from specserve.triton.model_params import ModelParams

@@ -30,14 +30,8 @@ from specserve.runtime.model import load_model
 from specserve.runtime.proposers import OracleProposer
 from specserve.runtime.scheduler import Scheduler
 from specserve.serving.admission import sampling_params
-from specserve.serving.loop import (
-    Arrays,
-    Pending,
-    ServingLoop,
-    external_verify,
-    final_arrays,
-    make_scheduler,
-)
+from specserve.serving.engine import external_verify, make_scheduler
+from specserve.serving.loop import Arrays, Pending, ServingLoop, final_arrays
 from specserve.serving.request import EngineLimits, LlmRequest
 from specserve.spec.stats import AcceptanceStats
 from tests.helpers.tiny import TinyCheckpoint

@@ -38,15 +38,9 @@ import triton_python_backend_utils as pb_utils
 
 from specserve.runtime.grammar import GuideCompiler
 from specserve.runtime.native_memory import cap_primitive_cache, trimmer
-from specserve.serving.engine import engine_limits, load_decoder
+from specserve.serving.engine import engine_limits, external_verify, load_decoder, make_scheduler
 from specserve.serving.engine_params import env_threads
-from specserve.serving.loop import (
-    Arrays,
-    Pending,
-    ServingLoop,
-    external_verify,
-    make_scheduler,
-)
+from specserve.serving.loop import Arrays, Pending, ServingLoop
 from specserve.triton.llm_io import admit
 from specserve.triton.model_params import ModelParams
 from specserve.triton.spec_counters import HELP, DeferredCounters, SpecCounters
