@@ -1,12 +1,15 @@
-"""A decoder layer's element-wise parts for a few token rows on CPU, in C: RMSNorm, residual add
-+ RMSNorm, RoPE with the KV-cache write, SiLU-and-multiply (``csrc/layer_rows.c``).
+"""A decoder layer's element-wise parts for a few token rows on CPU, in C, and a whole forward's
+layers in one C call (``csrc/layer_rows.c``).
 
 A decode step of the real model (SmolLM2-135M, 30 layers) spent about 100 ATen calls a layer on
-these (6 ms of ATen time a step, plus the Python between them) beside ~35 ms of weight reads:
-what kept plain decoding at two thirds of the machine's read bandwidth. With the few-row linear
-kernel (:mod:`specserve.runtime.cpu_linear`) and the attention kernel
-(:mod:`specserve.runtime.cpu_attention`), a layer becomes nine C calls
-(:meth:`specserve.runtime.model.Transformer.run` takes this path where :func:`usable`).
+RMSNorm, RoPE, the KV write and SiLU-and-multiply (6 ms of ATen time a step, plus the Python
+between them) beside ~35 ms of weight reads: what kept plain decoding at two thirds of the
+machine's read bandwidth. In C, with the few-row linear kernel (``csrc/linear_rows.c``) and the
+attention kernel (``csrc/attn_rows.c``) linked into the same library, a layer was nine calls
+from Python, and those calls (ctypes, the tensors between them) still cost ~5 ms a step: so
+:func:`layers` runs every layer of a forward in one call (a table of each layer's addresses,
+:func:`layer_table`), and :meth:`specserve.runtime.model.Transformer.run` takes it where
+:func:`usable`.
 
 Compiled once per machine and cached as the other kernels (``runtime/native_build.py``); used
 only for float32 on CPU with one torch thread, no autograd, and where the linear and attention
@@ -17,6 +20,7 @@ them within float32 rounding (``tests/runtime/test_cpu_layer.py``).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,42 +30,49 @@ import torch
 from specserve.runtime import native_build
 
 ENV = "SPECSERVE_CPU_LAYER"  # "off" (or 0/false): the ATen ops
-SOURCE = Path(__file__).parent / "csrc" / "layer_rows.c"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = (CSRC / "layer_rows.c", CSRC / "linear_rows.c", CSRC / "attn_rows.c")
 MAX_HEAD_DIM = 256  # the RoPE loop's scratch
+LAYER_FIELDS = 18  # int64 addresses and strides per layer in layer_table (layer_rows.c's enum)
 
 
 @dataclass(frozen=True)
-class Kernels:
-    rms: Any
-    add_rms: Any
-    rope_kv: Any
-    silu_mul: Any
+class LayerWeights:
+    """One decoder layer's tensors as :func:`layer_table` reads them: norm weights [H], linear
+    weights [N, K] (row-major, contiguous) and their biases (None: none)."""
+
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
 
 
-_loaded: list[Kernels | None] = []  # [] until first asked
+_loaded: list[ctypes.CDLL | None] = []  # [] until first asked
 
 
-def _kernel() -> Kernels | None:
-    """The compiled kernels, or None (switched off, or no compiler: logged once)."""
+def _kernel() -> ctypes.CDLL | None:
+    """The compiled library, its entry points typed, or None (switched off, or no compiler:
+    logged once)."""
     if not _loaded:
-        lib = native_build.load(SOURCE, ENV, "CPU layer kernels", "ATen")
-        _loaded.append(None if lib is None else _bind(lib))
+        lib = native_build.load(SOURCES, ENV, "CPU layer kernels", "ATen")
+        if lib is not None:
+            _bind(lib)
+        _loaded.append(lib)
     return _loaded[0]
 
 
-def _bind(lib: ctypes.CDLL) -> Kernels:
+def _bind(lib: ctypes.CDLL) -> None:
     i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    sigs = {"specserve_rms_rows": [ptr, i64, ptr, ptr, i64, i32, i32, f32],
-            "specserve_add_rms_rows": [ptr, i64, ptr, i64, ptr, ptr, i64, i32, i32, f32],
-            "specserve_rope_kv_rows": [ptr, i64, ptr, ptr, i64, i64, ptr, i64, i64, i64,
-                                       ptr, i64, i64, i64, ptr, i32, i32, i32, i32, i32],
-            "specserve_silu_mul_rows": [ptr, i64, ptr, i64, i32, i32]}
-    fns = []
-    for name, args in sigs.items():
-        fn: Any = getattr(lib, name)
-        fn.argtypes, fn.restype = args, None
-        fns.append(fn)
-    return Kernels(*fns)
+    fn: Any = lib.specserve_layers_rows_f32
+    fn.argtypes = [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, i64, i64, ptr, ptr, ptr,
+                   ptr, i32, i64, i32, i32, i32, i32, i32, i32, i32, f32]
+    fn.restype = ctypes.c_int
 
 
 def usable(x: torch.Tensor, head_dim: int) -> bool:
@@ -71,47 +82,63 @@ def usable(x: torch.Tensor, head_dim: int) -> bool:
             and _kernel() is not None)
 
 
-def _k() -> Kernels:
-    k = _kernel()
-    assert k is not None, "cpu_layer called without cpu_layer.usable"
-    return k
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
-def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of rows x [M, H] (contiguous rows) by ``weight`` [H]: a new [M, H]."""
-    m, h = x.shape
-    y = torch.empty(m, h)
-    _k().rms(x.data_ptr(), x.stride(0), weight.data_ptr(), y.data_ptr(), h, m, h, eps)
-    return y
+def layer_table(weights: Sequence[LayerWeights], k: Sequence[torch.Tensor],
+                v: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The int64 table [L, LAYER_FIELDS] :func:`layers` reads: each layer's weight and bias
+    addresses, its K / V cache buffers k[i], v[i] [B, nkv, S, D] (D contiguous) and their
+    strides. Every weight float32; linear weights row-major with contiguous rows."""
+    rows = []
+    for w, kb, vb in zip(weights, k, v, strict=True):
+        assert kb.stride(-1) == 1 and vb.stride(-1) == 1
+        rows.append([w.attn_norm.data_ptr(), w.qkv.data_ptr(), _ptr(w.qkv_bias), w.o.data_ptr(),
+                     _ptr(w.o_bias), w.mlp_norm.data_ptr(), w.gate_up.data_ptr(),
+                     _ptr(w.gate_up_bias), w.down.data_ptr(), _ptr(w.down_bias),
+                     kb.data_ptr(), vb.data_ptr(), *kb.stride()[:3], *vb.stride()[:3]])
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, LAYER_FIELDS)
 
 
-def add_rms(x: torch.Tensor, add: torch.Tensor, weight: torch.Tensor,
-            eps: float) -> torch.Tensor:
-    """x += add (rows [M, H], in place); then RMSNorm of x by ``weight`` [H]: a new [M, H]."""
-    m, h = x.shape
-    y = torch.empty(m, h)
-    _k().add_rms(x.data_ptr(), x.stride(0), add.data_ptr(), add.stride(0), weight.data_ptr(),
-                 y.data_ptr(), h, m, h, eps)
-    return y
+@dataclass(frozen=True)
+class Shape:
+    """A forward's sizes: B rows of T new tokens; hidden H, nh query and nkv KV heads of D,
+    MLP width I, RMSNorm eps."""
+
+    b: int
+    t: int
+    h: int
+    nh: int
+    nkv: int
+    d: int
+    inter: int
+    eps: float
 
 
-def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kbuf: torch.Tensor,
-            vbuf: torch.Tensor, slots: torch.Tensor, t: int, nh: int, nkv: int) -> None:
-    """Rotate the q and k heads of ``qkv`` [M, (nh + 2 nkv) D] (M = B T rows, in place) by
-    ``cos`` / signed ``sin`` [B or 1, T, 1, D]; write row r's k and v heads into its cache row
-    at slot ``slots[r]`` (int64 [M]); kbuf / vbuf [B, nkv, S, D] with contiguous slots."""
-    m = qkv.shape[0]
-    d = cos.shape[-1]
+def layers(table: torch.Tensor, final_norm: torch.Tensor, x: torch.Tensor, s: Shape,
+           rope: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, rows: Any,
+           aux_cols: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every layer of a forward (``table``: :func:`layer_table`) on the residual stream ``x``
+    [M, H] (M = B T rows, contiguous; updated in place): the final-norm hidden states [M, H],
+    and the residual stream entering layer i where ``aux_cols[i] >= 0`` (i = 0 .. L; L: after
+    the last) in columns ``aux_cols[i] * H ..`` of [M, n H] (None when none is asked). rope:
+    ``cos`` / signed ``sin`` [B or 1, T, 1, D]; slots: each row's cache slot (int64 [M]); rows:
+    the attention kernel's :class:`~specserve.runtime.cpu_attention.KeyRows`."""
+    lib = _kernel()
+    assert lib is not None, "cpu_layer.layers without cpu_layer.usable"
+    m = x.shape[0]
+    cos, sin = rope
+    n_aux = sum(c >= 0 for c in aux_cols)
+    y = torch.empty(m, s.h)
+    aux = torch.empty(m, n_aux * s.h) if n_aux else None
+    cols = torch.tensor(aux_cols, dtype=torch.int32)
     cbs = cos.stride(0) if cos.shape[0] > 1 else 0
-    _k().rope_kv(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), cbs,
-                 cos.stride(1), kbuf.data_ptr(), kbuf.stride(0), kbuf.stride(1),
-                 kbuf.stride(2), vbuf.data_ptr(), vbuf.stride(0), vbuf.stride(1),
-                 vbuf.stride(2), slots.data_ptr(), m, t, nh, nkv, d)
-
-
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """silu(g) * u of rows gu [M, 2 I] = [g | u]: a new [M, I]."""
-    m, two_i = gu.shape
-    out = torch.empty(m, two_i // 2)
-    _k().silu_mul(gu.data_ptr(), gu.stride(0), out.data_ptr(), out.stride(0), m, two_i // 2)
-    return out
+    rc = lib.specserve_layers_rows_f32(
+        table.data_ptr(), table.shape[0], final_norm.data_ptr(), x.data_ptr(), y.data_ptr(),
+        _ptr(aux), cols.data_ptr(), n_aux, cos.data_ptr(), sin.data_ptr(), cbs, cos.stride(1),
+        slots.data_ptr(), rows.start.data_ptr(), rows.lens.data_ptr(), rows.node.data_ptr(),
+        rows.node.shape[1], rows.max_past, s.b, s.t, s.h, s.nh, s.nkv, s.d, s.inter, s.eps)
+    if rc != 0:
+        raise MemoryError("cpu layers: scratch allocation failed")
+    return y, aux

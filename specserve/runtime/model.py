@@ -265,37 +265,37 @@ class Transformer(RopeModel):
 
     def _run_fused(self, x: torch.Tensor, cache: KVCache, st: StepInputs,
                    capture: Sequence[int]) -> Forward:
-        """:meth:`run`'s layers as C calls: per layer RMSNorm (fused with the last residual
-        add), q/k/v, RoPE and the KV write, attention, o, add + RMSNorm, gate/up,
-        SiLU-and-multiply, down. The residual stream ``x`` [M, H] is updated in place."""
+        """:meth:`run`'s layers in one C call (:func:`specserve.runtime.cpu_layer.layers`): per
+        layer RMSNorm (fused with the last residual add), q/k/v, RoPE and the KV write,
+        attention, o, add + RMSNorm, gate/up, SiLU-and-multiply, down."""
         b, t, h = x.shape
-        nh, nkv, hd, eps = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim, \
-            self.cfg.rms_norm_eps
+        cfg = self.cfg
         assert st.rows is not None
-        x = x.reshape(b * t, h).contiguous()  # [M, H]
+        x = x.reshape(b * t, h).contiguous()  # [M, H], the residual stream (updated in place)
         write = st.write
         slots = ((torch.arange(t) + write).repeat(b) if isinstance(write, int)
                  else write.reshape(-1).to(torch.int64).contiguous())  # [M]
-        aux: list[torch.Tensor] = []
-        layers = [cast(Block, layer) for layer in self.layers]
-        y = cpu_layer.rms(x, layers[0].attn_norm.weight, eps) if layers else x
-        for i, blk in enumerate(layers):
-            if i in capture:
-                aux.append(x.clone())
+        n = len(self.layers)
+        taken = sorted({i for i in capture if 0 <= i <= n})
+        cols = [taken.index(i) if i in taken else -1 for i in range(n + 1)]
+        table = cpu_layer.layer_table(self._layer_weights(), cache.k, cache.v)
+        shape = cpu_layer.Shape(b, t, h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                cfg.intermediate_size, cfg.rms_norm_eps)
+        hidden, aux = cpu_layer.layers(table, self.norm.weight, x, shape, (st.cos, st.sin),
+                                       slots, st.rows, cols)
+        return Forward(hidden.view(b, t, h), None if aux is None else aux.view(b, t, -1))
+
+    def _layer_weights(self) -> list[cpu_layer.LayerWeights]:
+        """Each layer's tensors for :func:`specserve.runtime.cpu_layer.layer_table`."""
+        out = []
+        for layer in self.layers:
+            blk = cast(Block, layer)
             a = blk.attn
-            qkv = linear(y, a.qkv)  # [M, (nh + 2 nkv) D]
-            cpu_layer.rope_kv(qkv, st.cos, st.sin, cache.k[i], cache.v[i], slots, t, nh, nkv)
-            q = qkv.view(b, t, nh + 2 * nkv, hd)[:, :, :nh].transpose(1, 2)  # [B, nh, T, D]
-            att = cpu_attention.attend(q, cache.k[i], cache.v[i], st.rows)  # [B, T, nh D]
-            y = cpu_layer.add_rms(x, linear(att.view(b * t, -1), a.o), blk.mlp_norm.weight, eps)
-            gu = linear(y, blk.gate_up)  # [M, 2 I]
-            nxt = layers[i + 1].attn_norm.weight if i + 1 < len(layers) else self.norm.weight
-            y = cpu_layer.add_rms(x, linear(cpu_layer.silu_mul(gu), blk.down), nxt, eps)
-        if len(layers) in capture:
-            aux.append(x.clone())
-        hidden = (y if layers else cpu_layer.rms(x, self.norm.weight, eps))
-        cat = torch.cat(aux, dim=-1).view(b, t, -1) if aux else None
-        return Forward(hidden.view(b, t, h), cat)
+            out.append(cpu_layer.LayerWeights(
+                blk.attn_norm.weight, a.qkv.weight, a.qkv.bias, a.o.weight, a.o.bias,
+                blk.mlp_norm.weight, blk.gate_up.weight, blk.gate_up.bias, blk.down.weight,
+                blk.down.bias))
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., V] from hidden states [..., H]."""

@@ -22,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
@@ -29,11 +30,12 @@ OFF = ("off", "0", "false")  # an ``env`` value that switches a kernel off (:fun
 LINK = ("-shared", "-fPIC")
 
 
-def load(source: Path, env: str, what: str, instead: str,
+def load(source: Path | Sequence[Path], env: str, what: str, instead: str,
          off: tuple[str, ...] = OFF) -> ctypes.CDLL | None:
-    """``source``'s library built (:func:`build`) and loaded, or None: switched off by
-    environment variable ``env`` (a value in ``off``), or no compiler / a failed build (logged
-    as "``what`` unavailable (why); using ``instead``")."""
+    """``source``'s library (one C file, or several linked together) built (:func:`build`)
+    and loaded, or None: switched off by environment variable ``env`` (a value in ``off``), or
+    no compiler / a failed build (logged as "``what`` unavailable (why); using
+    ``instead``")."""
     if os.environ.get(env, "").lower() in off:
         return None
     try:
@@ -44,31 +46,35 @@ def load(source: Path, env: str, what: str, instead: str,
         return None
 
 
-def build(source: Path, out_dir: Path | None = None, flags: tuple[str, ...] = FLAGS) -> Path:
-    """``source``'s shared library for this machine: built now unless cached; RuntimeError
+def build(source: Path | Sequence[Path], out_dir: Path | None = None,
+          flags: tuple[str, ...] = FLAGS) -> Path:
+    """The shared library of ``source`` (one C file, or several compiled apart and linked
+    together, named after the first) for this machine: built now unless cached; RuntimeError
     when there is no C compiler or it fails (``subprocess.SubprocessError`` when it hangs)."""
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
-    src = source.read_bytes()
-    key = hashlib.sha256(b"\0".join([src, " ".join(flags + LINK).encode(), cc.encode(),
+    sources = [source] if isinstance(source, Path) else list(source)
+    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in sources),
+                                     " ".join(flags + LINK).encode(), cc.encode(),
                                      platform.machine().encode(), cpu_flags()])).hexdigest()
     d = out_dir or cache_dir()
-    lib = d / f"{source.stem}-{key[:16]}.so"
+    stem = sources[0].stem
+    lib = d / f"{stem}-{key[:16]}.so"
     if lib.exists():
         return lib
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{source.stem}-", suffix=".so")
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{stem}-", suffix=".so")
     os.close(fd)
-    obj = tmp[:-3] + ".o"
+    objs = [f"{tmp[:-3]}-{i}.o" for i in range(len(sources))]
     try:
-        for cmd in ([cc, *flags, "-c", str(source), "-o", obj],
-                    [cc, *LINK, obj, "-o", tmp, "-lm"]):
+        cmds = [[cc, *flags, "-c", str(s), "-o", o] for s, o in zip(sources, objs, strict=True)]
+        for cmd in [*cmds, [cc, *LINK, *objs, "-o", tmp, "-lm"]]:
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if run.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {run.stderr.strip().splitlines()[-1:]}")
         os.replace(tmp, lib)  # atomic: processes building at once each install a whole file
     finally:
-        for f in (tmp, obj):
+        for f in (tmp, *objs):
             if os.path.exists(f):
                 os.unlink(f)
     return lib

@@ -1,18 +1,22 @@
-"""The CPU layer kernels (``runtime/cpu_layer.py``, ``csrc/layer_rows.c``): each against the
-ATen ops it replaces (float32, seeded inputs, within 2e-6 relative), then whole forwards of the
-tiny model with and without them (decode, ragged rows, a verify chain, captured layers), and
-a planted fault in each kernel's contract caught."""
+"""The CPU layer kernels (``runtime/cpu_layer.py``, ``csrc/layer_rows.c``): each element-wise
+kernel (bound here with ctypes, as the library's one-call forward uses them) against the ATen ops
+it replaces (float32, seeded inputs, within 2e-6 relative), then whole forwards of the tiny model
+through the one-call forward and through ATen (decode, ragged rows, a verify chain, captured
+layers)."""
 
 from __future__ import annotations
 
+import ctypes
+import platform
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from specserve.runtime import cpu_layer
-from specserve.runtime.model import Transformer, _rms
+from specserve.runtime import cpu_layer, native_build
+from specserve.runtime.model import RMSNorm, Transformer, _rms, load_model
 from tests.runtime.conftest import TinyModels
 
 torch.set_num_threads(1)
@@ -25,14 +29,59 @@ def _g() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
 
+def _lib() -> Any:
+    lib = cpu_layer._kernel()
+    assert lib is not None
+    return lib
+
+
+def _p(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _rms_c(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    m, h = x.shape
+    y = torch.empty(m, h)
+    _lib().specserve_rms_rows(_p(x), ctypes.c_int64(h), _p(w), _p(y), ctypes.c_int64(h), m, h,
+                              ctypes.c_float(eps))
+    return y
+
+
+def _add_rms_c(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    m, h = x.shape
+    y = torch.empty(m, h)
+    i64 = ctypes.c_int64(h)
+    _lib().specserve_add_rms_rows(_p(x), i64, _p(r), i64, _p(w), _p(y), i64, m, h,
+                                  ctypes.c_float(eps))
+    return y
+
+
+def _rope_kv_c(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kbuf: torch.Tensor,
+               vbuf: torch.Tensor, slots: torch.Tensor, t: int, nh: int, nkv: int) -> None:
+    i64 = ctypes.c_int64
+    cbs = cos.stride(0) if cos.shape[0] > 1 else 0
+    _lib().specserve_rope_kv_rows(
+        _p(qkv), i64(qkv.stride(0)), _p(cos), _p(sin), i64(cbs), i64(cos.stride(1)), _p(kbuf),
+        *(i64(s) for s in kbuf.stride()[:3]), _p(vbuf), *(i64(s) for s in vbuf.stride()[:3]),
+        _p(slots), qkv.shape[0], t, nh, nkv, cos.shape[-1])
+
+
+def _silu_mul_c(gu: torch.Tensor) -> torch.Tensor:
+    m, two_i = gu.shape
+    out = torch.empty(m, two_i // 2)
+    _lib().specserve_silu_mul_rows(_p(gu), ctypes.c_int64(two_i), _p(out),
+                                   ctypes.c_int64(two_i // 2), m, two_i // 2)
+    return out
+
+
 @needs_kernel
 def test_rms_and_add_rms_equal_aten() -> None:
     g = _g()
     x, r = torch.randn(5, 576, generator=g), torch.randn(5, 576, generator=g)
     w = torch.randn(576, generator=g)
-    torch.testing.assert_close(cpu_layer.rms(x, w, 1e-5), _rms(x, w, 1e-5), **TOL)
+    torch.testing.assert_close(_rms_c(x, w, 1e-5), _rms(x, w, 1e-5), **TOL)
     want_x = x + r
-    y = cpu_layer.add_rms(x, r, w, 1e-5)
+    y = _add_rms_c(x, r, w, 1e-5)
     torch.testing.assert_close(x, want_x, rtol=0, atol=0)  # the residual add, in place
     torch.testing.assert_close(y, _rms(want_x, w, 1e-5), **TOL)
 
@@ -61,7 +110,7 @@ def test_rope_and_kv_write_equal_aten(b: int, t: int, ragged: bool) -> None:
     for i in range(b):
         want_k[i, :, pos[i]] = want[i, :, nh:].transpose(0, 1)
         want_v[i, :, pos[i]] = heads[i, :, nh + nkv:].transpose(0, 1)
-    cpu_layer.rope_kv(qkv, cos, sin, kbuf, vbuf, pos.reshape(-1), t, nh, nkv)
+    _rope_kv_c(qkv, cos, sin, kbuf, vbuf, pos.reshape(-1), t, nh, nkv)
     torch.testing.assert_close(qkv.view(b, t, -1, d)[:, :, :nh + nkv], want, **TOL)
     torch.testing.assert_close(kbuf, want_k, **TOL)
     torch.testing.assert_close(vbuf, want_v, rtol=0, atol=0)
@@ -71,7 +120,7 @@ def test_rope_and_kv_write_equal_aten(b: int, t: int, ragged: bool) -> None:
 def test_silu_mul_equals_aten() -> None:
     gu = torch.randn(4, 2 * 1536, generator=_g()) * 4
     g, u = gu.chunk(2, dim=-1)
-    torch.testing.assert_close(cpu_layer.silu_mul(gu), F.silu(g) * u, **TOL)
+    torch.testing.assert_close(_silu_mul_c(gu), F.silu(g) * u, **TOL)
 
 
 def _forward(m: Transformer, fused: bool, tokens: torch.Tensor, lens: list[int],
@@ -101,8 +150,14 @@ def _forward(m: Transformer, fused: bool, tokens: torch.Tensor, lens: list[int],
 def test_forwards_equal_the_aten_path(tiny_models: TinyModels, lens: list[int],
                                       t: int) -> None:
     """Decode (uniform and ragged rows) and a verify chain of 5: hidden states, the layers an
-    EAGLE-3 head captures and the whole K cache within float32 rounding of the ATen path."""
-    m = tiny_models.target
+    EAGLE-3 head captures and the whole K cache within float32 rounding of the ATen path. The
+    norms' weights are made distinct (trained or fresh, they may all be near one), so a layer
+    normalised with another's weight shows."""
+    m = load_model(tiny_models.ckpt.target).decode_layout(multi_row_min=0)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for norm in (x for x in m.modules() if isinstance(x, RMSNorm)):
+            norm.weight.copy_(torch.rand(norm.weight.shape, generator=g) + 0.5)
     tokens = torch.randint(0, m.cfg.vocab_size, (len(lens), t), generator=_g())
     capture = (0, 1, len(m.layers))
     want = _forward(m, False, tokens, lens, capture=capture)
@@ -116,3 +171,17 @@ def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(cpu_layer, "_loaded", [])
     monkeypatch.setenv(cpu_layer.ENV, "off")
     assert not cpu_layer.usable(torch.zeros(1, 1, 8), 64)
+
+
+@needs_kernel
+def test_avx2_build_equals_the_aten_path(tiny_models: TinyModels, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library built for an AVX2-only CPU (the 256-bit linear code, CI's machines) gives the
+    same forward: a ragged verify chain against ATen."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 code paths need x86")
+    flags = native_build.FLAGS + ("-mno-avx512f",)
+    lib = ctypes.CDLL(str(native_build.build(cpu_layer.SOURCES, tmp_path, flags)))
+    cpu_layer._bind(lib)
+    monkeypatch.setattr(cpu_layer, "_loaded", [lib])
+    test_forwards_equal_the_aten_path(tiny_models, [6, 14], 5)

@@ -18,6 +18,7 @@
  * loaded by specserve/runtime/cpu_layer.py. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static float inv_rms(const float* x, int h, float eps) {
@@ -94,4 +95,78 @@ void specserve_silu_mul_rows(const float* gu, int64_t gs, float* out, int64_t os
 #pragma omp simd
         for (int i = 0; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
+}
+
+/* The few-row linear (linear_rows.c) and attention (attn_rows.c) kernels, linked into the same
+ * library as this file (cpu_layer.py builds the three together). */
+int specserve_linear_rows_f32(const float* x, int64_t xs, const float* w, int64_t ws,
+                              const float* bias, float* y, int64_t ys, int M, int N, int K);
+int specserve_attn_rows_f32(
+        const float* q, int64_t qb, int64_t qh, int64_t qt,
+        const float* k, int64_t kb, int64_t kh, int64_t ks,
+        const float* v, int64_t vb, int64_t vh, int64_t vs,
+        const int64_t* start, const int64_t* len, const uint8_t* node, int W,
+        float* out, int64_t ob, int64_t ot, int64_t oh,
+        int B, int H, int Hkv, int T, int D, int64_t max_past, float scale);
+
+/* One layer's addresses in the table of specserve_layers_rows_f32, LAYER_FIELDS int64 each:
+ * weights (row-major, contiguous rows) and biases (0: none), the layer's K and V cache buffers
+ * [B, nkv, S, D] and their element strides. */
+enum { ATTN_NORM, QKV_W, QKV_B, O_W, O_B, MLP_NORM, GATE_UP_W, GATE_UP_B, DOWN_W, DOWN_B,
+       K_BUF, V_BUF, K_B, K_H, K_S, V_B, V_H, V_S, LAYER_FIELDS };
+
+#define P(i, f) ((float*)(intptr_t)table[(int64_t)(i) * LAYER_FIELDS + (f)])
+
+/* A whole forward's layers for M = B T rows in one call (what Transformer._run_fused did as
+ * nine calls a layer): per layer q/k/v, RoPE and the KV write, attention over each row's own
+ * keys, o, residual add + RMSNorm, gate/up, SiLU-and-multiply, down, residual add + the next
+ * RMSNorm (the last layer's: final_norm). x [M, H] (contiguous) is the residual stream,
+ * updated in place; y [M, H] gets the final-norm hidden states. aux_col[i] >= 0 (i = 0 .. L)
+ * copies the residual stream entering layer i (L: leaving the last) into columns
+ * aux_col[i] * H .. of aux [M, naux * H]. cos / sin, slots: as specserve_rope_kv_rows;
+ * start, len, node, W, max_past: as specserve_attn_rows_f32. Returns 0, or 1 when scratch
+ * could not be allocated. */
+int specserve_layers_rows_f32(const int64_t* table, int L, const float* final_norm, float* x,
+                              float* y, float* aux, const int32_t* aux_col, int naux,
+                              const float* cos, const float* sin, int64_t cbs, int64_t cts,
+                              const int64_t* slots, const int64_t* start, const int64_t* len,
+                              const uint8_t* node, int W, int64_t max_past, int B, int T, int H,
+                              int nh, int nkv, int D, int I, float eps) {
+    const int M = B * T, NQKV = (nh + 2 * nkv) * D, NA = nh * D;
+    float* qkv = (float*)malloc(sizeof(float) * (size_t)M * (size_t)(NQKV + NA + H + 3 * I));
+    if (!qkv) return 1;
+    float *att = qkv + (size_t)M * NQKV, *tmp = att + (size_t)M * NA, *gu = tmp + (size_t)M * H,
+          *act = gu + (size_t)M * 2 * I;
+    int rc = 0;
+    if (L > 0) specserve_rms_rows(x, H, P(0, ATTN_NORM), y, H, M, H, eps);
+    for (int i = 0; i < L && rc == 0; i++) {
+        const int64_t* f = table + (int64_t)i * LAYER_FIELDS;
+        if (aux_col[i] >= 0)
+            for (int r = 0; r < M; r++)
+                memcpy(aux + (int64_t)r * naux * H + (int64_t)aux_col[i] * H, x + (int64_t)r * H,
+                       sizeof(float) * (size_t)H);
+        specserve_linear_rows_f32(y, H, P(i, QKV_W), H, P(i, QKV_B), qkv, NQKV, M, NQKV, H);
+        specserve_rope_kv_rows(qkv, NQKV, cos, sin, cbs, cts, P(i, K_BUF), f[K_B], f[K_H],
+                               f[K_S], P(i, V_BUF), f[V_B], f[V_H], f[V_S], slots, M, T, nh,
+                               nkv, D);
+        rc = specserve_attn_rows_f32(qkv, (int64_t)T * NQKV, D, NQKV, P(i, K_BUF), f[K_B],
+                                     f[K_H], f[K_S], P(i, V_BUF), f[V_B], f[V_H], f[V_S], start,
+                                     len, node, W, att, (int64_t)T * NA, NA, D, B, nh, nkv, T,
+                                     D, max_past, (float)(1.0 / sqrt((double)D)));
+        specserve_linear_rows_f32(att, NA, P(i, O_W), NA, P(i, O_B), tmp, H, M, H, NA);
+        specserve_add_rms_rows(x, H, tmp, H, P(i, MLP_NORM), y, H, M, H, eps);
+        specserve_linear_rows_f32(y, H, P(i, GATE_UP_W), H, P(i, GATE_UP_B), gu, 2 * I, M,
+                                  2 * I, H);
+        specserve_silu_mul_rows(gu, 2 * I, act, I, M, I);
+        specserve_linear_rows_f32(act, I, P(i, DOWN_W), I, P(i, DOWN_B), tmp, H, M, H, I);
+        specserve_add_rms_rows(x, H, tmp, H, i + 1 < L ? P(i + 1, ATTN_NORM) : final_norm, y, H,
+                               M, H, eps);
+    }
+    if (rc == 0 && aux_col[L] >= 0)
+        for (int r = 0; r < M; r++)
+            memcpy(aux + (int64_t)r * naux * H + (int64_t)aux_col[L] * H, x + (int64_t)r * H,
+                   sizeof(float) * (size_t)H);
+    if (L == 0) specserve_rms_rows(x, H, final_norm, y, H, M, H, eps);
+    free(qkv);
+    return rc;
 }
