@@ -69,10 +69,18 @@ def _kernel() -> ctypes.CDLL | None:
 
 def _bind(lib: ctypes.CDLL) -> None:
     i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    fn: Any = lib.specserve_layers_rows_f32
-    fn.argtypes = [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, i64, i64, ptr, ptr, ptr,
-                   ptr, i32, i64, i32, i32, i32, i32, i32, i32, i32, f32]
-    fn.restype = ctypes.c_int
+    sigs = {"specserve_rms_rows": [ptr, i64, ptr, ptr, i64, i32, i32, f32],
+            "specserve_add_rms_rows": [ptr, i64, ptr, i64, ptr, ptr, i64, i32, i32, f32],
+            "specserve_rope_kv_rows": [ptr, i64, ptr, ptr, i64, i64, ptr, i64, i64, i64,
+                                       ptr, i64, i64, i64, ptr, i32, i32, i32, i32, i32],
+            "specserve_silu_mul_rows": [ptr, i64, ptr, i64, i32, i32],
+            "specserve_layers_rows_f32": [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, i64,
+                                          i64, ptr, ptr, ptr, ptr, i32, i64, i32, i32, i32,
+                                          i32, i32, i32, i32, f32]}
+    for name, args in sigs.items():
+        fn: Any = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = ctypes.c_int if name == "specserve_layers_rows_f32" else None
 
 
 def usable(x: torch.Tensor, head_dim: int) -> bool:
@@ -80,6 +88,54 @@ def usable(x: torch.Tensor, head_dim: int) -> bool:
     return (x.dtype == torch.float32 and x.device.type == "cpu" and head_dim <= MAX_HEAD_DIM
             and not torch.is_grad_enabled() and torch.get_num_threads() == 1
             and _kernel() is not None)
+
+
+def _lib() -> Any:
+    lib = _kernel()
+    assert lib is not None, "cpu_layer called without cpu_layer.usable"
+    return lib
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of rows x [M, H] (contiguous rows) by ``weight`` [H]: a new [M, H]."""
+    m, h = x.shape
+    y = torch.empty(m, h)
+    _lib().specserve_rms_rows(x.data_ptr(), x.stride(0), weight.data_ptr(), y.data_ptr(), h, m,
+                              h, eps)
+    return y
+
+
+def add_rms(x: torch.Tensor, add: torch.Tensor, weight: torch.Tensor,
+            eps: float) -> torch.Tensor:
+    """x += add (rows [M, H], in place); then RMSNorm of x by ``weight`` [H]: a new [M, H]."""
+    m, h = x.shape
+    y = torch.empty(m, h)
+    _lib().specserve_add_rms_rows(x.data_ptr(), x.stride(0), add.data_ptr(), add.stride(0),
+                                  weight.data_ptr(), y.data_ptr(), h, m, h, eps)
+    return y
+
+
+def rope_kv(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kbuf: torch.Tensor,
+            vbuf: torch.Tensor, slots: torch.Tensor, t: int, nh: int, nkv: int) -> None:
+    """Rotate the q and k heads of ``qkv`` [M, (nh + 2 nkv) D] (M = B T rows, in place) by
+    ``cos`` / signed ``sin`` [B or 1, T, 1, D]; write row r's k and v heads into its cache row
+    at slot ``slots[r]`` (int64 [M]); kbuf / vbuf [B, nkv, S, D] with contiguous slots."""
+    cos, sin = rope
+    cbs = cos.stride(0) if cos.shape[0] > 1 else 0
+    _lib().specserve_rope_kv_rows(
+        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), cbs, cos.stride(1),
+        kbuf.data_ptr(), kbuf.stride(0), kbuf.stride(1), kbuf.stride(2), vbuf.data_ptr(),
+        vbuf.stride(0), vbuf.stride(1), vbuf.stride(2), slots.data_ptr(), qkv.shape[0], t, nh,
+        nkv, cos.shape[-1])
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(g) * u of rows gu [M, 2 I] = [g | u]: a new [M, I]."""
+    m, two_i = gu.shape
+    out = torch.empty(m, two_i // 2)
+    _lib().specserve_silu_mul_rows(gu.data_ptr(), gu.stride(0), out.data_ptr(), out.stride(0), m,
+                                   two_i // 2)
+    return out
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -125,8 +181,7 @@ def layers(table: torch.Tensor, final_norm: torch.Tensor, x: torch.Tensor, s: Sh
     the last) in columns ``aux_cols[i] * H ..`` of [M, n H] (None when none is asked). rope:
     ``cos`` / signed ``sin`` [B or 1, T, 1, D]; slots: each row's cache slot (int64 [M]); rows:
     the attention kernel's :class:`~specserve.runtime.cpu_attention.KeyRows`."""
-    lib = _kernel()
-    assert lib is not None, "cpu_layer.layers without cpu_layer.usable"
+    lib = _lib()
     m = x.shape[0]
     cos, sin = rope
     n_aux = sum(c >= 0 for c in aux_cols)

@@ -1,13 +1,15 @@
 """The CPU layer kernels (``runtime/cpu_layer.py``, ``csrc/layer_rows.c``): each element-wise
-kernel (bound here with ctypes, as the library's one-call forward uses them) against the ATen ops
-it replaces (float32, seeded inputs, within 2e-6 relative), then whole forwards of the tiny model
-through the one-call forward and through ATen (decode, ragged rows, a verify chain, captured
+kernel against the ATen ops it replaces (float32, seeded inputs, within 2e-6 relative), then
+whole forwards of the tiny model by the one-call path, by the row path (ATen's linears, the C
+element-wise kernels) and by ATen (decode, ragged rows, verify chains, prefills, captured
 layers)."""
 
 from __future__ import annotations
 
 import ctypes
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,59 +31,14 @@ def _g() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
 
-def _lib() -> Any:
-    lib = cpu_layer._kernel()
-    assert lib is not None
-    return lib
-
-
-def _p(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
-
-
-def _rms_c(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    m, h = x.shape
-    y = torch.empty(m, h)
-    _lib().specserve_rms_rows(_p(x), ctypes.c_int64(h), _p(w), _p(y), ctypes.c_int64(h), m, h,
-                              ctypes.c_float(eps))
-    return y
-
-
-def _add_rms_c(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    m, h = x.shape
-    y = torch.empty(m, h)
-    i64 = ctypes.c_int64(h)
-    _lib().specserve_add_rms_rows(_p(x), i64, _p(r), i64, _p(w), _p(y), i64, m, h,
-                                  ctypes.c_float(eps))
-    return y
-
-
-def _rope_kv_c(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kbuf: torch.Tensor,
-               vbuf: torch.Tensor, slots: torch.Tensor, t: int, nh: int, nkv: int) -> None:
-    i64 = ctypes.c_int64
-    cbs = cos.stride(0) if cos.shape[0] > 1 else 0
-    _lib().specserve_rope_kv_rows(
-        _p(qkv), i64(qkv.stride(0)), _p(cos), _p(sin), i64(cbs), i64(cos.stride(1)), _p(kbuf),
-        *(i64(s) for s in kbuf.stride()[:3]), _p(vbuf), *(i64(s) for s in vbuf.stride()[:3]),
-        _p(slots), qkv.shape[0], t, nh, nkv, cos.shape[-1])
-
-
-def _silu_mul_c(gu: torch.Tensor) -> torch.Tensor:
-    m, two_i = gu.shape
-    out = torch.empty(m, two_i // 2)
-    _lib().specserve_silu_mul_rows(_p(gu), ctypes.c_int64(two_i), _p(out),
-                                   ctypes.c_int64(two_i // 2), m, two_i // 2)
-    return out
-
-
 @needs_kernel
 def test_rms_and_add_rms_equal_aten() -> None:
     g = _g()
     x, r = torch.randn(5, 576, generator=g), torch.randn(5, 576, generator=g)
     w = torch.randn(576, generator=g)
-    torch.testing.assert_close(_rms_c(x, w, 1e-5), _rms(x, w, 1e-5), **TOL)
+    torch.testing.assert_close(cpu_layer.rms(x, w, 1e-5), _rms(x, w, 1e-5), **TOL)
     want_x = x + r
-    y = _add_rms_c(x, r, w, 1e-5)
+    y = cpu_layer.add_rms(x, r, w, 1e-5)
     torch.testing.assert_close(x, want_x, rtol=0, atol=0)  # the residual add, in place
     torch.testing.assert_close(y, _rms(want_x, w, 1e-5), **TOL)
 
@@ -110,7 +67,7 @@ def test_rope_and_kv_write_equal_aten(b: int, t: int, ragged: bool) -> None:
     for i in range(b):
         want_k[i, :, pos[i]] = want[i, :, nh:].transpose(0, 1)
         want_v[i, :, pos[i]] = heads[i, :, nh + nkv:].transpose(0, 1)
-    _rope_kv_c(qkv, cos, sin, kbuf, vbuf, pos.reshape(-1), t, nh, nkv)
+    cpu_layer.rope_kv(qkv, (cos, sin), kbuf, vbuf, pos.reshape(-1), t, nh, nkv)
     torch.testing.assert_close(qkv.view(b, t, -1, d)[:, :, :nh + nkv], want, **TOL)
     torch.testing.assert_close(kbuf, want_k, **TOL)
     torch.testing.assert_close(vbuf, want_v, rtol=0, atol=0)
@@ -120,48 +77,71 @@ def test_rope_and_kv_write_equal_aten(b: int, t: int, ragged: bool) -> None:
 def test_silu_mul_equals_aten() -> None:
     gu = torch.randn(4, 2 * 1536, generator=_g()) * 4
     g, u = gu.chunk(2, dim=-1)
-    torch.testing.assert_close(_silu_mul_c(gu), F.silu(g) * u, **TOL)
+    torch.testing.assert_close(cpu_layer.silu_mul(gu), F.silu(g) * u, **TOL)
 
 
-def _forward(m: Transformer, fused: bool, tokens: torch.Tensor, lens: list[int],
+@contextmanager
+def _aten() -> Iterator[None]:
+    """The model's ATen ops, as with no C compiler (the library unloaded meanwhile)."""
+    saved = list(cpu_layer._loaded)
+    cpu_layer._loaded[:] = [None]
+    try:
+        yield
+    finally:
+        cpu_layer._loaded[:] = saved
+
+
+def _forward(m: Transformer, path: str, tokens: torch.Tensor, lens: list[int],
              **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """One forward after ragged prefills of ``lens`` tokens: hidden, aux, the K cache."""
+    """One forward after ragged prefills of ``lens`` tokens (on the ATen path) by ``path``
+    ("one call": Transformer._run_fused, "rows": _run_rows, "aten"): hidden, aux, the K
+    cache."""
     g = torch.Generator().manual_seed(1)
     cache = m.new_cache(len(lens), 64)
     with torch.inference_mode():
-        m._fusable = False
-        for i, n in enumerate(lens):  # each row's prompt on the ATen path
-            view = cache.view(i, i + 1)
-            view.lengths = [0]
-            m.run(torch.randint(0, m.cfg.vocab_size, (1, n), generator=g), view)
+        with _aten():
+            for i, n in enumerate(lens):
+                view = cache.view(i, i + 1)
+                view.lengths = [0]
+                m.run(torch.randint(0, m.cfg.vocab_size, (1, n), generator=g), view)
         cache.lengths = list(lens)
-        m._fusable = None if fused else False
-        taken = m._fused_rows(torch.zeros(*tokens.shape, m.cfg.hidden_size),
-                              m.step_inputs(tokens, cache))
-        assert taken == fused
-        f = m.run(tokens, cache, **kw)
+        m._fusable = False if path == "rows" else None
+        one_call = m._fused_rows(torch.zeros(*tokens.shape, m.cfg.hidden_size),
+                                 m.step_inputs(tokens, cache))
+        with _aten() if path == "aten" else nullcontext():
+            assert one_call == (path == "one call") or path == "aten"
+            f = m.run(tokens, cache, **kw)
     m._fusable = None
     return f.hidden, f.aux, torch.stack(cache.k)
 
 
-@needs_kernel
-@pytest.mark.parametrize(("lens", "t"), [([12], 1), ([5, 19, 11], 1), ([8, 8], 1),
-                                         ([6, 14], 5)])
-def test_forwards_equal_the_aten_path(tiny_models: TinyModels, lens: list[int],
-                                      t: int) -> None:
-    """Decode (uniform and ragged rows) and a verify chain of 5: hidden states, the layers an
-    EAGLE-3 head captures and the whole K cache within float32 rounding of the ATen path. The
-    norms' weights are made distinct (trained or fresh, they may all be near one), so a layer
-    normalised with another's weight shows."""
+def _distinct_norms(tiny_models: TinyModels) -> Transformer:
+    """The tiny target with its norms' weights made distinct (trained or fresh, they may all be
+    near one), so a layer normalised with another's weight shows."""
     m = load_model(tiny_models.ckpt.target).decode_layout(multi_row_min=0)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for norm in (x for x in m.modules() if isinstance(x, RMSNorm)):
             norm.weight.copy_(torch.rand(norm.weight.shape, generator=g) + 0.5)
+    return m
+
+
+@needs_kernel
+@pytest.mark.parametrize(("lens", "t", "path"), [
+    ([12], 1, "one call"), ([5, 19, 11], 1, "one call"), ([8, 8], 1, "one call"),
+    ([6, 14], 5, "one call"), ([6, 14], 5, "rows"), ([4, 9, 7, 3], 5, "rows"),
+    ([6, 14], 20, "rows"), ([0, 0], 24, "rows")])
+def test_forwards_equal_the_aten_path(tiny_models: TinyModels, lens: list[int], t: int,
+                                      path: str) -> None:
+    """Decode (uniform and ragged rows), verify chains of 5 (one call, and 20 rows: the
+    attention kernel with ATen's linears) and prefills (20 and 24 new tokens a row: SDPA):
+    hidden states, the layers an EAGLE-3 head captures and the whole K cache within float32
+    rounding of the ATen path."""
+    m = _distinct_norms(tiny_models)
     tokens = torch.randint(0, m.cfg.vocab_size, (len(lens), t), generator=_g())
     capture = (0, 1, len(m.layers))
-    want = _forward(m, False, tokens, lens, capture=capture)
-    got = _forward(m, True, tokens, lens, capture=capture)
+    want = _forward(m, "aten", tokens, lens, capture=capture)
+    got = _forward(m, path, tokens, lens, capture=capture)
     for a, b in zip(got, want, strict=True):
         assert a is not None and b is not None
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -184,4 +164,4 @@ def test_avx2_build_equals_the_aten_path(tiny_models: TinyModels, tmp_path: Path
     lib = ctypes.CDLL(str(native_build.build(cpu_layer.SOURCES, tmp_path, flags)))
     cpu_layer._bind(lib)
     monkeypatch.setattr(cpu_layer, "_loaded", [lib])
-    test_forwards_equal_the_aten_path(tiny_models, [6, 14], 5)
+    test_forwards_equal_the_aten_path(tiny_models, [6, 14], 5, "one call")
