@@ -7,8 +7,11 @@ K (K = 0: plain decoding). Only decode steps count (``SpecDecoder._step``, wrapp
 prefill is left out). Per batch, two passes over the K values: one unprofiled, timing each step
 (the step cost over plain decoding's at the same batch, in the thread's CPU time, which other
 jobs on a shared machine move far less than wall time), then one under ``torch.profiler``.
-The benchmark (never the product) wraps every call of the model's ``linear`` (which runs the
-few-row C kernel through ``ctypes``: no ATen op, so its time is the wrapper's own),
+The benchmark (never the product) wraps the one C call that runs a forward's layers for up to
+16 rows (``cpu_layer.layers``: linears, attention, norms and rotary together, "C layers"), the
+C element-wise kernels of larger forwards (``cpu_layer.rms`` ...: norms+rotary, with
+``_attend``: attention), every call of the model's ``linear`` (the few-row C kernel through
+``ctypes``: no ATen op, so its time is the wrapper's own),
 ``Transformer.logits`` (the LM head; the ``linear`` inside it counted there), ``_attention``,
 ``_rms_norm``, the verification (``step.pick``, ``step.verify_chain``) and the proposer: in the
 timed pass in ``time.perf_counter`` spans, each span's time less its nested spans'; in the
@@ -54,10 +57,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from profile_step import group_of  # noqa: E402
 from verify_cost import _prompts, oracle_args  # noqa: E402
 
-CATEGORIES = ("linears", "lm head", "attention", "norms+rotary", "verify", "other aten",
-              "python")
-RANGES = {"sp.linear": "linears", "sp.lm_head": "lm head", "sp.attention": "attention",
-          "sp.norm": "norms+rotary", "sp.verify": "verify", "sp.proposer": "proposer"}
+CATEGORIES = ("C layers", "linears", "lm head", "attention", "norms+rotary", "verify",
+              "other aten", "python")
+RANGES = {"sp.layers": "C layers", "sp.linear": "linears", "sp.lm_head": "lm head",
+          "sp.attention": "attention", "sp.norm": "norms+rotary", "sp.verify": "verify",
+          "sp.proposer": "proposer"}
 ROTARY_OPS = ("aten::mul", "aten::add", "aten::roll")
 STEP = "sp.step"
 
@@ -134,8 +138,8 @@ def patched(targets: list[tuple[Any, str, Callable[[Any], Any]]]) -> Iterator[No
 def profile_ranges(proposer: Any, clock: Clock | None = None
                    ) -> list[tuple[Any, str, Callable[[Any], Any]]]:
     """The benchmark-side wrappers: ``record_function`` ranges, or ``clock``'s spans."""
+    from specserve.runtime import cpu_layer, step
     from specserve.runtime import model as m
-    from specserve.runtime import step
 
     head = [False]
     out: list[tuple[Any, str, Callable[[Any], Any]]] = [
@@ -143,6 +147,10 @@ def profile_ranges(proposer: Any, clock: Clock | None = None
         (m.Transformer, "logits", lambda f: _head_ranged(f, head, clock)),
         (m, "_attention", lambda f: _ranged(f, "sp.attention", clock)),
         (m, "_rms_norm", lambda f: _ranged(f, "sp.norm", clock)),
+        (m, "_attend", lambda f: _ranged(f, "sp.attention", clock)),
+        (cpu_layer, "layers", lambda f: _ranged(f, "sp.layers", clock)),
+        *((cpu_layer, name, lambda f: _ranged(f, "sp.norm", clock))
+          for name in ("rms", "add_rms", "rope_kv", "silu_mul")),
         (step, "pick", lambda f: _ranged(f, "sp.verify", clock)),
         (step, "verify_chain", lambda f: _ranged(f, "sp.verify", clock))]
     if proposer is not None:
@@ -219,7 +227,8 @@ def combined(clock: dict[str, float], wall: float, prof: dict[str, float]) -> di
     att, rot = _split(clock.get("attention", 0.0), prof["attention"], prof["rotary"])
     rest = max(0.0, wall - sum(clock.values()))
     aten, py = _split(rest, prof["other aten"], prof["python"])
-    out = {"linears": clock.get("linears", 0.0), "lm head": clock.get("lm head", 0.0),
+    out = {"C layers": clock.get("C layers", 0.0), "linears": clock.get("linears", 0.0),
+           "lm head": clock.get("lm head", 0.0),
            "attention": att, "norms+rotary": clock.get("norms+rotary", 0.0) + rot,
            "verify": clock.get("verify", 0.0), "other aten": aten, "python": py,
            "proposer": clock.get("proposer", 0.0)}
