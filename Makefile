@@ -409,10 +409,11 @@ train-real: $(REAL_DRAFTS)/eagle3/config.json
 # make train-real-extra (opt-in: make train-real, demo and test never run it): Medusa heads and
 # a distilled draft model for the real model, each on the target's own greedy answers to the
 # same chat prompts as the EAGLE-3 head (same --data/--samples/--prompt-len/--gen-len and seed,
-# so the same sequences). CPU budget on one core: ~3.5 min of distillation each, then Medusa
-# (3 heads x 1 ResBlock, 250 steps of 512 tokens, bfloat16) ~11 min and the draft (a 4-layer,
-# 256-wide Llama, SVD-initialized embedding) DRAFT_REAL_MINUTES. Both write staged and swap
-# into place; resumable (rerun after an interrupt).
+# so the same sequences). CPU budget on one core (measured 2026-12-07): ~3.3 min of distillation
+# each, then Medusa (3 heads x 1 ResBlock, 250 steps of 512 tokens, bfloat16) 11 min, 15.6
+# CPU-min in all; the draft (a 4-layer, 256-wide Llama, SVD-initialized embedding)
+# DRAFT_REAL_MINUTES of timed steps, 17 CPU-min with its held-out checks. Both write staged and
+# swap into place; resumable (rerun after an interrupt).
 DRAFT_REAL_MINUTES ?= 15
 REAL_DISTILL_FLAGS = --data $(CHAT_TRAIN) --samples 320 --prompt-len 64 --gen-len 96 \
   --threads $(TRAIN_THREADS)
