@@ -76,6 +76,19 @@ def compare(run: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def spec_vs_plain(model_dir: Path, prompts: list[list[int]], max_tokens: int, k: int,
+                  device: str = "cpu", **proposer: Any) -> dict[str, Any]:
+    """Plain vs speculative decoding of ``prompts`` at T = 0 through the reference decoder;
+    ``proposer``: ``build_decoder``'s ``eagle3_dir=`` or ``draft_dir=`` (chains of ``k``)."""
+    from specserve.runtime.loader import build_decoder
+
+    base = run_greedy(build_decoder(model_dir, device=device), prompts, max_tokens)
+    spec = run_greedy(build_decoder(model_dir, max_draft_len=k, device=device, **proposer),
+                      prompts, max_tokens)
+    return {"baseline_tokens_per_s": round(base["tokens_per_s"], 2), "k": k,
+            "prompts": len(prompts), "max_tokens": max_tokens, **compare(spec, base)}
+
+
 def fastest(out: dict[str, Any], methods: tuple[str, ...]) -> str:
     """The measured method with the highest tokens/s (``"none"`` when none beats plain)."""
     best = max(methods, key=lambda m: out[m]["tokens_per_s"])

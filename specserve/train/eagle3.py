@@ -97,14 +97,9 @@ def _dense(w: torch.Tensor) -> torch.Tensor:
 def decode_eval(model_dir: Path, head_dir: Path, prompts: list[list[int]], max_tokens: int,
                 k: int, device: str = "cpu") -> dict[str, Any]:
     """Plain vs EAGLE-3 decoding of ``prompts`` at T = 0 through the reference decoder."""
-    from specserve.runtime.loader import build_decoder
-    from specserve.train.decoder_eval import compare, run_greedy
+    from specserve.train.decoder_eval import spec_vs_plain
 
-    base = run_greedy(build_decoder(model_dir, device=device), prompts, max_tokens)
-    spec = run_greedy(build_decoder(model_dir, eagle3_dir=head_dir, max_draft_len=k,
-                                    device=device), prompts, max_tokens)
-    return {"baseline_tokens_per_s": round(base["tokens_per_s"], 2), "k": k,
-            "prompts": len(prompts), "max_tokens": max_tokens, **compare(spec, base)}
+    return spec_vs_plain(model_dir, prompts, max_tokens, k, device, eagle3_dir=head_dir)
 
 
 # --- the command ---------------------------------------------------------------------------

@@ -5,8 +5,9 @@ Data: the target's own generations, as SpecForge and vLLM speculators regenerate
 the target: prompts sampled from the model after BOS (or, with ``--data``, windows of a text /
 JSONL file, or the chat-templated prompts of a chat set from ``specserve prompts``), then the
 target's greedy continuations (:mod:`specserve.train.distill`, as
-:mod:`specserve.train.medusa_train` does for Medusa). The last ``heldout_fraction`` of them is
-kept out of training for the evaluation.
+:mod:`specserve.train.medusa_train` does for Medusa; :mod:`specserve.train.draft_train` reads
+the same sequences). The last ``heldout_fraction`` of them is kept out of training for the
+evaluation.
 
 Draft vocabulary (EAGLE-3 §3.3 uses the 32k most frequent tokens of Llama-3's 128k): the
 ``draft_vocab`` most frequent ids in the training sequences, ties by lower id, sorted by id so
@@ -21,17 +22,35 @@ to the draft vocabulary); nothing is stored.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from specserve.errors import SpecserveError
 from specserve.runtime.model import Transformer
-from specserve.train.eagle3_config import Eagle3TrainConfig
 from specserve.train.progress import Reporter
 
 
-def make_sequences(cfg: Eagle3TrainConfig, g: torch.Generator, rep: Reporter) -> torch.Tensor:
+class DistillSource(Protocol):
+    """What the self-distilled sequences depend on (train-eagle3's and train-draft's configs):
+    the same values (and seed) give the same sequences."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def data(self) -> str | None: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def prompt_len(self) -> int: ...
+    @property
+    def gen_len(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+
+
+def make_sequences(cfg: DistillSource, g: torch.Generator, rep: Reporter) -> torch.Tensor:
     """The target's own generations [samples, prompt_len + gen_len]: sampled (or ``--data``)
     prompts, greedy continuations."""
     from specserve.train.distill import (

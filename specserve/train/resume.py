@@ -4,7 +4,8 @@
 sequences (``sequences.safetensors``: the slow part, the target's own answers) and the last
 training checkpoint (``state.pt``, read back with ``torch.load(weights_only=True)``). A rerun
 with the same config picks up the sequences and the checkpoint; a different config starts over;
-a finished run deletes the directory. Used by ``train-medusa`` and ``train-eagle3``.
+a finished run deletes the directory. Used by ``train-medusa``, ``train-eagle3`` and
+``train-draft``.
 """
 
 from __future__ import annotations
