@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from specserve.cli._options import TRAIN_DTYPE_OPTION
+from specserve.cli._options import SELF_DISTILL_OPTIONS, TRAIN_DTYPE_OPTION
 from specserve.cli._output import FORMAT_OPTION, emit
 
 
@@ -51,30 +51,7 @@ def _summary(data: dict[str, Any]) -> str:
               show_default=True,
               help="svd: the target's embedding on its top --hidden singular directions; "
                    "random: N(0, 0.02).")
-@click.option("--data", type=click.Path(path_type=Path), default=None,
-              help="Text or JSONL ('text' per line) whose windows prompt the target, or a chat "
-                   "set from `specserve prompts` (its prompts under the chat template); "
-                   "default: prompts sampled from the target. Answers are the target's own.")
-@click.option("--samples", type=click.IntRange(1), default=256, show_default=True,
-              help="Training sequences (the target's generations).")
-@click.option("--prompt-len", type=click.IntRange(1), default=16, show_default=True)
-@click.option("--gen-len", type=click.IntRange(1), default=112, show_default=True)
-@click.option("--steps", type=click.IntRange(1), default=300, show_default=True,
-              help="Training steps (ignored with --minutes).")
-@click.option("--minutes", type=float, default=None,
-              help="Training budget: sets --steps from a measured step (recorded in "
-                   "train_info.json; rerun with that --steps to reproduce).")
-@click.option("--batch-seqs", type=click.IntRange(1), default=8, show_default=True,
-              help="Sequences per step.")
-@click.option("--lr", type=float, default=3e-3, show_default=True)
-@click.option("--eval-prompts", type=click.IntRange(0), default=8, show_default=True,
-              help="Held-out prompts decoded at the end (0: no decode eval).")
-@click.option("--eval-gen-len", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--max-draft-len", type=click.IntRange(1, 16), default=4, show_default=True,
-              help="K for the decode eval.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
-@click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch CPU threads.")
+@SELF_DISTILL_OPTIONS
 @TRAIN_DTYPE_OPTION
 @click.option("--force", is_flag=True, help="Replace OUT if a previous train-draft wrote it.")
 @FORMAT_OPTION
