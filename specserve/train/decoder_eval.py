@@ -16,9 +16,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specserve.config import write_json_atomic
+
+if TYPE_CHECKING:
+    import torch
+
+    from specserve.train.distill_config import SelfDistillConfig
+    from specserve.train.progress import Reporter
 
 CPU_TREE_NODES = 15  # verify cost on CPU grows with the tree: a small tuned tree wins there
 METHODS = ("medusa", "medusa_tuned", "draft", "eagle3", "ngram")
@@ -147,3 +153,20 @@ def tuned_tree(stats: Any, medusa_dir: Path, nodes: int) -> list[list[int]]:
     counts = parse_accepted_nodes(stats.accepted_nodes, "decoder eval")
     acc = accuracies_from_accepted_nodes(counts, stats.steps, measured)
     return [list(p) for p in greedy_tree(acc, nodes).choices]
+
+
+def heldout_eval(cfg: SelfDistillConfig, stage: Path, held: torch.Tensor, rep: Reporter,
+                 what: str, **proposer: Any) -> dict[str, Any]:
+    """A self-distillation run's decode eval: the first ``cfg.eval_prompts`` held-out
+    sequences' prompts [N, prompt_len] of ``held`` decoded plain and with the proposer saved in
+    ``stage`` (``proposer``: as :func:`spec_vs_plain`), written to ``stage/eval.json``; {} when
+    there is none to decode."""
+    n_eval = min(cfg.eval_prompts, held.shape[0])
+    if not n_eval:
+        return {}
+    rep.log(f"decoding {n_eval} held-out prompts, plain and with the {what}")
+    prompts = held[:n_eval, :cfg.prompt_len].tolist()
+    ev = spec_vs_plain(Path(cfg.model), prompts, cfg.eval_gen_len, cfg.max_draft_len,
+                       cfg.device, **proposer)
+    write_json_atomic(stage / "eval.json", ev)
+    return ev

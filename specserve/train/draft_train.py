@@ -43,10 +43,12 @@ from typing import Any
 
 import torch
 
-from specserve.config import JsonConfig, write_json_atomic
-from specserve.cpu_dtype import REQUESTS, choose_dtype
+from specserve.config import write_json_atomic
+from specserve.cpu_dtype import choose_dtype
 from specserve.errors import SpecserveError
 from specserve.outputs import check_replaceable, staged_output
+from specserve.train.decoder_eval import heldout_eval
+from specserve.train.distill_config import SelfDistillConfig, tail_mean
 from specserve.train.lm import Schedule, lr_at
 from specserve.train.progress import NullReporter, Reporter
 from specserve.train.resume import cached_tensors, load_state, prepare_work, save_state, work_dir
@@ -61,37 +63,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 @dataclass(frozen=True)
-class DraftTrainConfig(JsonConfig):
-    """Everything that determines a train-draft run (saved in ``train_info.json``)."""
+class DraftTrainConfig(SelfDistillConfig):
+    """Everything that determines a train-draft run (saved in ``train_info.json``): the shared
+    self-distillation fields and the draft's shape."""
 
-    model: str
-    out: str
     hidden: int = 256
     layers: int = 2
     heads: int = 4
     kv_heads: int | None = None  # None: as many as heads
     intermediate_size: int | None = None  # None: ~2.75 x hidden, a multiple of 32
     embed_init: str = "svd"
-    data: str | None = None
-    samples: int = 256
-    prompt_len: int = 16
-    gen_len: int = 112
-    steps: int = 300
-    minutes: float | None = None
-    batch_seqs: int = 8
-    lr: float = 3e-3
     weight_decay: float = 0.1
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str = "auto"  # autocast dtype: auto (specserve.cpu_dtype) | float32 | bfloat16
-    heldout_fraction: float = 0.1
-    eval_prompts: int = 8
-    eval_gen_len: int = 64
-    max_draft_len: int = 4
 
     def validate(self) -> None:
-        for name in ("hidden", "layers", "heads", "samples", "prompt_len", "gen_len", "steps",
-                     "batch_seqs", "eval_gen_len", "max_draft_len"):
+        self.check_shared("train-draft")
+        for name in ("hidden", "layers", "heads"):
             if getattr(self, name) < 1:
                 raise SpecserveError(f"train-draft: --{name.replace('_', '-')} must be >= 1")
         for name in ("kv_heads", "intermediate_size"):
@@ -108,16 +94,8 @@ class DraftTrainConfig(JsonConfig):
         if self.embed_init not in EMBED_INITS:
             raise SpecserveError(f"train-draft: --embed-init {self.embed_init!r}: choose one of "
                                  f"{', '.join(EMBED_INITS)}")
-        if self.dtype not in REQUESTS:
-            raise SpecserveError(f"train-draft: --dtype {self.dtype!r}: choose one of "
-                                 f"{', '.join(REQUESTS)}")
-        if self.minutes is not None and self.minutes <= 0:
-            raise SpecserveError(f"train-draft: --minutes must be > 0, got {self.minutes}")
-        if self.eval_prompts < 0:
-            raise SpecserveError("train-draft: --eval-prompts must be >= 0")
-        if self.lr <= 0 or self.weight_decay < 0 or not 0 <= self.heldout_fraction < 1:
-            raise SpecserveError("train-draft: lr must be > 0, weight_decay >= 0 and "
-                                 "heldout_fraction in [0, 1)")
+        if self.weight_decay < 0:
+            raise SpecserveError("train-draft: weight_decay must be >= 0")
 
     @property
     def kv_heads_or_heads(self) -> int:
@@ -398,7 +376,7 @@ def run_train_draft(cfg: DraftTrainConfig, reporter: Reporter | None = None, *,
     train: dict[str, Any] = {
         "config": cfg.to_dict(), "dtype": choice.to_dict(), "steps": steps,
         "parameters": params, "train_sequences": list(train_seqs.shape),
-        "first_loss": losses[0], "final_loss": _tail_mean(losses),
+        "first_loss": losses[0], "final_loss": tail_mean(losses),
         "kept_step": run.kept_step, "heldout_curve": run.curve,
         "train_seconds_last_session": round(time.monotonic() - t0, 2),
         "train_cpu_seconds_last_session": round(time.process_time() - c1, 2),
@@ -407,26 +385,6 @@ def run_train_draft(cfg: DraftTrainConfig, reporter: Reporter | None = None, *,
     with staged_output(out, force, WRITER) as stage:
         save_draft(model, Path(cfg.model), stage)
         write_json_atomic(stage / "train_info.json", train)
-        ev = _decode_eval(cfg, stage, held, rep)
+        ev = heldout_eval(cfg, stage, held, rep, "draft", draft_dir=stage)
     shutil.rmtree(work, ignore_errors=True)
     return DraftResult(out, steps, losses[0], train["final_loss"], train, ev)
-
-
-def _decode_eval(cfg: DraftTrainConfig, stage: Path, held: torch.Tensor,
-                 rep: Reporter) -> dict[str, Any]:
-    from specserve.train.decoder_eval import spec_vs_plain
-
-    n_eval = min(cfg.eval_prompts, held.shape[0])
-    if not n_eval:
-        return {}
-    rep.log(f"decoding {n_eval} held-out prompts, plain and with the draft")
-    prompts = held[:n_eval, :cfg.prompt_len].tolist()
-    ev = spec_vs_plain(Path(cfg.model), prompts, cfg.eval_gen_len, cfg.max_draft_len,
-                       cfg.device, draft_dir=stage)
-    write_json_atomic(stage / "eval.json", ev)
-    return ev
-
-
-def _tail_mean(losses: list[float]) -> float:
-    tail = losses[-max(1, len(losses) // 10):]
-    return sum(tail) / len(tail)

@@ -37,6 +37,8 @@ from specserve.outputs import check_replaceable, staged_output
 from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head
 from specserve.runtime.eagle3_dir import save_eagle3
 from specserve.runtime.model import Transformer
+from specserve.train.decoder_eval import heldout_eval
+from specserve.train.distill_config import tail_mean
 from specserve.train.eagle3_config import Eagle3TrainConfig
 from specserve.train.eagle3_data import draft_vocabulary, make_sequences, vocab_maps
 from specserve.train.eagle3_loop import (
@@ -93,14 +95,6 @@ def _dense(w: torch.Tensor) -> torch.Tensor:
 
 
 # --- evaluation ----------------------------------------------------------------------------
-
-def decode_eval(model_dir: Path, head_dir: Path, prompts: list[list[int]], max_tokens: int,
-                k: int, device: str = "cpu") -> dict[str, Any]:
-    """Plain vs EAGLE-3 decoding of ``prompts`` at T = 0 through the reference decoder."""
-    from specserve.train.decoder_eval import spec_vs_plain
-
-    return spec_vs_plain(model_dir, prompts, max_tokens, k, device, eagle3_dir=head_dir)
-
 
 # --- the command ---------------------------------------------------------------------------
 
@@ -161,30 +155,12 @@ def run_train_eagle3(cfg: Eagle3TrainConfig, reporter: Reporter | None = None, *
                              "steps": steps, "draft_vocab": size,
                              "draft_vocab_coverage": round(coverage, 4),
                              "train_sequences": list(train_seqs.shape),
-                             "first_loss": losses[0], "final_loss": _tail_mean(losses),
+                             "first_loss": losses[0], "final_loss": tail_mean(losses),
                              "train_seconds_last_session": round(time.monotonic() - t0, 2),
                              "heldout": heldout_metrics(tr, held)}
     with staged_output(out, force, WRITER) as stage:
         save_eagle3(head.float().cpu(), stage)
         write_json_atomic(stage / "train_info.json", train)
-        ev = _decode_eval(cfg, stage, held, rep)
+        ev = heldout_eval(cfg, stage, held, rep, "head", eagle3_dir=stage)
     shutil.rmtree(work, ignore_errors=True)
     return Eagle3Result(out, steps, losses[0], train["final_loss"], train, ev)
-
-
-def _decode_eval(cfg: Eagle3TrainConfig, stage: Path, held: torch.Tensor,
-                 rep: Reporter) -> dict[str, Any]:
-    n_eval = min(cfg.eval_prompts, held.shape[0])
-    if not n_eval:
-        return {}
-    rep.log(f"decoding {n_eval} held-out prompts, plain and with the head")
-    prompts = held[:n_eval, :cfg.prompt_len].tolist()
-    ev = decode_eval(Path(cfg.model), stage, prompts, cfg.eval_gen_len, cfg.max_draft_len,
-                     cfg.device)
-    write_json_atomic(stage / "eval.json", ev)
-    return ev
-
-
-def _tail_mean(losses: list[float]) -> float:
-    tail = losses[-max(1, len(losses) // 10):]
-    return sum(tail) / len(tail)
