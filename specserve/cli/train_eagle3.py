@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from specserve.cli._options import SELF_DISTILL_OPTIONS, TRAIN_DTYPE_OPTION
-from specserve.cli._output import FORMAT_OPTION, emit
+from specserve.cli._output import FORMAT_OPTION, decode_eval_line, emit
 
 
 def _summary(data: dict[str, Any]) -> str:
@@ -17,11 +17,7 @@ def _summary(data: dict[str, Any]) -> str:
              f"{data['final_loss']:.3f}, draft vocab {data['draft_vocab']})"]
     ev = data.get("eval") or {}
     if ev:
-        pos = ", ".join(f"{a:.2f}" for a in ev["per_position_acceptance"])
-        lines.append(f"held-out decode (K={ev['k']}, T=0): tau {ev['tau']:.2f}, per-position "
-                     f"acceptance [{pos}], {ev['tokens_per_s']:.0f} tok/s vs "
-                     f"{ev['baseline_tokens_per_s']:.0f} plain, matches plain "
-                     f"{ev['matches_baseline']:.0%}")
+        lines.append(decode_eval_line(ev))
     return "\n".join(lines)
 
 

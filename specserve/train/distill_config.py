@@ -1,11 +1,13 @@
 """What ``specserve train-eagle3`` and ``specserve train-draft`` share: the self-distilled data
 (the target's own answers to prompts), the schedule and the held-out decode eval, as a frozen
-config both commands' configs extend (saved in ``train_info.json``), its common checks, and
-:func:`tail_mean` of a loss curve."""
+config both commands' configs extend (saved in ``train_info.json``), its common checks, the
+result both return and :func:`tail_mean` of a loss curve."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from specserve.config import JsonConfig
 from specserve.cpu_dtype import REQUESTS
@@ -49,6 +51,19 @@ class SelfDistillConfig(JsonConfig):
             raise SpecserveError(f"{command}: --minutes must be > 0, got {self.minutes}")
         if self.lr <= 0 or not 0 <= self.heldout_fraction < 1:
             raise SpecserveError(f"{command}: lr must be > 0 and heldout_fraction in [0, 1)")
+
+
+@dataclass(frozen=True)
+class SelfDistillResult:
+    """Outcome of a train-eagle3 or train-draft run: where it wrote, its steps and losses, its
+    ``train_info.json`` and held-out decode eval."""
+
+    out: Path
+    steps: int
+    first_loss: float
+    final_loss: float
+    train: dict[str, Any]
+    eval: dict[str, Any]
 
 
 def tail_mean(losses: list[float]) -> float:

@@ -48,7 +48,7 @@ from specserve.cpu_dtype import choose_dtype
 from specserve.errors import SpecserveError
 from specserve.outputs import check_replaceable, staged_output
 from specserve.train.decoder_eval import heldout_eval
-from specserve.train.distill_config import SelfDistillConfig, tail_mean
+from specserve.train.distill_config import SelfDistillConfig, SelfDistillResult, tail_mean
 from specserve.train.lm import Schedule, lr_at
 from specserve.train.progress import NullReporter, Reporter
 from specserve.train.resume import cached_tensors, load_state, prepare_work, save_state, work_dir
@@ -107,16 +107,7 @@ class DraftTrainConfig(SelfDistillConfig):
                 else max(32, (self.hidden * 11 // 4) // 32 * 32))
 
 
-@dataclass(frozen=True)
-class DraftResult:
-    """Outcome of a train-draft run."""
-
-    out: Path
-    steps: int
-    first_loss: float
-    final_loss: float
-    train: dict[str, Any]
-    eval: dict[str, Any]
+DraftResult = SelfDistillResult  # what run_train_draft returns
 
 
 # --- the math ------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from specserve.runtime.eagle3 import Eagle3Config, Eagle3Head
 from specserve.runtime.eagle3_dir import save_eagle3
 from specserve.runtime.model import Transformer
 from specserve.train.decoder_eval import heldout_eval
-from specserve.train.distill_config import tail_mean
+from specserve.train.distill_config import SelfDistillResult, tail_mean
 from specserve.train.eagle3_config import Eagle3TrainConfig
 from specserve.train.eagle3_data import draft_vocabulary, make_sequences, vocab_maps
 from specserve.train.eagle3_loop import (
@@ -60,16 +59,7 @@ WRITER = "specserve train-eagle3"
 DEFAULT_MAX_DRAFT_VOCAB = 32000
 
 
-@dataclass(frozen=True)
-class Eagle3Result:
-    """Outcome of a train-eagle3 run."""
-
-    out: Path
-    steps: int
-    first_loss: float
-    final_loss: float
-    train: dict[str, Any]
-    eval: dict[str, Any]
+Eagle3Result = SelfDistillResult  # what run_train_eagle3 returns
 
 
 # --- the head ------------------------------------------------------------------------------
@@ -93,8 +83,6 @@ def init_head(head: Eagle3Head, target: Transformer, ids: torch.Tensor, seed: in
 def _dense(w: torch.Tensor) -> torch.Tensor:
     return (w.to_dense() if w.is_mkldnn else w).detach().float().cpu()
 
-
-# --- evaluation ----------------------------------------------------------------------------
 
 # --- the command ---------------------------------------------------------------------------
 
