@@ -10,8 +10,8 @@ jobs on a shared machine move far less than wall time), then one under ``torch.p
 The benchmark (never the product) wraps the one C call that runs a forward's layers for up to
 16 rows (``cpu_layer.layers``: linears, attention, norms and rotary together, "C layers"), the
 C element-wise kernels of larger forwards (``cpu_layer.rms`` ...: norms+rotary, with
-``_attend``: attention), every call of the model's ``linear`` (the few-row C kernel through
-``ctypes``: no ATen op, so its time is the wrapper's own),
+``cpu_forward.attend``: attention), every call of ``linear`` (the model's and ``cpu_forward``'s;
+the few-row C kernel runs through ``ctypes``: no ATen op, so its time is the wrapper's own),
 ``Transformer.logits`` (the LM head; the ``linear`` inside it counted there), ``_attention``,
 ``_rms_norm``, the verification (``step.pick``, ``step.verify_chain``) and the proposer: in the
 timed pass in ``time.perf_counter`` spans, each span's time less its nested spans'; in the
@@ -138,16 +138,17 @@ def patched(targets: list[tuple[Any, str, Callable[[Any], Any]]]) -> Iterator[No
 def profile_ranges(proposer: Any, clock: Clock | None = None
                    ) -> list[tuple[Any, str, Callable[[Any], Any]]]:
     """The benchmark-side wrappers: ``record_function`` ranges, or ``clock``'s spans."""
-    from specserve.runtime import cpu_layer, step
+    from specserve.runtime import cpu_forward, cpu_layer, step
     from specserve.runtime import model as m
 
     head = [False]
     out: list[tuple[Any, str, Callable[[Any], Any]]] = [
         (m, "linear", lambda f: _linear_ranged(f, head, clock)),
+        (cpu_forward, "linear", lambda f: _linear_ranged(f, head, clock)),
         (m.Transformer, "logits", lambda f: _head_ranged(f, head, clock)),
         (m, "_attention", lambda f: _ranged(f, "sp.attention", clock)),
         (m, "_rms_norm", lambda f: _ranged(f, "sp.norm", clock)),
-        (m, "_attend", lambda f: _ranged(f, "sp.attention", clock)),
+        (cpu_forward, "attend", lambda f: _ranged(f, "sp.attention", clock)),
         (cpu_layer, "layers", lambda f: _ranged(f, "sp.layers", clock)),
         *((cpu_layer, name, lambda f: _ranged(f, "sp.norm", clock))
           for name in ("rms", "add_rms", "rope_kv", "silu_mul")),

@@ -36,7 +36,7 @@ from torch import nn
 
 from specserve.checkpoint import load_state_dict
 from specserve.errors import SpecserveError
-from specserve.runtime import cpu_attention, cpu_layer
+from specserve.runtime import cpu_attention, cpu_forward, cpu_layer
 from specserve.runtime.checkpoint import load_target_config
 from specserve.runtime.cpu_linear import MAX_ROWS, MULTI_ROW_MIN, Linear, lay_out, linear
 from specserve.runtime.cpu_linear import usable as rows_usable
@@ -155,26 +155,6 @@ def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Te
     return linear(out.transpose(1, 2).reshape(b, t, nh * hd), a.o)
 
 
-def _attend(q: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
-            st: StepInputs) -> torch.Tensor:
-    """Attention of q [B, nh, T, D] over the cache (new keys already written): [B, T, nh D],
-    by the CPU kernel where ``st.rows`` is set, else SDPA with ``st.mask``."""
-    if st.rows is not None:
-        return cpu_attention.attend(q, kbuf, vbuf, st.rows)
-    out = F.scaled_dot_product_attention(
-        q, kbuf[:, :, st.start:st.span], vbuf[:, :, st.start:st.span], attn_mask=st.mask,
-        enable_gqa=q.shape[1] != kbuf.shape[1])  # [B, nh, T, D]
-    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
-
-
-def _slots(write: torch.Tensor | int, b: int, t: int) -> torch.Tensor:
-    """Each of the B T new rows' cache slot (int64 [B T]): ``write`` + t for every row, or
-    its [B, T] slots."""
-    if isinstance(write, int):
-        return (torch.arange(t) + write).repeat(b)
-    return write.reshape(-1).to(torch.int64).contiguous()
-
-
 def _block(x: torch.Tensor, blk: Block, kbuf: torch.Tensor, vbuf: torch.Tensor,
            st: StepInputs) -> torch.Tensor:
     x = x + _attention(_rms_norm(x, blk.attn_norm), blk.attn, kbuf, vbuf, st)
@@ -260,10 +240,12 @@ class Transformer(RopeModel):
         """
         st = self.step_inputs(tokens, cache, lengths, depth, node_mask, window)
         x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
-        if self._fused_rows(x, st):
-            return self._run_fused(x, cache, st, capture)
+        blocks = [cast(Block, layer) for layer in self.layers]
+        if self._fused_rows(x, st):  # up to 16 rows: every layer in one C call
+            return Forward(*cpu_forward.one_call(blocks, self.norm, self.cfg, x, cache, st,
+                                                 capture))
         if not self.cfg.qk_norm and cpu_layer.usable(x, self.cfg.head_dim):
-            return self._run_rows(x, cache, st, capture)
+            return Forward(*cpu_forward.rows(blocks, self.norm, self.cfg, x, cache, st, capture))
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             if i in capture:
@@ -284,69 +266,6 @@ class Transformer(RopeModel):
             self._fusable = all(lin.few_rows for blk in blocks for lin in (
                 blk.attn.qkv, blk.attn.o, blk.gate_up, blk.down))
         return self._fusable and cpu_layer.usable(x, self.cfg.head_dim) and rows_usable(x)
-
-    def _run_fused(self, x: torch.Tensor, cache: KVCache, st: StepInputs,
-                   capture: Sequence[int]) -> Forward:
-        """:meth:`run`'s layers in one C call (:func:`specserve.runtime.cpu_layer.layers`): per
-        layer RMSNorm (fused with the last residual add), q/k/v, RoPE and the KV write,
-        attention, o, add + RMSNorm, gate/up, SiLU-and-multiply, down."""
-        b, t, h = x.shape
-        cfg = self.cfg
-        assert st.rows is not None
-        x = x.reshape(b * t, h).contiguous()  # [M, H], the residual stream (updated in place)
-        slots = _slots(st.write, b, t)
-        n = len(self.layers)
-        taken = sorted({i for i in capture if 0 <= i <= n})
-        cols = [taken.index(i) if i in taken else -1 for i in range(n + 1)]
-        table = cpu_layer.layer_table(self._layer_weights(), cache.k, cache.v)
-        shape = cpu_layer.Shape(b, t, h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                cfg.intermediate_size, cfg.rms_norm_eps)
-        hidden, aux = cpu_layer.layers(table, self.norm.weight, x, shape, (st.cos, st.sin),
-                                       slots, st.rows, cols)
-        return Forward(hidden.view(b, t, h), None if aux is None else aux.view(b, t, -1))
-
-    def _run_rows(self, x: torch.Tensor, cache: KVCache, st: StepInputs,
-                  capture: Sequence[int]) -> Forward:
-        """:meth:`run`'s layers for forwards the one-call path does not take (more than
-        MAX_ROWS rows: prefills, batched verify steps): the linears and the attention as
-        ``_block`` runs them, the element-wise parts in C (:mod:`specserve.runtime.cpu_layer`:
-        ~10% of a 256-token prefill in ATen)."""
-        b, t, h = x.shape
-        cfg = self.cfg
-        nh, nkv, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        x = x.reshape(b * t, h).contiguous()  # [M, H], the residual stream (updated in place)
-        slots = _slots(st.write, b, t)
-        aux: list[torch.Tensor] = []
-        layers = [cast(Block, layer) for layer in self.layers]
-        y = cpu_layer.rms(x, layers[0].attn_norm.weight, eps) if layers else x
-        for i, blk in enumerate(layers):
-            if i in capture:
-                aux.append(x.clone())
-            qkv = linear(y, blk.attn.qkv)  # [M, (nh + 2 nkv) D]
-            cpu_layer.rope_kv(qkv, (st.cos, st.sin), cache.k[i], cache.v[i], slots, t, nh, nkv)
-            q = qkv.view(b, t, nh + 2 * nkv, hd)[:, :, :nh].transpose(1, 2)  # [B, nh, T, D]
-            att = _attend(q, cache.k[i], cache.v[i], st).reshape(b * t, nh * hd)
-            y = cpu_layer.add_rms(x, linear(att, blk.attn.o), blk.mlp_norm.weight, eps)
-            act = cpu_layer.silu_mul(linear(y, blk.gate_up))  # [M, I]
-            nxt = layers[i + 1].attn_norm.weight if i + 1 < len(layers) else self.norm.weight
-            y = cpu_layer.add_rms(x, linear(act, blk.down), nxt, eps)
-        if len(layers) in capture:
-            aux.append(x.clone())
-        hidden = y if layers else cpu_layer.rms(x, self.norm.weight, eps)
-        cat = torch.cat(aux, dim=-1).view(b, t, -1) if aux else None
-        return Forward(hidden.view(b, t, h), cat)
-
-    def _layer_weights(self) -> list[cpu_layer.LayerWeights]:
-        """Each layer's tensors for :func:`specserve.runtime.cpu_layer.layer_table`."""
-        out = []
-        for layer in self.layers:
-            blk = cast(Block, layer)
-            a = blk.attn
-            out.append(cpu_layer.LayerWeights(
-                blk.attn_norm.weight, a.qkv.weight, a.qkv.bias, a.o.weight, a.o.bias,
-                blk.mlp_norm.weight, blk.gate_up.weight, blk.gate_up.bias, blk.down.weight,
-                blk.down.bias))
-        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., V] from hidden states [..., H]."""

@@ -94,7 +94,7 @@ def _aten() -> Iterator[None]:
 def _forward(m: Transformer, path: str, tokens: torch.Tensor, lens: list[int],
              **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One forward after ragged prefills of ``lens`` tokens (on the ATen path) by ``path``
-    ("one call": Transformer._run_fused, "rows": _run_rows, "aten"): hidden, aux, the K
+    ("one call": cpu_forward.one_call, "rows": cpu_forward.rows, "aten"): hidden, aux, the K
     cache."""
     g = torch.Generator().manual_seed(1)
     cache = m.new_cache(len(lens), 64)

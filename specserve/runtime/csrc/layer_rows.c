@@ -117,7 +117,7 @@ enum { ATTN_NORM, QKV_W, QKV_B, O_W, O_B, MLP_NORM, GATE_UP_W, GATE_UP_B, DOWN_W
 
 #define P(i, f) ((float*)(intptr_t)table[(int64_t)(i) * LAYER_FIELDS + (f)])
 
-/* A whole forward's layers for M = B T rows in one call (what Transformer._run_fused did as
+/* A whole forward's layers for M = B T rows in one call (cpu_forward.py's one_call; it was
  * nine calls a layer): per layer q/k/v, RoPE and the KV write, attention over each row's own
  * keys, o, residual add + RMSNorm, gate/up, SiLU-and-multiply, down, residual add + the next
  * RMSNorm (the last layer's: final_norm). x [M, H] (contiguous) is the residual stream,
