@@ -9,23 +9,50 @@ kernels between them (:func:`rows`). The math is the reference forward's (Llama:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from specserve.runtime import cpu_attention, cpu_layer
-from specserve.runtime.cpu_linear import linear
+from specserve.runtime.cpu_linear import Linear, linear
 from specserve.runtime.kvcache import KVCache, StepInputs
 from specserve.runtime.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    from specserve.runtime.model import Block, RMSNorm
 
 Out = tuple[torch.Tensor, torch.Tensor | None]  # hidden [B, T, H], captured layers or None
 
 
-def one_call(layers: Sequence[Block], norm: RMSNorm, cfg: ModelConfig, x: torch.Tensor,
+class Weighted(Protocol):
+    """A norm as read here (``model.RMSNorm``)."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+
+class AttentionLike(Protocol):
+    @property
+    def qkv(self) -> Linear: ...
+    @property
+    def o(self) -> Linear: ...
+
+
+class BlockLike(Protocol):
+    """One decoder layer's modules as these paths read them (``model.Block``: the model
+    imports this module, so the type is structural)."""
+
+    @property
+    def attn_norm(self) -> Weighted: ...
+    @property
+    def attn(self) -> AttentionLike: ...
+    @property
+    def mlp_norm(self) -> Weighted: ...
+    @property
+    def gate_up(self) -> Linear: ...
+    @property
+    def down(self) -> Linear: ...
+
+
+def one_call(layers: Sequence[BlockLike], norm: Weighted, cfg: ModelConfig, x: torch.Tensor,
              cache: KVCache, st: StepInputs, capture: Sequence[int]) -> Out:
     """Every layer of x [B, T, H] in one C call: per layer RMSNorm (fused with the last
     residual add), q/k/v, RoPE and the KV write, attention, o, add + RMSNorm, gate/up,
@@ -44,7 +71,7 @@ def one_call(layers: Sequence[Block], norm: RMSNorm, cfg: ModelConfig, x: torch.
     return hidden.view(b, t, h), None if aux is None else aux.view(b, t, -1)
 
 
-def rows(layers: Sequence[Block], norm: RMSNorm, cfg: ModelConfig, x: torch.Tensor,
+def rows(layers: Sequence[BlockLike], norm: Weighted, cfg: ModelConfig, x: torch.Tensor,
          cache: KVCache, st: StepInputs, capture: Sequence[int]) -> Out:
     """The layers of a forward :func:`one_call` does not take: the linears and the attention as
     the reference forward runs them, the element-wise parts in C (~10% of a 256-token prefill
@@ -92,7 +119,7 @@ def slots(write: torch.Tensor | int, b: int, t: int) -> torch.Tensor:
     return write.reshape(-1).to(torch.int64).contiguous()
 
 
-def layer_weights(layers: Sequence[Block]) -> list[cpu_layer.LayerWeights]:
+def layer_weights(layers: Sequence[BlockLike]) -> list[cpu_layer.LayerWeights]:
     """Each layer's tensors for :func:`specserve.runtime.cpu_layer.layer_table`."""
     return [cpu_layer.LayerWeights(
         blk.attn_norm.weight, blk.attn.qkv.weight, blk.attn.qkv.bias, blk.attn.o.weight,
