@@ -240,7 +240,7 @@ class Transformer(RopeModel):
         """
         st = self.step_inputs(tokens, cache, lengths, depth, node_mask, window)
         x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
-        blocks = [cast(Block, layer) for layer in self.layers]
+        blocks = cast(Sequence[Block], self.layers)  # the ModuleList itself: no copy a forward
         if self._fused_rows(x, st):  # up to 16 rows: every layer in one C call
             return Forward(*cpu_forward.one_call(blocks, self.norm, self.cfg, x, cache, st,
                                                  capture))
@@ -262,7 +262,7 @@ class Transformer(RopeModel):
         if st.rows is None or x.shape[0] * x.shape[1] > MAX_ROWS or self.cfg.qk_norm:
             return False
         if self._fusable is None:
-            blocks = [cast(Block, blk) for blk in self.layers]
+            blocks = cast(Sequence[Block], self.layers)
             self._fusable = all(lin.few_rows for blk in blocks for lin in (
                 blk.attn.qkv, blk.attn.o, blk.gate_up, blk.down))
         return self._fusable and cpu_layer.usable(x, self.cfg.head_dim) and rows_usable(x)
