@@ -69,6 +69,11 @@ from specserve.spec.schedule import DraftSchedule
 __all__ = ["GenerationResult", "SamplingParams", "SpecDecoder"]
 
 
+def _backlog(p: Proposer | None) -> int:
+    """Positions ``p``'s next proposal must catch up on first."""
+    return 0 if p is None else p.backlog()
+
+
 
 class PrefixSource(Protocol):
     """A prefix cache for one call's rows (:mod:`specserve.runtime.verify_cache`)."""
@@ -275,7 +280,7 @@ class SpecDecoder:
         guide = DraftGuide(st.guides, st.active()) if any(st.guides) else None
         policy = self._policy_for(p, st, limits)
         if policy is not None:
-            limits = policy.plan(st, limits)
+            limits = policy.plan(st, limits, _backlog(p))
         limits, ready = self._cover(p, st, limits)
         clock = step_clock(self.device)
         t0 = clock()
@@ -298,8 +303,9 @@ class SpecDecoder:
         if policy is not None:
             width = 0 if prop is None else max(
                 (min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)), default=0)
+            catch_up = p.catch_up_s if p is not None and drafted else 0.0
             policy.observe(st, before, len(st.seqs), width, drafted, t1 - t0,
-                           clock() - t1)
+                           clock() - t1, catch_up)
 
     def _cover(self, p: Proposer | None, st: Batch,
                limits: list[int]) -> tuple[list[int], dict[int, RowChain]]:

@@ -11,12 +11,15 @@ objective; this module feeds it and keeps its state).
   proposer's drafts only: grammar-forced drafts (:mod:`specserve.runtime.forced_drafts`) and a
   request's prediction (Predicted Outputs), nearly always accepted, would make a poor proposer
   look good.
-- The proposer's cost per drafted position is timed online.
+- The proposer's cost per drafted position is timed online; a catch-up on positions seen
+  while not drafting (EAGLE-3's head after a run of k = 0, a newcomer's prompt) is a one-off,
+  timed apart per position caught up (its backlog), not a cost of every draft.
 - Each step: before proposing, the k that maximises expected tokens per second (proposal cost
   included); after proposing, greedy rows' drafts cut again by the same choice over what was
   proposed (n-gram rows without a match), the proposal now paid for. While k = 0 is chosen, a
   probe step at k = 1 now and then (every 4th such step, backing off to every 64th) keeps the
-  estimates fresh, unless even an accepted draft would not pay at that load.
+  estimates fresh, unless even an accepted draft would not pay at that load, its catch-up
+  included.
 - Times are the step's own CPU time where it runs on one CPU thread (:func:`step_clock`).
 - Rows the policy leaves alone: sampled rows with a ``seed`` keep their configured length, so a
   seed gives the same text whatever the load (rejection sampling's draws depend on k).
@@ -99,9 +102,7 @@ class DraftLenPolicy:
 
     DECAY = 0.97  # the engine-wide rate forgets 3% per step
     EWMA = 0.1  # timing averages: weight of the newest step
-    # the proposer's cost follows its last proposals fast: after a run of k = 0 steps a
-    # proposer may catch up on every row's backlog at once (EAGLE-3's head), which is its cost
-    DRAFT_EWMA = 0.5
+    DRAFT_EWMA = 0.5  # the proposer's cost per draft follows its last proposals fast
     PROBE_GAPS = (4, 8, 16, 32, 64)
     MARGIN = 0.05  # speculate where the estimate says it pays by more than its own error
     # each row's acceptance taken up to one standard error low: fully where one draft per row
@@ -112,9 +113,10 @@ class DraftLenPolicy:
         self.cost = cost  # None: measured on first use
         self.acc, self.rej = 2.0, 2.0  # engine-wide pseudo-counts: alpha 0.5 to start
         self.draft_s = 0.0  # proposer seconds per drafted position
+        self.catch_s = 0.0  # proposer seconds per position of backlog caught up
         # per draft width: seconds a verify step takes beyond the curve's forward
         self.overhead: dict[int, float] = {}
-        self._gap, self._zeros, self._probing = 0, 0, 0
+        self._gap, self._zeros, self._probing, self._backlog = 0, 0, 0, 0
         self.steps_by_k: Counter[int] = Counter()
 
     @property
@@ -174,16 +176,20 @@ class DraftLenPolicy:
             out.append(last)
         return out
 
-    def plan(self, st: Batch, limits: list[int]) -> list[int]:
+    def plan(self, st: Batch, limits: list[int], backlog: int = 0) -> list[int]:
         """Before proposing: each free row's limit cut to the chosen k (a choice from past
-        steps only, so sampled rows stay exact)."""
+        steps only, so sampled rows stay exact). ``backlog``: positions the proposer would
+        catch up on first (:meth:`ChainProposer.backlog`)."""
         k_max = max(limits, default=0)
         self._probing = 0
+        self._backlog = backlog
         if k_max == 0:
             return limits
         k = self._choose(st, limits, k_max, self.draft_s, _pinned).k
-        # no probe where even a draft sure to be accepted would not pay at this load
-        if k > 0 or self._choose(st, limits, 1, self.draft_s, _pinned, perfect=True).k > 0:
+        # no probe where even a draft sure to be accepted would not pay at this load, its
+        # catch-up paid in the same step
+        probe_cost = self.draft_s + backlog * self.catch_s
+        if k > 0 or self._choose(st, limits, 1, probe_cost, _pinned, perfect=True).k > 0:
             k = self._probe(k)
         return [lim if _pinned(st, b) else min(lim, k) for b, lim in enumerate(limits)]
 
@@ -212,17 +218,22 @@ class DraftLenPolicy:
         return 1
 
     def observe(self, st: Batch, before: Sequence[tuple[int, int]], rows: int,
-                width: int, drafted: int, propose_s: float, verify_s: float) -> None:
+                width: int, drafted: int, propose_s: float, verify_s: float,
+                catch_up_s: float = 0.0) -> None:
         """After a step: acceptance deltas per row (``before``: each row's (accepted, rejected
         steps) before it), the forward's ``rows`` and draft ``width``, the proposal's drafted
-        positions and the two timings."""
+        positions and the two timings, ``catch_up_s`` of the proposal's on its backlog
+        (:meth:`plan`'s)."""
         now = self.snapshot(st)
         acc = sum(a for a, _ in now) - sum(a for a, _ in before)
         rej = sum(r for _, r in now) - sum(r for _, r in before)
         self.acc = self.acc * self.DECAY + acc
         self.rej = self.rej * self.DECAY + rej
         if drafted:
-            self.draft_s += self.DRAFT_EWMA * (propose_s / drafted - self.draft_s)
+            draft = max(propose_s - catch_up_s, 0.0) / drafted
+            self.draft_s += self.DRAFT_EWMA * (draft - self.draft_s)
+        if drafted and catch_up_s > 0 and self._backlog:
+            self.catch_s += self.DRAFT_EWMA * (catch_up_s / self._backlog - self.catch_s)
         if self.cost is not None and verify_s > 0:
             extra = max(verify_s - self.cost.at(rows * (width + 1)), 0.0)
             old = self.overhead.get(width, extra)

@@ -155,3 +155,27 @@ def test_a_probe_ends_with_its_step() -> None:
     policy._probing = 1  # the previous step was a probe
     assert policy.plan(st, [4]) == [0]
     assert policy.trim(st, [4], [4]) == [0]
+
+
+def test_a_catch_up_is_not_a_cost_of_every_draft_and_it_gates_probes() -> None:
+    """A proposal that first caught up on 100 positions of backlog (EAGLE-3's head after a run
+    of k = 0): its catch-up seconds are learnt per position, not charged to its one draft; a
+    probe that would pay such a catch-up again where even an accepted draft could not repay
+    it is not made, while one with a small backlog is. Plant: charging the catch-up to
+    draft_s fails the first assert; ignoring the backlog in plan fails the last."""
+    cost = StepCost((1, 2, 1024), (1.0, 1.05, 1024.0))  # a draft's verify costs 5% more
+    st = Batch([[1, 2]], [SamplingParams()], torch.device("cpu"))
+    policy = DraftLenPolicy(cost)
+    policy.plan(st, [4], backlog=100)
+    policy.observe(st, [(0, 0)], 1, 1, 1, propose_s=0.51, verify_s=1.05, catch_up_s=0.5)
+    assert policy.draft_s == pytest.approx(0.005)  # (0.51 - 0.5) / 1 draft, EWMA from 0
+    assert policy.catch_s == pytest.approx(0.0025)  # 0.5 / 100 positions, EWMA from 0
+    gap = DraftLenPolicy.PROBE_GAPS[0]
+
+    def probes(backlog: int) -> int:
+        policy._zeros, policy._gap = gap - 1, 0  # a probe is due this step
+        policy.acc, policy.rej = 0.0, 50.0  # drafts never accepted: k = 0 by the estimates
+        return policy.plan(st, [4], backlog)[0]
+
+    assert probes(10) == 1  # 0.025 s of catch-up: a sure draft still pays
+    assert probes(400) == 0  # 1.0 s of catch-up: not even a sure draft repays it

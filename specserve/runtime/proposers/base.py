@@ -134,6 +134,14 @@ class Proposer(Protocol):
         """Target layers whose input residual stream it reads (EAGLE-3; ``StepOutcome.aux``
         from ``Transformer.run(capture=...)``); () for none."""
 
+    @property
+    def catch_up_s(self) -> float:
+        """Seconds its last proposal spent catching up on positions seen while not drafting
+        (a run of k = 0 steps, a newcomer's prompt): a one-off, not a cost of its drafts."""
+
+    def backlog(self) -> int:
+        """Positions its next proposal must catch up on before drafting (0: none kept)."""
+
     def slots(self) -> SlotProposer | None:
         """Its in-flight interface (rows that join and leave a running batch), or None when
         it keeps per-call state and cannot serve in flight (oracle, external drafts)."""
@@ -217,6 +225,10 @@ class ChainProposer:
 
     aux_layers: tuple[int, ...] = ()
     draft_guide: DraftGuide | None = None  # this step's (ProposalRequest.guide)
+    catch_up_s: float = 0.0  # none kept: nothing to catch up on
+
+    def backlog(self) -> int:
+        return 0
 
     def slots(self) -> SlotProposer | None:
         """Itself: a chain proposer is stateless per row unless it says otherwise (a subclass

@@ -4,13 +4,15 @@ a chain of K drafts, or a static tree (EAGLE-2's candidate tree with fixed shape
 
 The head reads the target's residual stream at a few layers from the verify forward the
 decoder runs anyway (``aux_layers``, captured by ``Transformer.run``; :class:`StepOutcome`
-``aux``). Each proposal
-first catches up: the kept positions' fused target states paired with their next tokens go
-through the head in one forward (its KV cache holds one entry per target position); the
-output at the last position gives draft 1, and each further draft feeds the head its own
-output with the previous draft's embedding, as vLLM's EAGLE proposer does. Drafts are argmax
-at T = 0 and sampled from q (the head's distribution mapped to the target vocabulary, zero
-outside the draft vocabulary) otherwise, so rejection sampling stays lossless.
+``aux``), kept as they come and fused by the head's FC only when needed (a proposal, an
+export, or enough of them): a step that does not draft costs the head nothing but a slice.
+Each proposal first catches up: the kept positions' fused target states paired with their
+next tokens go through the head in one forward (its KV cache holds one entry per target
+position); the output at the last position gives draft 1, and each further draft feeds the
+head its own output with the previous draft's embedding, as vLLM's EAGLE proposer does.
+Drafts are argmax at T = 0 and sampled from q (the head's distribution mapped to the target
+vocabulary, zero outside the draft vocabulary) otherwise, so rejection sampling stays
+lossless.
 
 A static tree (greedy rows only; a batch with a sampled row gets the chain, as Medusa does)
 grows level by level (:func:`specserve.spec.tree.tree_levels`): the top-k of the head's output
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specserve.runtime.draft_policy import step_clock
 from specserve.runtime.eagle3 import Eagle3Head
 from specserve.runtime.kv_pool import Plane
 from specserve.runtime.kvcache import KVCache
@@ -61,8 +64,11 @@ class Eagle3Proposer(ChainProposer):
         self._plans: dict[int, tuple[TreeBuffers, list[TreeLevel], int]] = {}
         self.cache: KVCache | None = None
         self.pool: KVCache  # in-flight batching only (reserve)
-        # per row: fused target features [n, H] of positions cache.lengths[b].. not fed yet
+        # per row: fused target features [n, H] of positions cache.lengths[b].. not fed yet,
+        # then the target states [n, n_aux * Ht] of the positions after them, not fused yet
         self.feats: list[torch.Tensor | None] = []
+        self.raw: list[list[torch.Tensor]] = []
+        self.n_raw: list[int] = []  # per row: positions in raw
         # in-flight batching: per row, every fused feature so far, in position order (chunks
         # of [n, H]; what a prefix cache stores for the row)
         self.hist: list[list[torch.Tensor]] = []
@@ -87,12 +93,13 @@ class Eagle3Proposer(ChainProposer):
         if self.cache is None or self.cache.batch != b or self.cache.max_len < self._need(max_len):
             self.cache = self.head.new_cache(b, self._need(max_len))
         self.cache.lengths = [0] * b
-        self.feats, self.hist = [None] * b, []
+        self.feats, self.raw, self.hist = [None] * b, [[] for _ in range(b)], []
+        self.n_raw = [0] * b
 
     def reserve(self, capacity: int, max_len: int) -> None:
         self.pool = self.head.new_cache(capacity, self._need(max_len))
         self.cache = self.pool.view(0, 0)
-        self.feats, self.hist = [], []
+        self.feats, self.raw, self.hist, self.n_raw = [], [], [], []
 
     def admit(self, prompts: list[list[int]], outcome: StepOutcome,
               restored: Sequence[Restored]) -> None:
@@ -104,16 +111,18 @@ class Eagle3Proposer(ChainProposer):
         self.cache = self.pool.view(0, n + m)
         self.cache.lengths = lens + [0] * m
         for i, (p, r) in enumerate(zip(prompts, restored, strict=True)):
-            new = self.head.fuse(outcome.aux[i, :len(p) - r.length])  # [n, H]
-            f = torch.cat([r.planes[0].to(new.dtype), new]) if r.length else new
+            f = r.planes[0].to(self.head.dtype) if r.length else None
             self.feats.append(f)
-            self.hist.append([f])
+            self.raw.append([outcome.aux[i, :len(p) - r.length]])  # [n, n_aux * Ht]
+            self.n_raw.append(len(p) - r.length)
+            self.hist.append([] if f is None else [f])
 
     def planes(self) -> tuple[Plane, ...]:
         """The fused target features per position (the head's input)."""
         return (Plane("eagle3", (self.head.cfg.hidden_size,), self.head.dtype),)
 
     def export(self, row: int, positions: torch.Tensor) -> list[torch.Tensor]:
+        self._fuse_pending()
         return [torch.cat(self.hist[row])[positions]]
 
     def evict(self, row: int) -> None:
@@ -122,53 +131,90 @@ class Eagle3Proposer(ChainProposer):
         if row != last:
             self.pool.move_row(last, row, lens[last])
             lens[row], self.feats[row] = lens[last], self.feats[last]
+            self.raw[row], self.n_raw[row] = self.raw[last], self.n_raw[last]
             if self.hist:
                 self.hist[row] = self.hist[last]
         self.feats.pop()
+        self.raw.pop()
+        self.n_raw.pop()
         if self.hist:
             self.hist.pop()
         self.cache = self.pool.view(0, last)
         self.cache.lengths = lens[:last]
 
+    # pending target states (all rows) fused at once past this many: their memory stays
+    # bounded through a long run of steps without drafts, the FC's weight read once for all
+    FUSE_ROWS = 512
+
     def update(self, outcome: StepOutcome) -> None:
-        """Keep the fused target states of the positions the head has not seen: the kept
-        tokens of this forward (a chain: indices 0..last along T; a tree: the kept path's
-        nodes), the i-th of n at position ``len(seq) - 1 - n + i``. Every row's states go
-        through the head's FC in one call (its weight read once a step, not once a row)."""
+        """Keep the target states of the positions the head has not seen: the kept tokens of
+        this forward (a chain: indices 0..last along T; a tree: the kept path's nodes), the
+        i-th of n at position ``len(seq) - 1 - n + i``; fused later (:meth:`_fuse_pending`)."""
         assert self.cache is not None and outcome.aux is not None
-        kept = []
         for b, seq in enumerate(outcome.seqs):
-            buf = self.feats[b]
             n = outcome.last[b] + 1 if outcome.paths is None else len(outcome.paths[b])
-            have = self.cache.lengths[b] + (0 if buf is None else buf.shape[0])
+            have = self.cache.lengths[b] + self._pending(b)
             lo = have - (len(seq) - 1 - n)  # kept tokens the head already has
             if lo < 0:
                 raise RuntimeError(f"eagle3: row {b} lacks target states for positions "
                                    f"{have}..{len(seq) - 2 - n}")
-            kept.append(outcome.aux[b, lo:n] if outcome.paths is None
-                        else outcome.aux[b, outcome.paths[b][lo:]])  # [n - lo, n_aux * Ht]
-        if not kept:
+            self.raw[b].append(outcome.aux[b, lo:n] if outcome.paths is None
+                               else outcome.aux[b, outcome.paths[b][lo:]])  # [n - lo, ..]
+            self.n_raw[b] += n - lo
+        if sum(self.n_raw) > self.FUSE_ROWS:
+            self._fuse_pending()
+
+    def _pending(self, b: int) -> int:
+        """Row b's positions kept and not fed to the head yet (fused or not)."""
+        f = self.feats[b]
+        return (0 if f is None else f.shape[0]) + self.n_raw[b]
+
+    def backlog(self) -> int:
+        """Positions the next proposal feeds the head beyond one step's kept tokens per row
+        (:attr:`catch_up_s`)."""
+        return sum(max(self._pending(b) - self.lookahead - 1, 0) for b in range(len(self.raw)))
+
+    def pending_features(self, b: int) -> torch.Tensor:
+        """Row b's fused features [n, H] the head is fed next (pending states fused now)."""
+        self._fuse_pending()
+        f = self.feats[b]
+        return f if f is not None else torch.empty(0, self.head.cfg.hidden_size)
+
+    def _fuse_pending(self) -> None:
+        """Every row's kept target states through the head's FC in one call (its weight read
+        once, not once a row or a step), onto the row's fused features."""
+        rows = [torch.cat(r) if len(r) > 1 else r[0] for r in self.raw if r]
+        if not rows:
             return
-        fused = self.head.fuse(torch.cat(kept)).split([len(x) for x in kept])  # [n - lo, H] each
-        for b, new in enumerate(fused):
-            buf = self.feats[b]
+        fused = iter(self.head.fuse(torch.cat(rows)).split([len(x) for x in rows]))
+        for b, r in enumerate(self.raw):
+            if not r:
+                continue
+            new, buf = next(fused), self.feats[b]  # [n, H]
             self.feats[b] = new if buf is None else torch.cat([buf, new])
             if self.hist:  # in flight: the row's history too
                 self.hist[b].append(new)
+            self.raw[b], self.n_raw[b] = [], 0
 
     def _catch_up(self, seqs: list[list[int]]) -> torch.Tensor:
         """Feed every row's pending (feature, next token) pairs; the head's output at each
         row's last position [B, H]. One forward pads every row to the longest backlog, so a
         row far behind the rest (a newcomer's whole prompt beside rows one step behind) is
         first fed alone down to :meth:`_joint_cap` pending positions: at c = 8 a 300-token
-        prompt padded 8 rows to 300 head positions for 307 real ones."""
+        prompt padded 8 rows to 300 head positions for 307 real ones. Its seconds go to
+        :attr:`catch_up_s` where some row is further behind than one step's kept tokens."""
         assert self.cache is not None
+        clock = step_clock(self.head.device)
+        t0, stale = clock(), self.backlog() > 0
+        self._fuse_pending()
         counts = [0 if f is None else f.shape[0] for f in self.feats]
         cap = self._joint_cap(counts)
         for b, n in enumerate(counts):
             if n > cap:
                 self._feed_row(b, seqs[b], n - cap)
-        return self._feed_all(seqs)
+        out = self._feed_all(seqs)
+        self.catch_up_s = clock() - t0 if stale else 0.0
+        return out
 
     @staticmethod
     def _joint_cap(counts: list[int]) -> int:

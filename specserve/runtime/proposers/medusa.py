@@ -86,6 +86,10 @@ class MedusaProposer:
                                                                             device=dev)]
 
     aux_layers: tuple[int, ...] = ()
+    catch_up_s: float = 0.0  # the heads read the last hidden state only: no backlog
+
+    def backlog(self) -> int:
+        return 0
 
     def slots(self) -> SlotProposer | None:
         """Itself: the per-row state is the last kept hidden state."""
