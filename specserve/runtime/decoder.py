@@ -301,11 +301,11 @@ class SpecDecoder:
         before = DraftLenPolicy.snapshot(st) if policy is not None else []
         chain_step(self.target, st, cache, prop, limits, on_step, self.adaptive_draft_len)
         if policy is not None:
-            width = 0 if prop is None else max(
-                (min(c, lim) for c, lim in zip(prop.counts, limits, strict=True)), default=0)
+            chains = [] if prop is None else [min(c, lim) for c, lim in
+                                              zip(prop.counts, limits, strict=True)]
             catch_up = p.catch_up_s if p is not None and drafted else 0.0
-            policy.observe(st, before, len(st.seqs), width, drafted, t1 - t0,
-                           clock() - t1, catch_up)
+            policy.observe(st, before, len(st.seqs), max(chains, default=0), drafted, t1 - t0,
+                           clock() - t1, catch_up, chains)
 
     def _cover(self, p: Proposer | None, st: Batch,
                limits: list[int]) -> tuple[list[int], dict[int, RowChain]]:

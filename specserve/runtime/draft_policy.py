@@ -7,7 +7,9 @@ objective; this module feeds it and keeps its state).
   3, after a warm-up; more rows never cost less); what a real verify step takes beyond it (the
   step's bookkeeping, attention over long contexts) is added, measured online per draft width.
 - Acceptance: each row's own accepted drafts and rejecting steps (its whole request, through
-  :attr:`Batch.history`), shrunk towards an engine-wide rate that forgets at 3% per step. The
+  :attr:`Batch.history`), shrunk towards an engine-wide rate that forgets at 3% per step; and
+  engine-wide, how acceptance changes with a draft's depth (the rate at which draft i is
+  accepted once drafts 1..i-1 were, over the mean rate), which scales every row's. The
   proposer's drafts only: grammar-forced drafts (:mod:`specserve.runtime.forced_drafts`) and a
   request's prediction (Predicted Outputs), nearly always accepted, would make a poor proposer
   look good.
@@ -112,6 +114,9 @@ class DraftLenPolicy:
     def __init__(self, cost: StepCost | None = None) -> None:
         self.cost = cost  # None: measured on first use
         self.acc, self.rej = 2.0, 2.0  # engine-wide pseudo-counts: alpha 0.5 to start
+        # engine-wide per depth i (draft i + 1): chains that verified it, and accepted it
+        self.reach: list[float] = []
+        self.hit: list[float] = []
         self.draft_s = 0.0  # proposer seconds per drafted position
         self.catch_s = 0.0  # proposer seconds per position of backlog caught up
         # per draft width: seconds a verify step takes beyond the curve's forward
@@ -165,7 +170,18 @@ class DraftLenPolicy:
         alphas = [1.0] * len(free) if perfect else self.row_alphas(st, free)
         return choose_draft_len(alphas, [caps[b] for b in free], pins,
                                 len(st.seqs), self.cost, draft_cost, k_max,
-                                self.overheads(k_max), self.MARGIN)
+                                self.overheads(k_max), self.MARGIN, self.depth_scale())
+
+    DEPTH_WEIGHT = 8.0  # pseudo-trials at the mean rate per depth: rare depths stay at 1
+
+    def depth_scale(self) -> list[float]:
+        """Per depth: the engine's acceptance rate there (given the drafts before it were
+        accepted) over its mean rate, each shrunk towards the mean."""
+        a = self.alpha
+        if a <= 0:
+            return []
+        w = self.DEPTH_WEIGHT
+        return [(h + w * a) / (r + w) / a for r, h in zip(self.reach, self.hit, strict=True)]
 
     def overheads(self, k_max: int) -> list[float]:
         """Per width 0..k_max: the measured overhead, else the largest measured at a smaller
@@ -219,16 +235,18 @@ class DraftLenPolicy:
 
     def observe(self, st: Batch, before: Sequence[tuple[int, int]], rows: int,
                 width: int, drafted: int, propose_s: float, verify_s: float,
-                catch_up_s: float = 0.0) -> None:
+                catch_up_s: float = 0.0, chains: Sequence[int] = ()) -> None:
         """After a step: acceptance deltas per row (``before``: each row's (accepted, rejected
         steps) before it), the forward's ``rows`` and draft ``width``, the proposal's drafted
         positions and the two timings, ``catch_up_s`` of the proposal's on its backlog
-        (:meth:`plan`'s)."""
+        (:meth:`plan`'s), each row's verified chain length (``chains``; none: depths not
+        counted)."""
         now = self.snapshot(st)
         acc = sum(a for a, _ in now) - sum(a for a, _ in before)
         rej = sum(r for _, r in now) - sum(r for _, r in before)
         self.acc = self.acc * self.DECAY + acc
         self.rej = self.rej * self.DECAY + rej
+        self._count_depths([n[0] - b[0] for n, b in zip(now, before, strict=True)], chains)
         if drafted:
             draft = max(propose_s - catch_up_s, 0.0) / drafted
             self.draft_s += self.DRAFT_EWMA * (draft - self.draft_s)
@@ -236,9 +254,26 @@ class DraftLenPolicy:
             self.catch_s += self.DRAFT_EWMA * (catch_up_s / self._backlog - self.catch_s)
         if self.cost is not None and verify_s > 0:
             extra = max(verify_s - self.cost.at(rows * (width + 1)), 0.0)
-            old = self.overhead.get(width, extra)
+            # a width's first step (a cold code path, a busy moment) moves its estimate as
+            # any other step does, from the narrower widths' (seeded by it, one slow first
+            # step blocked width 4 of an n-gram engine for good: 12 ms against 2-3 at 1-3)
+            old = self.overhead.get(width, self.overheads(width - 1)[-1] if width else extra)
             self.overhead[width] = old + self.EWMA * (extra - old)
         self.steps_by_k[width] += 1
+
+    def _count_depths(self, accepted: Sequence[int], chains: Sequence[int]) -> None:
+        """Per depth: chains that reached it (drafts before it accepted) and accepted it."""
+        if not chains:
+            return
+        need = max(chains, default=0) - len(self.reach)
+        self.reach += [0.0] * need
+        self.hit += [0.0] * need
+        self.reach = [x * self.DECAY for x in self.reach]
+        self.hit = [x * self.DECAY for x in self.hit]
+        for a, c in zip(accepted, chains, strict=True):
+            for i in range(min(a + 1, c)):
+                self.reach[i] += 1
+                self.hit[i] += i < a
 
     @staticmethod
     def snapshot(st: Batch) -> list[tuple[int, int]]:

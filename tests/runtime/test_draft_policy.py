@@ -179,3 +179,31 @@ def test_a_catch_up_is_not_a_cost_of_every_draft_and_it_gates_probes() -> None:
 
     assert probes(10) == 1  # 0.025 s of catch-up: a sure draft still pays
     assert probes(400) == 0  # 1.0 s of catch-up: not even a sure draft repays it
+
+
+def test_acceptance_is_counted_by_depth() -> None:
+    """A chain of 4 with 1 accepted reached depths 1 and 2 and accepted depth 1; a chain of 2
+    with 2 accepted reached and accepted both. Depth 1's rate (2 / 2) is above the mean, depth
+    2's (1 / 2) below it, each shrunk towards the mean. Plant: counting every drafted depth as
+    reached (not only those after accepted drafts) fails the counts."""
+    st = Batch([[1, 2], [3, 4]], [SamplingParams(), SamplingParams()], torch.device("cpu"))
+    policy = DraftLenPolicy(FLAT)
+    st.stats[0].observe(4, 1)
+    st.stats[1].observe(2, 2)
+    policy.observe(st, [(0, 0), (0, 0)], 2, 4, 4, 0.0, 1.0, chains=[4, 2])
+    assert policy.reach == [2.0, 2.0, 0.0, 0.0] and policy.hit == [2.0, 1.0, 0.0, 0.0]
+    a, w = policy.alpha, policy.DEPTH_WEIGHT
+    assert policy.depth_scale() == pytest.approx(
+        [(2 + w * a) / (2 + w) / a, (1 + w * a) / (2 + w) / a, 1.0, 1.0])
+
+
+def test_one_slow_first_step_at_a_width_moves_its_overhead_as_any_step_does() -> None:
+    """A width's first step starts from the narrower widths' overhead: one slow first step
+    (a cold code path) does not set it (seeded by it, width 4 of an n-gram engine stayed at
+    12 ms against 2-3 at widths 1-3 and was never chosen again). Plant: seeding from the
+    first step fails."""
+    st = Batch([[1, 2]], [SamplingParams()], torch.device("cpu"))
+    policy = DraftLenPolicy(FLAT)
+    policy.overhead = {0: 0.0, 3: 0.002}
+    policy.observe(st, [(0, 0)], 1, 4, 4, 0.0, 1.0 + 0.1)  # 0.1 s beyond T
+    assert policy.overhead[4] == pytest.approx(0.002 + DraftLenPolicy.EWMA * (0.1 - 0.002))

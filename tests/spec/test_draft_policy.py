@@ -10,6 +10,7 @@ import pytest
 
 from specserve.errors import SpecserveError
 from specserve.spec.draft_policy import (
+    P_MAX,
     StepCost,
     chain_expected_tokens,
     choose_draft_len,
@@ -85,3 +86,13 @@ def test_a_gain_within_the_margin_is_not_taken() -> None:
     cost = StepCost((1, 2, 512), (1.0, 1.4, 512.0))  # k = 1 at alpha 0.45: 1.45 / 1.4, +3.6%
     assert choose_draft_len([0.45], [1], [], 1, cost, 0.0, 1).k == 1
     assert choose_draft_len([0.45], [1], [], 1, cost, 0.0, 1, margin=0.05).k == 0
+
+
+def test_acceptance_by_depth_scales_each_draft_given_the_ones_before() -> None:
+    """Scale 1 at every depth is the geometric model; otherwise draft i is accepted with
+    alpha * scale_i (the last scale repeating), never above P_MAX. Plant: applying the scale
+    to the first draft only fails the second assert."""
+    assert chain_expected_tokens(0.4, 3, [1.0]) == pytest.approx(chain_expected_tokens(0.4, 3))
+    assert chain_expected_tokens(0.4, 3, [0.5, 2.0]) == pytest.approx(
+        1 + 0.2 + 0.2 * 0.8 + 0.2 * 0.8 * 0.8)
+    assert chain_expected_tokens(0.9, 2, [1.0, 5.0]) == pytest.approx(1 + 0.9 + 0.9 * P_MAX)
