@@ -246,7 +246,8 @@ class DraftLenPolicy:
         rej = sum(r for _, r in now) - sum(r for _, r in before)
         self.acc = self.acc * self.DECAY + acc
         self.rej = self.rej * self.DECAY + rej
-        self._count_depths([n[0] - b[0] for n, b in zip(now, before, strict=True)], chains)
+        if chains:  # a step that drafted: per-row acceptance by depth
+            self._count_depths([n[0] - b[0] for n, b in zip(now, before, strict=True)], chains)
         if drafted:
             draft = max(propose_s - catch_up_s, 0.0) / drafted
             self.draft_s += self.DRAFT_EWMA * (draft - self.draft_s)
@@ -263,8 +264,6 @@ class DraftLenPolicy:
 
     def _count_depths(self, accepted: Sequence[int], chains: Sequence[int]) -> None:
         """Per depth: chains that reached it (drafts before it accepted) and accepted it."""
-        if not chains:
-            return
         need = max(chains, default=0) - len(self.reach)
         self.reach += [0.0] * need
         self.hit += [0.0] * need

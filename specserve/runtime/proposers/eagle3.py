@@ -178,7 +178,8 @@ class Eagle3Proposer(ChainProposer):
         """Row b's fused features [n, H] the head is fed next (pending states fused now)."""
         self._fuse_pending()
         f = self.feats[b]
-        return f if f is not None else torch.empty(0, self.head.cfg.hidden_size)
+        return f if f is not None else torch.empty(
+            0, self.head.cfg.hidden_size, dtype=self.head.dtype, device=self.head.device)
 
     def _fuse_pending(self) -> None:
         """Every row's kept target states through the head's FC in one call (its weight read
