@@ -159,16 +159,18 @@ class KVPool:
     def in_use(self) -> int:
         return sum(1 for r in self.ref if r)
 
-    def match(self, hashes: Sequence[int]) -> list[int]:
-        """The block ids of the longest cached prefix of ``hashes`` (nothing is acquired)."""
+    def match(self, hashes: Sequence[int], count: bool = True) -> list[int]:
+        """The block ids of the longest cached prefix of ``hashes`` (nothing is acquired);
+        ``count``: in the hit-rate counters (False: a look that admits nothing)."""
         out: list[int] = []
         for h in hashes:
             b = self.by_hash.get(h)
             if b is None:
                 break
             out.append(b)
-        self._queried += len(hashes)
-        self._hit += len(out)
+        if count:
+            self._queried += len(hashes)
+            self._hit += len(out)
         return out
 
     def acquire(self, ids: Sequence[int]) -> None:

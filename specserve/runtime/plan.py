@@ -40,6 +40,8 @@ class Handle:
     return_logits: bool = False
     cancelled: bool = False
     admitted_ns: int = 0   # time.monotonic_ns() when it got a slot
+    arrival: int = 0       # its submission's number in its scheduler
+    passed: int = 0        # steps in which a request that came after it joined while it waited
     result: GenerationResult | None = None
     row: Batch | None = field(default=None, repr=False)
     # prefix cache (runtime/kv_pool.py): the pool blocks it holds (reused or stored), the

@@ -93,9 +93,9 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, plan: StepPlan,
                 on_group: Callable[[StepOutput], None] | None = None) -> StepOutput:
-        """Phase 1: stores into the prefix cache, evictions, the chunk, the newcomers'
-        prefill (rows in ``plan.join`` order; their cached prefixes restored first) and their
-        proposer state; on ``prefill_threads`` torch threads when > 0 and there is a prefill
+        """Phase 1: stores into the prefix cache, evictions, the newcomers' prefill (rows in
+        ``plan.join`` order; their cached prefixes restored first) and their proposer state,
+        then the chunk; on ``prefill_threads`` torch threads when > 0 and there is a prefill
         (prompt forwards are compute-bound matmuls; a decode step's are not). ``on_group``
         hears each prefill forward's rows as soon as it ran (their first tokens need not wait
         for the step's other forwards)."""
@@ -111,8 +111,6 @@ class ModelRunner:
         if len(plan.decode) - len(plan.join) != self.rows:
             raise SpecserveError(f"in-flight batching: the plan runs {len(plan.decode)} rows "
                                  f"with {len(plan.join)} newcomers, the pool holds {self.rows}")
-        if plan.chunk is not None:
-            self._chunk(plan.chunk)
         out: list[RowOutput] = []
         bs = 0 if self.kv is None else self.kv.block_size
         for group in _groups(plan.join, bs):
@@ -120,6 +118,8 @@ class ModelRunner:
             out += rows
             if on_group is not None:
                 on_group(StepOutput("prefill", tuple(rows)))
+        if plan.chunk is not None:  # after the newcomers: their first tokens do not wait on it
+            self._chunk(plan.chunk)
         return StepOutput("prefill", tuple(out))
 
     @torch.inference_mode()

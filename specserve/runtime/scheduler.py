@@ -9,9 +9,10 @@ Each :meth:`Scheduler.step` runs in three parts, as vLLM v1's engine core does
 
 1. :meth:`Scheduler.schedule` decides, and only decides: the rows that leave (finished last
    step, or cancelled), the running requests that take a speculative step, the waiting requests
-   that join (while slots are free, up to ``prefill_chunk`` prompt tokens in all; a prompt
-   longer than that is fed one chunk per step into a scratch row and joins with its last
-   chunk: chunked prefill, Sarathi, Agrawal et al. 2024), as a frozen
+   that join (while slots are free, up to ``prefill_chunk`` prompt tokens in all, shortest
+   prompt first with a bound on how often one is passed over; a prompt longer than that is
+   fed one chunk per step into a scratch row, after the step's newcomers, and joins with its
+   last chunk: chunked prefill, Sarathi, Agrawal et al. 2024), as a frozen
    :class:`~specserve.runtime.plan.StepPlan`;
 2. :class:`~specserve.runtime.runner.ModelRunner` executes it: the newcomers' prefill (first
    token sampled), then one step of :class:`~specserve.runtime.decoder.SpecDecoder` over the
@@ -62,6 +63,8 @@ __all__ = ["Handle", "OnDone", "OnTokens", "Scheduler"]
 # 2,048 tokens a step (vllm/engine/arg_utils.py, CPU defaults). A cold burst of 16 held-out
 # chat prompts: TTFT p50 2.02 s at 256, 1.42 s at 2,048 (benchmarks/burst_ttft.py, 2026-12-07)
 IDLE_PREFILL_TOKENS = 2048
+# steps a waiting request may be passed over by later, shorter ones before it goes first
+PASS_LIMIT = 8
 
 
 class Scheduler:
@@ -92,6 +95,7 @@ class Scheduler:
         self.decoder, self.capacity, self.max_len = decoder, capacity, max_len
         self.running: list[Handle] = []   # pool row i = running[i] (after the next evictions)
         self._waiting: deque[Handle] = deque()
+        self._submitted = 0  # requests submitted so far (each Handle's arrival)
         self._lock = threading.Lock()
         self.prefill_chunk = max(1, prefill_chunk)
         self._long: Handle | None = None  # a prompt in chunked prefill (it holds a slot)
@@ -112,6 +116,7 @@ class Scheduler:
                                  f"{self.max_len}")
         h = Handle(list(prompt), params, on_tokens, on_done, return_logits)
         with self._lock:
+            h.arrival, self._submitted = self._submitted, self._submitted + 1
             self._waiting.append(h)
         return h
 
@@ -224,59 +229,72 @@ class Scheduler:
             pass
 
     def _take(self) -> tuple[list[Handle], int, int]:
-        """Waiting requests that join now, in order, while slots are free and up to
-        ``prefill_chunk`` prompt tokens in all, :data:`IDLE_PREFILL_TOKENS` when no row is
-        running (a burst is prefilled over several steps, the batch running between them; the
-        first one always fits); a long prompt starts its
-        chunked prefill when none is in progress (it holds a slot), later ones pass it
-        meanwhile. Also the step's token budget and the prompt tokens taken."""
+        """Waiting requests that join now while slots are free and up to ``prefill_chunk``
+        prompt tokens in all, :data:`IDLE_PREFILL_TOKENS` when no row is running (a burst is
+        prefilled over several steps, the batch running between them; the first one always
+        fits), shortest prompt first (:meth:`_order`); a long prompt starts its chunked
+        prefill when none is in progress (it holds a slot), later ones pass it meanwhile.
+        Also the step's token budget and the prompt tokens taken."""
         cancelled: list[Handle] = []
         with self._lock:
             out: list[Handle] = []
-            keep: deque[Handle] = deque()
             # nothing running: no row's next token waits on this step's prefill
             limit = budget = (self.prefill_chunk if self.running
                               else max(self.prefill_chunk, IDLE_PREFILL_TOKENS))
-            while self._waiting:
-                h = self._waiting.popleft()
+            for h, size in self._order():
                 free = self.capacity - len(self.running) - len(out) - (self._long is not None)
-                cut = self._cached(h) if free > 0 and not h.cancelled else []
-                size = len(h.prompt) - len(cut) * (0 if self.kv is None else self.kv.block_size)
                 if h.cancelled:
                     cancelled.append(h)
-                elif free <= 0 or (out and size > budget):
-                    keep.append(h)
-                elif size > limit:  # chunked from its start (no cached prefix)
+                elif free <= 0:
+                    continue
+                elif size > limit:  # chunked from its start (no cached prefix), its own budget
                     if self._long is None:
                         self._long, self._fed = h, 0
                         h.admitted_ns = time.monotonic_ns()  # its slot is held from now
-                    else:
-                        keep.append(h)
+                elif out and size > budget:
+                    continue
                 else:
                     out.append(h)
                     budget -= size
+                    cut = self._cached(h)
                     if cut:
                         assert self.kv is not None
                         self.kv.acquire(cut)
                         h.blocks, h.stored = list(cut), len(cut)
-            self._waiting = keep
+            gone = {id(h) for h in (*out, *cancelled, self._long) if h is not None}
+            keep = [h for h in self._waiting if id(h) not in gone]
+            last = max((h.arrival for h in out), default=-1)
+            for h in keep:  # passed over by a later request
+                h.passed += h.arrival < last
+            self._waiting = deque(keep)
         for h in cancelled:  # callbacks run without the lock held
             self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
         return out, limit, limit - budget
+
+    def _order(self) -> list[tuple[Handle, int]]:
+        """The waiting requests and their uncached prompt tokens in the order they may join:
+        shortest first (shortest job first: a burst's median first token comes after the
+        short prompts' prefills, not after whichever long one arrived a millisecond ahead),
+        except that one passed over by later requests in :data:`PASS_LIMIT` steps goes first,
+        in arrival order (no prompt starves behind a stream of shorter ones)."""
+        bs = 0 if self.kv is None else self.kv.block_size
+        sized = [(h, len(h.prompt) - len(self._cached(h, False)) * bs) for h in self._waiting]
+        return sorted(sized, key=lambda hs: (0, 0) if hs[0].passed >= PASS_LIMIT else (1, hs[1]))
 
     def _uncached(self, h: Handle) -> int:
         """Prompt tokens ``h``'s prefill runs (those after its cached blocks)."""
         return len(h.prompt) - len(h.blocks) * (0 if self.kv is None else self.kv.block_size)
 
-    def _cached(self, h: Handle) -> list[int]:
+    def _cached(self, h: Handle, count: bool = True) -> list[int]:
         """The pool blocks of ``h``'s prompt's longest cached full-block prefix (its last
-        token is always prefilled: its logits give the first token)."""
+        token is always prefilled: its logits give the first token); ``count``: in the prefix
+        cache's hit rate (a request that joins)."""
         if self.kv is None:
             return []
         bs = self.kv.block_size
         if not h.hashes:
             h.hashes = chain_hashes(h.prompt, bs, limit=(len(h.prompt) - 1) // bs)
-        return self.kv.match(h.hashes[:(len(h.prompt) - 1) // bs])
+        return self.kv.match(h.hashes[:(len(h.prompt) - 1) // bs], count)
 
     def _stores(self) -> list[Store]:
         """The full blocks of the runner's rows (as the last plan left them) that are not in

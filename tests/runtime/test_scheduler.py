@@ -85,8 +85,8 @@ def _staggered(m: TinyModels, kind: str, temperature: float, capacity: int,
                 handles[i] = sch.submit(PROMPTS[i], _params(i, temperature),
                                         on_tokens=streamed[i].append)
         sch.step()
-        if sch.waiting:  # slots full: someone waits (a peak of the load)
-            peak = max(peak, len(sch.running))
+        if sch.waiting:  # slots full: someone waits (a peak of the load; the rows of the
+            peak = max(peak, sch.runner.rows)  # step just run, those that finished in it too)
         step += 1
     outs = []
     for i in range(len(PROMPTS)):
@@ -230,8 +230,8 @@ def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_batch_runs(
 def test_a_burst_is_prefilled_over_steps_within_the_token_budget(
         tiny_models: TinyModels) -> None:
     """prefill_chunk 12: of four 7-, 2-, 9- and 4-token prompts arriving together, one step
-    prefills 7 + 2 (neither the 9 nor the 4 fits in the 3 left), the next the 9, the next the
-    4 - and the running request gets a token at every one of those steps."""
+    prefills the shortest, 2 + 4 (neither the 7 nor the 9 fits in the 6 left), the next the
+    7, the next the 9 - and the running request gets a token at every one of those steps."""
     sch = Scheduler(SpecDecoder(tiny_models.target), 6, max_len=64, prefill_chunk=12)
     run = sch.submit([20, 21], SamplingParams(max_tokens=30))
     sch.step()
@@ -243,7 +243,7 @@ def test_a_burst_is_prefilled_over_steps_within_the_token_budget(
         sch.step()
         assert run.row is not None and len(run.row.out[0]) == before + 1
         joined.append([h.row is not None for h in burst])
-    assert joined == [[True, True, False, False], [True, True, True, False],
+    assert joined == [[False, True, False, True], [True, True, False, True],
                       [True, True, True, True]]
     sch.run_until_idle()
     alone = SpecDecoder(tiny_models.target)
@@ -326,11 +326,12 @@ def test_arrivals_taken_in_at_schedule_join_before_the_running_rows_step(
     assert [g[0] for g in got] == [w[0] for w in want]
     assert [g[1] for g in got] == [w[1] for w in want]
     assert streamed == [w[0] for w in want]
-    # step 1: 3 and 4 arrive (0, 1, 2 running; 4 slots): 3's first token, then the step's
-    # speculative tokens (3's second ones among them); 4 waits for a slot
+    # step 1: 3 and 4 arrive (0, 1, 2 running; 4 slots): the shorter prompt, 4's, takes the
+    # slot and its first token goes out, then the step's speculative tokens (4's second ones
+    # among them); 3 waits for a slot
     step1 = events[events.index(("end", 0)) + 1:events.index(("end", 1))]
-    assert step1[:3] == [("submit", 3), ("submit", 4), ("tokens", 3)]
-    assert set(step1[3:]) == {("tokens", 0), ("tokens", 1), ("tokens", 2), ("tokens", 3)}
+    assert step1[:3] == [("submit", 3), ("submit", 4), ("tokens", 4)]
+    assert set(step1[3:]) == {("tokens", 0), ("tokens", 1), ("tokens", 2), ("tokens", 4)}
 
 
 @pytest.mark.parametrize("kind", ["none", "draft_same", "medusa", "eagle3"])
@@ -507,3 +508,68 @@ def test_with_no_row_running_a_burst_joins_at_once(tiny_models: TinyModels) -> N
              for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
     sch.step()
     assert [h.row is not None for h in burst] == [True] * 4
+
+
+def test_a_prompt_passed_over_pass_limit_times_goes_first(tiny_models: TinyModels) -> None:
+    """Shortest first has a bound: a 10-token prompt waiting while two 6-token ones arrive
+    every step (filling the budget of 12 between them) is passed over at each step, and joins
+    at the step after the PASS_LIMIT-th, ahead of the shorter ones; its answer is its own."""
+    from specserve.runtime.scheduler import PASS_LIMIT
+    sch = Scheduler(SpecDecoder(tiny_models.target), 8, max_len=64, prefill_chunk=12)
+    run = sch.submit([20, 21], SamplingParams(max_tokens=60))
+    sch.step()
+    long = sch.submit([9] * 10, SamplingParams(max_tokens=3))
+    joined_at = None
+    for step in range(1, PASS_LIMIT + 3):
+        for base in (30, 40):  # two short prompts, one token each: they leave at once
+            sch.submit([base + step % 7] * 6, SamplingParams(max_tokens=1))
+        sch.step()
+        if long.row is not None and joined_at is None:
+            joined_at = step
+    assert joined_at == PASS_LIMIT + 1 and long.passed == PASS_LIMIT
+    assert run.result is None  # still running: every step had a running row (budget 12)
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert long.result is not None and long.result.token_ids == alone.generate(
+        [[9] * 10], SamplingParams(max_tokens=3))[0].token_ids
+
+
+def test_a_steps_newcomers_are_prefilled_before_its_chunk(tiny_models: TinyModels) -> None:
+    """A step with a long prompt's chunk and a newcomer: the newcomer's forward runs and its
+    first token goes out before the chunk's forward (which gives no token), so a short
+    prompt's first token does not wait on a long one's prefill."""
+    dec = SpecDecoder(tiny_models.target)
+    sch = Scheduler(dec, 4, max_len=64, prefill_chunk=4)
+    run = dec.target.run
+    events: list[str] = []
+
+    def counted_run(tokens: torch.Tensor, *a: object, **kw: object) -> object:
+        events.append(f"forward {tokens.shape[1]}")
+        return run(tokens, *a, **kw)  # type: ignore[arg-type]
+
+    sch.submit([20, 21], SamplingParams(max_tokens=20))
+    sch.step()
+    sch.submit(PROMPTS[2], SamplingParams(max_tokens=3))  # 12 tokens: chunks of 4
+    sch.submit([5, 6, 7], SamplingParams(max_tokens=3),
+               on_tokens=lambda t: events.append("tokens short"))
+    dec.target.run = counted_run  # type: ignore[method-assign]
+    try:
+        sch.step()
+    finally:
+        del dec.target.run
+    assert events[:3] == ["forward 3", "tokens short", "forward 4"], events
+
+
+def test_looking_at_waiting_prompts_leaves_the_prefix_cache_hit_rate_alone(
+        tiny_models: TinyModels) -> None:
+    """Ordering the waiting requests looks up their cached prefixes at every step; only the
+    lookups of requests that join count in the prefix cache's hit rate: a prompt of 3 blocks
+    waiting two steps for a slot is counted once (2 blocks looked up: its last is prefilled)."""
+    sch = Scheduler(SpecDecoder(tiny_models.target), 1, max_len=64,
+                    prefix_cache_bytes=1 << 20, block_size=4)
+    sch.submit([20, 21], SamplingParams(max_tokens=3))
+    sch.step()
+    sch.submit(list(range(30, 42)), SamplingParams(max_tokens=2))
+    sch.run_until_idle()
+    assert sch.kv is not None
+    assert sch.kv.stats.queried == 2  # the first prompt has no full block before its last

@@ -38,7 +38,7 @@ from tests.runtime.test_scheduler import _proposer
 torch.set_num_threads(1)
 
 KINDS = ["none", "draft_same", "ngram", "medusa", "eagle3"]
-SEEDS = [4, 82]  # T = 0.9 and T = 0: each makes every plan that _coverage names
+SEEDS = [46, 32]  # T = 0.9 and T = 0: each makes every plan that _coverage names
 SLOW_SEEDS = list(range(100, 112))
 BLOCK = 4  # prefix-cache block size: the scenarios' prompts are 1-15 tokens
 PREFIX_CACHE = 1 << 24  # bytes: never full here
