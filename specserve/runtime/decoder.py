@@ -38,7 +38,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch, GenerationResult
-from specserve.runtime.draft_policy import DraftLenPolicy, step_clock
+from specserve.runtime.draft_policy import DraftLenPolicy
 from specserve.runtime.forced_drafts import ForcedDrafts, RowChain
 from specserve.runtime.grammar import DraftGuide
 from specserve.runtime.kvcache import KVCache
@@ -64,6 +64,7 @@ from specserve.runtime.step import (
     prefill_step,
     tree_step,
 )
+from specserve.runtime.timing import step_clock
 from specserve.spec.schedule import DraftSchedule
 
 __all__ = ["GenerationResult", "SamplingParams", "SpecDecoder"]

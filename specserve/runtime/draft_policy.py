@@ -31,7 +31,6 @@ Lossless at any k: verification never depends on it.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -40,6 +39,7 @@ import torch
 from specserve.runtime.batch import Batch
 from specserve.runtime.kvcache import KVCache
 from specserve.runtime.model import Transformer
+from specserve.runtime.timing import step_clock
 from specserve.spec.draft_policy import DraftLenChoice, StepCost, choose_draft_len, row_alpha
 
 __all__ = ["DraftLenPolicy", "measure_step_cost"]
@@ -50,15 +50,6 @@ PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def step_clock(device: torch.device) -> Callable[[], float]:
-    """The clock the policy times steps with: on a CPU with one torch thread, this thread's
-    CPU time (what the step itself used: other processes on the machine barely move it, where
-    they would stretch wall time and bend the measured curve); else wall time."""
-    if device.type == "cpu" and torch.get_num_threads() == 1:
-        return time.thread_time
-    return time.perf_counter
 
 
 def probe_rows(rows_needed: int) -> list[int]:

@@ -18,6 +18,18 @@ from specserve.errors import SpecserveError
 STATS: dict[str, Callable[[list[float]], float]] = {"min": min, "median": statistics.median}
 
 
+def step_clock(device: Any) -> Callable[[], float]:
+    """The clock the draft-length policy and the proposers time steps with (``device``, a
+    ``torch.device``): on a CPU with one torch thread, this thread's CPU time (what the step
+    itself used: other processes on the machine barely move it, where they would stretch wall
+    time and bend the measured curve); else wall time."""
+    import torch
+
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def _forward_job(model: Any, n: int, batch: int, kv_len: int, seed: int = 0) -> Any:
     """A closure running one verify-style forward (hidden states + logits of ``n`` new tokens
     per row over ``kv_len`` cached ones) of a :class:`specserve.runtime.model.Transformer`."""

@@ -28,10 +28,16 @@ from specserve.runtime.proposers.base import (
     pad_drafts,
     sample_rows,
 )
+from specserve.runtime.timing import step_clock
 
 
 class DraftModelProposer(ChainProposer):
-    """A draft LM with its own static cache; records q for lossless rejection sampling."""
+    """A draft LM with its own static cache; records q for lossless rejection sampling.
+
+    A proposal first feeds the draft what it has not seen: the pending token, and one more
+    after a step that accepted every draft; a row that ran k = 0 steps is a token further
+    behind for each (:meth:`backlog`), and a proposal that catches up on that times it apart
+    (:attr:`catch_up_s`: a one-off, not a cost of its drafts)."""
 
     name = "draft"
     # > 0: end a row's chain at a draft whose draft probability is below this (HF's
@@ -46,6 +52,8 @@ class DraftModelProposer(ChainProposer):
         self.model = model.decode_layout()  # it runs one-token forwards: gemv-friendly weights
         self.cache: KVCache | None = None
         self.pool: KVCache  # in-flight batching only (reserve)
+        self.seen: list[int] = []  # each row's sequence length at the last update
+        self.catch_up_s = 0.0
 
     def start(self, prompts: list[list[int]], max_len: int) -> None:
         b = len(prompts)
@@ -53,6 +61,7 @@ class DraftModelProposer(ChainProposer):
         if self.cache is None or self.cache.batch != b or self.cache.max_len < need:
             self.cache = self.model.new_cache(b, need)
         self.cache.lengths = [0] * b
+        self.seen = [len(p) + 1 for p in prompts]  # its first token: nothing to catch up on
         # The last prompt token is fed by the first propose (with the first generated token).
         self._feed([p[:-1] if len(p) > 1 else [] for p in prompts])
 
@@ -61,6 +70,7 @@ class DraftModelProposer(ChainProposer):
         of its first rows (:meth:`KVCache.view`), moved together with the target's."""
         self.pool = self.model.new_cache(capacity, max_len + self.max_draft_len + 2)
         self.cache = self.pool.view(0, 0)
+        self.seen = []
 
     def admit(self, prompts: list[list[int]], outcome: StepOutcome,
               restored: Sequence[Restored]) -> None:
@@ -78,6 +88,7 @@ class DraftModelProposer(ChainProposer):
         lens += self.cache.lengths
         self.cache = self.pool.view(0, n + m)
         self.cache.lengths = lens
+        self.seen += [len(p) + 1 for p in prompts]
 
     def planes(self) -> tuple[Plane, ...]:
         """The draft model's K/V per position (its own prefix-cache plane)."""
@@ -92,8 +103,16 @@ class DraftModelProposer(ChainProposer):
         if row != last:
             self.pool.move_row(last, row, lens[last])
             lens[row] = lens[last]
+            self.seen[row] = self.seen[last]
         self.cache = self.pool.view(0, last)
         self.cache.lengths = lens[:last]
+        self.seen.pop()
+
+    def backlog(self) -> int:
+        """Tokens the next proposal feeds beyond the usual two a row (k = 0 steps since)."""
+        assert self.cache is not None
+        return sum(max(s - n - 2, 0) for s, n in zip(self.seen, self.cache.lengths,
+                                                       strict=True))
 
     def _feed(self, rows: list[list[int]], window: int = 0) -> torch.Tensor | None:
         """Feed per-row token lists (attending keys from the shortest row's length -
@@ -121,8 +140,11 @@ class DraftModelProposer(ChainProposer):
         k = max(limits)
         sampled = [i for i, p in enumerate(params) if p.temperature > 0 and limits[i] > 0]
         # 1. catch up: feed what the draft has not seen (the pending token, maybe one more)
+        clock = step_clock(self.model.device)
+        t0, stale = clock(), self.backlog() > 0
         hidden = self._feed([s[n:] for s, n in zip(seqs, self.cache.lengths, strict=True)],
                             self.window)
+        self.catch_up_s = clock() - t0 if stale else 0.0
         assert hidden is not None
         tokens, probs, counts = [], [], list(limits)
         for i in range(k):
@@ -164,5 +186,6 @@ class DraftModelProposer(ChainProposer):
     def rollback(self, seq_lens: list[int]) -> None:
         """Keep only the draft K/V of verified tokens (the pending one is fed next time)."""
         assert self.cache is not None
+        self.seen = list(seq_lens)
         self.cache.lengths = [min(n, s - 1) for n, s in
                               zip(self.cache.lengths, seq_lens, strict=True)]

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 
 import torch
 
-from specserve.runtime.draft_policy import step_clock
 from specserve.runtime.eagle3 import Eagle3Head
 from specserve.runtime.kv_pool import Plane
 from specserve.runtime.kvcache import KVCache
@@ -45,6 +44,7 @@ from specserve.runtime.proposers.base import (
     pad_drafts,
     sample_rows,
 )
+from specserve.runtime.timing import step_clock
 from specserve.spec.tree import MedusaTree, TreeBuffers, TreeLevel, build_tree_buffers, tree_levels
 
 
