@@ -4,8 +4,9 @@ that never loses").
 
 In-process, no server: the engine's in-flight :class:`~specserve.runtime.scheduler.Scheduler`
 over one target (``--model``, one torch thread) with each configuration's proposer: plain,
-n-gram and (when ``--eagle3`` exists) the EAGLE-3 head, each at fixed K (``--fixed``, the
-engine's ``--draft-len-policy fixed``) and with the adaptive policy (the engine's default).
+n-gram, and (where ``--eagle3`` and ``--draft`` exist) the EAGLE-3 head and the draft model,
+each at fixed K (``--fixed``, the engine's ``--draft-len-policy fixed``) and with the
+adaptive policy (the engine's default).
 ``c`` closed-loop clients each send ``--requests-per-client`` held-out chat prompts (chat
 template applied, T = 0, ``--max-tokens`` or the end-of-turn token). The step-cost curve is
 measured once, as an engine measures it at load, and shared. Configurations run one after
@@ -47,6 +48,12 @@ def _configs(args: argparse.Namespace, target: Any,
 
         head = load_eagle3(args.eagle3, target.cfg, target.dtype, target.device)
         makers["eagle3"] = lambda k: Eagle3Proposer(head, k)
+    if args.draft and (args.draft / "config.json").is_file():
+        from specserve.runtime.model import load_model
+        from specserve.runtime.proposers import DraftModelProposer
+
+        small = load_model(args.draft, target.dtype, target.device)
+        makers["draft"] = lambda k: DraftModelProposer(small, k)
     for name, make in makers.items():
         for k in fixed:
             out[f"{name} K={k}"] = ((lambda m=make, k=k: m(k)), False)
@@ -94,6 +101,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=ROOT / "checkpoints/smollm2")
     ap.add_argument("--eagle3", type=Path, default=ROOT / "checkpoints/smollm2-drafts/eagle3")
+    ap.add_argument("--draft", type=Path, default=ROOT / "checkpoints/smollm2-drafts/draft",
+                    help="a draft model's HF directory (make train-real); none: not run")
     ap.add_argument("--data", type=Path, default=ROOT / ".cache/data/chat-heldout.jsonl")
     ap.add_argument("--concurrency", default="1,8,16")
     ap.add_argument("--requests-per-client", type=int, default=1)
