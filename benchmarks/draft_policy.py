@@ -91,10 +91,31 @@ def _run(target: Any, proposer: Any, policy: Any, prompts: list[list[int]], c: i
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     n = sum(len(o) for o in outs.values())
     return {"output_tok_s": n / wall, "per_user_tok_s": statistics.mean(users), "tokens": n,
-            "tok_per_cpu_s": n / cpu,
+            "tok_per_cpu_s": n / cpu, "wall_s": wall, "cpu_s": cpu, "users": users,
             "outputs": [outs[i] for i in sorted(outs)],
             "plain_share": None if policy is None else policy.plain_share(),
             "steps_by_k": None if policy is None else dict(sorted(policy.steps_by_k.items()))}
+
+
+def _merge(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Two rounds of one configuration as one: tokens over summed wall and CPU seconds, the
+    mean of every request's per-user rate, steps by K added (outputs: the last round's,
+    equal at T = 0)."""
+    if a is None:
+        return b
+    n = a["tokens"] + b["tokens"]
+    users = a["users"] + b["users"]
+    by_k = None if a["steps_by_k"] is None else {
+        k: a["steps_by_k"].get(k, 0) + b["steps_by_k"].get(k, 0)
+        for k in sorted({*a["steps_by_k"], *b["steps_by_k"]})}
+    plain = None if by_k is None else by_k.get(0, 0) / max(sum(by_k.values()), 1)
+    return {**b, "tokens": n, "wall_s": a["wall_s"] + b["wall_s"],
+            "cpu_s": a["cpu_s"] + b["cpu_s"], "users": users,
+            "output_tok_s": n / (a["wall_s"] + b["wall_s"]),
+            "per_user_tok_s": statistics.mean(users),
+            "tok_per_cpu_s": n / (a["cpu_s"] + b["cpu_s"]),
+            "plain_share": plain, "steps_by_k": by_k,
+            "equal_rounds": a.get("equal_rounds", True) and a["outputs"] == b["outputs"]}
 
 
 def main() -> None:
@@ -112,6 +133,8 @@ def main() -> None:
     ap.add_argument("--fixed", default="1,2,4", help="fixed draft lengths to compare")
     ap.add_argument("--fixed-above-c1", default="4", help="fixed K beyond c = 1 (fewer runs)")
     ap.add_argument("--only", help="comma-separated configurations (plain always runs)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the configurations round robin this many times, summed")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -131,15 +154,19 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     for c in conc:
         fixed = [int(x) for x in (args.fixed_above_c1 if c > 1 else args.fixed).split(",")]
-        for name, (make, adaptive) in _configs(args, target, fixed).items():
-            if args.only and name != "plain" and name not in args.only.split(","):
-                continue
-            policy = DraftLenPolicy(cost) if adaptive else None
-            r = _run(target, make(), policy, prompts, c, args.requests_per_client,
-                     args.max_tokens, eot)
-            results.setdefault(str(c), {})[name] = r
-            base = results[str(c)]["plain"]
-            r["equal_to_plain"] = r["outputs"] == base["outputs"]
+        configs = {name: cfg for name, cfg in _configs(args, target, fixed).items()
+                   if not args.only or name == "plain" or name in args.only.split(",")}
+        per = results.setdefault(str(c), {})
+        for _ in range(args.rounds):  # round robin: a host that drifts hits all alike
+            for name, (make, adaptive) in configs.items():
+                policy = DraftLenPolicy(cost) if adaptive else None
+                r = _run(target, make(), policy, prompts, c, args.requests_per_client,
+                         args.max_tokens, eot)
+                per[name] = _merge(per.get(name), r)
+        base = per["plain"]
+        for name, r in per.items():
+            r["equal_to_plain"] = (r["outputs"] == base["outputs"]
+                                   and r.get("equal_rounds", True))
             share = "-" if r["plain_share"] is None else f"{r['plain_share']:.2f}"
             print(f"c={c:<3} {name:18s} output {r['output_tok_s']:6.1f} tok/s "
                   f"({r['output_tok_s'] / base['output_tok_s']:.2f}x)  per-user "
@@ -152,6 +179,7 @@ def main() -> None:
         for per_c in results.values():
             for r in per_c.values():
                 r.pop("outputs")
+                r.pop("users")
         args.out.write_text(json.dumps({
             "cpu": platform.processor() or platform.machine(), "threads": 1,
             "step_cost": {"rows": cost.rows, "seconds": cost.seconds},
