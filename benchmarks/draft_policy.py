@@ -134,7 +134,8 @@ def main() -> None:
     ap.add_argument("--fixed-above-c1", default="4", help="fixed K beyond c = 1 (fewer runs)")
     ap.add_argument("--only", help="comma-separated configurations (plain always runs)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="run the configurations round robin this many times, summed")
+                    help="run the configurations this many times, in turn and in reverse "
+                         "(ABBA), summed")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -157,8 +158,10 @@ def main() -> None:
         configs = {name: cfg for name, cfg in _configs(args, target, fixed).items()
                    if not args.only or name == "plain" or name in args.only.split(",")}
         per = results.setdefault(str(c), {})
-        for _ in range(args.rounds):  # round robin: a host that drifts hits all alike
-            for name, (make, adaptive) in configs.items():
+        names = list(configs)
+        for rnd in range(args.rounds):  # ABBA...: a host whose speed drifts hits all alike
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                make, adaptive = configs[name]
                 policy = DraftLenPolicy(cost) if adaptive else None
                 r = _run(target, make(), policy, prompts, c, args.requests_per_client,
                          args.max_tokens, eot)
