@@ -238,6 +238,7 @@ class Scheduler:
         cancelled: list[Handle] = []
         with self._lock:
             out: list[Handle] = []
+            started: Handle | None = None  # a long prompt whose chunked prefill starts now
             # nothing running: no row's next token waits on this step's prefill
             limit = budget = (self.prefill_chunk if self.running
                               else max(self.prefill_chunk, IDLE_PREFILL_TOKENS))
@@ -249,7 +250,7 @@ class Scheduler:
                     continue
                 elif size > limit:  # chunked from its start (no cached prefix), its own budget
                     if self._long is None:
-                        self._long, self._fed = h, 0
+                        self._long, self._fed, started = h, 0, h
                         h.admitted_ns = time.monotonic_ns()  # its slot is held from now
                 elif out and size > budget:
                     continue
@@ -263,8 +264,9 @@ class Scheduler:
                         h.blocks, h.stored = list(cut), len(cut)
             gone = {id(h) for h in (*out, *cancelled, self._long) if h is not None}
             keep = [h for h in self._waiting if id(h) not in gone]
-            last = max((h.arrival for h in out), default=-1)
-            for h in keep:  # passed over by a later request
+            last = max((h.arrival for h in (*out, *([started] if started else []))),
+                       default=-1)
+            for h in keep:  # passed over by a later request (one that joined or started)
                 h.passed += h.arrival < last
             self._waiting = deque(keep)
         for h in cancelled:  # callbacks run without the lock held

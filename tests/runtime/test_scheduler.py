@@ -573,3 +573,26 @@ def test_looking_at_waiting_prompts_leaves_the_prefix_cache_hit_rate_alone(
     sch.run_until_idle()
     assert sch.kv is not None
     assert sch.kv.stats.queried == 2  # the first prompt has no full block before its last
+
+
+def test_a_long_prompt_passed_over_by_later_long_ones_goes_first(
+        tiny_models: TinyModels) -> None:
+    """The bound holds among chunked prompts too: a 14-token prompt waits while 6-token ones
+    (also over the limit of 4, so chunked) arrive and each starts its chunked prefill ahead of
+    it, shortest first; each start passes it over, and after PASS_LIMIT of them it starts."""
+    from specserve.runtime.scheduler import PASS_LIMIT
+    sch = Scheduler(SpecDecoder(tiny_models.target), 8, max_len=64, prefill_chunk=4)
+    sch.submit([20, 21], SamplingParams(max_tokens=60))
+    sch.step()
+    long = sch.submit([9] * 14, SamplingParams(max_tokens=2))
+    started_at = None
+    for step in range(1, 4 * PASS_LIMIT):
+        sch.submit([30 + step % 50] * 6, SamplingParams(max_tokens=1))
+        sch.step()
+        if long.admitted_ns and started_at is None:
+            started_at = step
+    assert started_at is not None and long.passed == PASS_LIMIT, (started_at, long.passed)
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert long.result is not None and long.result.token_ids == alone.generate(
+        [[9] * 14], SamplingParams(max_tokens=2))[0].token_ids
