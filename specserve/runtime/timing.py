@@ -30,29 +30,6 @@ def step_clock(device: Any) -> Callable[[], float]:
     return time.perf_counter
 
 
-class CatchUpTimer:
-    """A proposer's catch-up seconds: what its first feed of a proposal costs beyond a usual
-    one (every proposal feeds the tokens of the last step; a backlog adds the positions of
-    steps it did not draft). The usual feed is an average of feeds made with no backlog, so
-    the draft-length policy, dividing the excess by the backlog, prices a position of backlog
-    and not a whole forward (a backlog of one charged a forward to one position, and a probe
-    at a backlog of 20 was priced at 20 forwards)."""
-
-    EWMA = 0.2
-
-    def __init__(self) -> None:
-        self.usual: float | None = None
-
-    def excess(self, seconds: float, stale: bool) -> float:
-        """A feed of ``seconds``; ``stale``: it caught up on a backlog. Its catch-up seconds
-        (0 for a usual feed, which moves the average)."""
-        if not stale:
-            self.usual = seconds if self.usual is None else (
-                self.usual + self.EWMA * (seconds - self.usual))
-            return 0.0
-        return max(seconds - (self.usual or 0.0), 0.0)
-
-
 def _forward_job(model: Any, n: int, batch: int, kv_len: int, seed: int = 0) -> Any:
     """A closure running one verify-style forward (hidden states + logits of ``n`` new tokens
     per row over ``kv_len`` cached ones) of a :class:`specserve.runtime.model.Transformer`."""

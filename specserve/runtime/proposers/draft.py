@@ -28,7 +28,7 @@ from specserve.runtime.proposers.base import (
     pad_drafts,
     sample_rows,
 )
-from specserve.runtime.timing import CatchUpTimer, step_clock
+from specserve.runtime.timing import step_clock
 
 
 class DraftModelProposer(ChainProposer):
@@ -36,9 +36,8 @@ class DraftModelProposer(ChainProposer):
 
     A proposal first feeds the draft what it has not seen: the pending token, and one more
     after a step that accepted every draft; a row that ran k = 0 steps is a token further
-    behind for each (:meth:`backlog`), and a proposal that catches up on that times what its
-    feed cost beyond a usual one apart (:attr:`catch_up_s`: a one-off, not a cost of its
-    drafts)."""
+    behind for each (:meth:`backlog`), and a proposal that catches up on that times it apart
+    (:attr:`catch_up_s`: a one-off, not a cost of its drafts)."""
 
     name = "draft"
     # > 0: end a row's chain at a draft whose draft probability is below this (HF's
@@ -55,7 +54,6 @@ class DraftModelProposer(ChainProposer):
         self.pool: KVCache  # in-flight batching only (reserve)
         self.seen: list[int] = []  # each row's sequence length at the last update
         self.catch_up_s = 0.0
-        self._catch = CatchUpTimer()
 
     def start(self, prompts: list[list[int]], max_len: int) -> None:
         b = len(prompts)
@@ -146,7 +144,7 @@ class DraftModelProposer(ChainProposer):
         t0, stale = clock(), self.backlog() > 0
         hidden = self._feed([s[n:] for s, n in zip(seqs, self.cache.lengths, strict=True)],
                             self.window)
-        self.catch_up_s = self._catch.excess(clock() - t0, stale)
+        self.catch_up_s = clock() - t0 if stale else 0.0
         assert hidden is not None
         tokens, probs, counts = [], [], list(limits)
         for i in range(k):

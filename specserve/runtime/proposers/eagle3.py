@@ -44,7 +44,7 @@ from specserve.runtime.proposers.base import (
     pad_drafts,
     sample_rows,
 )
-from specserve.runtime.timing import CatchUpTimer, step_clock
+from specserve.runtime.timing import step_clock
 from specserve.spec.tree import MedusaTree, TreeBuffers, TreeLevel, build_tree_buffers, tree_levels
 
 
@@ -72,7 +72,6 @@ class Eagle3Proposer(ChainProposer):
         # in-flight batching: per row, every fused feature so far, in position order (chunks
         # of [n, H]; what a prefix cache stores for the row)
         self.hist: list[list[torch.Tensor]] = []
-        self._catch = CatchUpTimer()
 
     def bind(self, target: Transformer) -> None:
         """Share the target's embedding (the decoder captures :attr:`aux_layers` itself)."""
@@ -204,8 +203,7 @@ class Eagle3Proposer(ChainProposer):
         row far behind the rest (a newcomer's whole prompt beside rows one step behind) is
         first fed alone down to :meth:`_joint_cap` pending positions: at c = 8 a 300-token
         prompt padded 8 rows to 300 head positions for 307 real ones. Its seconds go to
-        :attr:`catch_up_s` (beyond a usual feed's) where some row is further behind than one
-        step's kept tokens."""
+        :attr:`catch_up_s` where some row is further behind than one step's kept tokens."""
         assert self.cache is not None
         clock = step_clock(self.head.device)
         t0, stale = clock(), self.backlog() > 0
@@ -216,7 +214,7 @@ class Eagle3Proposer(ChainProposer):
             if n > cap:
                 self._feed_row(b, seqs[b], n - cap)
         out = self._feed_all(seqs)
-        self.catch_up_s = self._catch.excess(clock() - t0, stale)
+        self.catch_up_s = clock() - t0 if stale else 0.0
         return out
 
     @staticmethod
