@@ -278,7 +278,10 @@ class Scheduler:
         shortest first (shortest job first: a burst's median first token comes after the
         short prompts' prefills, not after whichever long one arrived a millisecond ahead),
         except that one passed over by later requests in :data:`PASS_LIMIT` steps goes first,
-        in arrival order (no prompt starves behind a stream of shorter ones)."""
+        in arrival order (no prompt starves behind a stream of shorter ones). With no slot
+        free nothing joins: arrival order, no prefix lookups (only cancellations are found)."""
+        if self.capacity - len(self.running) - (self._long is not None) <= 0:
+            return [(h, 0) for h in self._waiting]
         bs = 0 if self.kv is None else self.kv.block_size
         sized = [(h, len(h.prompt) - len(self._cached(h, False)) * bs) for h in self._waiting]
         return sorted(sized, key=lambda hs: (0, 0) if hs[0].passed >= PASS_LIMIT else (1, hs[1]))

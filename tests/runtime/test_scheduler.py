@@ -596,3 +596,24 @@ def test_a_long_prompt_passed_over_by_later_long_ones_goes_first(
     alone = SpecDecoder(tiny_models.target)
     assert long.result is not None and long.result.token_ids == alone.generate(
         [[9] * 14], SamplingParams(max_tokens=2))[0].token_ids
+
+
+def test_with_every_slot_taken_the_waiting_prompts_are_not_looked_up(
+        tiny_models: TinyModels) -> None:
+    """Ordering costs nothing while no slot is free: three waiting prompts, one slot held by a
+    running request, no prefix-cache lookup in the steps until it leaves; then they join."""
+    sch = Scheduler(SpecDecoder(tiny_models.target), 1, max_len=64,
+                    prefix_cache_bytes=1 << 20, block_size=4)
+    run = sch.submit([20, 21], SamplingParams(max_tokens=4))
+    sch.step()
+    waiting = [sch.submit(list(range(30 + i, 42 + i)), SamplingParams(max_tokens=2))
+               for i in range(3)]
+    assert sch.kv is not None
+    looks, match = [], sch.kv.match
+    sch.kv.match = lambda *a, **kw: looks.append(1) or match(*a, **kw)  # type: ignore[method-assign]
+    while run.result is None:
+        sch.step()
+    assert looks == []  # every step so far was scheduled while the slot was held
+    del sch.kv.match
+    sch.run_until_idle()
+    assert all(h.result is not None for h in waiting)
