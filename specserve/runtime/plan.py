@@ -42,6 +42,7 @@ class Handle:
     admitted_ns: int = 0   # time.monotonic_ns() when it got a slot
     arrival: int = 0       # its submission's number in its scheduler
     passed: int = 0        # steps in which a request that came after it joined while it waited
+    decoded: bool = False  # it has taken a decode phase (it is generating, not just joined)
     result: GenerationResult | None = None
     row: Batch | None = field(default=None, repr=False)
     # prefix cache (runtime/kv_pool.py): the pool blocks it holds (reused or stored), the
@@ -107,10 +108,12 @@ class StepPlan:
     speculative step, pool row i = ``decode[i]``: the running ones, then the newcomers;
     ``join``: the newcomers, prefilled first into the rows after the running ones, in row
     order; ``chunk``: a long prompt's chunk into the scratch row;
-    ``token_budget``: prompt tokens the step may prefill (``prefill_chunk``; more with no row
-    running: ``scheduler.IDLE_PREFILL_TOKENS``), of which
-    ``prefill_tokens`` are planned (the chunk's included; prefixes restored from the prefix
-    cache are not); ``store``: blocks copied into the prefix cache first (:class:`Store`)."""
+    ``token_budget``: prompt tokens the running rows may wait for between two decode phases
+    (``prefill_chunk``; more while none has decoded: ``scheduler.IDLE_PREFILL_TOKENS``);
+    ``prefill_tokens``: this step's (the chunk's included; prefixes restored from the prefix
+    cache are not); ``store``: blocks copied into the prefix cache first (:class:`Store`);
+    ``decodes``: whether the speculative step runs after the prefill (False: a prefill-only
+    step, more prompts wait and the running rows' wait is within its bound)."""
 
     evict: tuple[int, ...]
     decode: tuple[Handle, ...]
@@ -119,6 +122,7 @@ class StepPlan:
     token_budget: int
     prefill_tokens: int
     store: tuple[Store, ...] = ()
+    decodes: bool = True
 
     @property
     def empty(self) -> bool:

