@@ -28,7 +28,7 @@ new tokens. Its model, for a verify step of ``n`` tokens per row (``n = 1``: the
   batcher's Python loop), the same for both variants: the cell's baseline step minus its own
   forward and its prefill share (:func:`baseline_overhead`).
 - ``(c - 1) * P(L) / S``, the prefill share (:func:`prefill_share`): the in-flight batcher
-  prefills a newcomer inside the running step (``Scheduler._preempt``; a prompt over
+  prefills a newcomer before the running rows' next token (``Scheduler.schedule``; a prompt over
   ``prefill_chunk`` tokens one chunk per step), so every running row waits for it (Sarathi-Serve's
   generation stalls, Agrawal et al. 2024). In a closed loop at concurrency ``c`` the other
   ``c - 1`` requests each start about once while one request decodes: ``c - 1`` prefills of

@@ -13,7 +13,7 @@ Each :meth:`Scheduler.step` runs in three parts, as vLLM v1's engine core does
    bound on how often one is passed over; a prompt longer than ``prefill_chunk`` is fed one
    chunk per step into a scratch row, after the step's newcomers, and joins with its last
    chunk: chunked prefill, Sarathi, Agrawal et al. 2024), and whether the speculative step
-   runs: not while more prompts wait and the running rows have waited fewer than
+   runs: not while the next waiting prefill still fits in the running rows' wait of
    ``prefill_chunk`` prompt tokens since their last token (prefill first, as vLLM v0
    scheduled, within chunked prefill's bound; the queue is ordered again before every
    forward), as a frozen :class:`~specserve.runtime.plan.StepPlan`;
@@ -177,7 +177,7 @@ class Scheduler:
         evict, self._leaving = tuple(self._leaving), []
         n = len(self.running)
         limit = self._wait_limit()
-        new, taken = self._take(limit)
+        new, taken, nxt = self._take(limit)
         new.sort(key=self._uncached)  # shortest first: the step's forwards emit in this order
         joins = [Join(h, n + i, 0, tuple(h.blocks)) for i, h in enumerate(new)]
         chunk, last = self._next_chunk()
@@ -192,7 +192,10 @@ class Scheduler:
             tokens += len(last.prompt) - self._fed
         decode = (*self.running, *(j.handle for j in joins))
         self._prev = decode
-        decodes = self._decodes(tokens, limit, len(joins), chunk)
+        if chunk is not None and self._long is not None:  # its next chunk (or its rest)
+            piece = min(self.prefill_chunk, len(self._long.prompt) - self._fed)
+            nxt = piece if nxt is None else min(nxt, piece)
+        decodes = self._decodes(tokens, limit, nxt)
         self._stalled = 0 if decodes else self._stalled + tokens
         for h in decode if decodes else ():
             h.decoded = True
@@ -239,7 +242,7 @@ class Scheduler:
         while self.step():
             pass
 
-    def _take(self, limit: int) -> tuple[list[Handle], int]:
+    def _take(self, limit: int) -> tuple[list[Handle], int, int | None]:
         """Waiting requests that join now, shortest prompt first (:meth:`_order`), while slots
         are free, within the running rows' wait (``limit`` prompt tokens between two of their
         decode phases, :meth:`_wait_limit`; the first prompt of a wait always fits) and one
@@ -247,11 +250,13 @@ class Scheduler:
         prompt alone): the waiting requests are ordered again before the next forward, so one
         that arrives meanwhile can go ahead of longer ones. A long prompt (over ``limit``)
         starts its chunked prefill when none is in progress (it holds a slot); later ones pass
-        it meanwhile. Also the prompt tokens taken."""
+        it meanwhile. Also the prompt tokens taken and the fewest a waiting request left
+        behind could prefill next (None: none can join, no slot or none waiting)."""
         cancelled: list[Handle] = []
         if not self.running:  # no row waits on a decode phase
             self._stalled = 0
         room = limit - self._stalled
+        nxt: int | None = None
         with self._lock:
             out: list[Handle] = []
             started: Handle | None = None  # a long prompt whose chunked prefill starts now
@@ -266,8 +271,8 @@ class Scheduler:
                     if self._long is None:
                         self._long, self._fed, started = h, 0, h
                         h.admitted_ns = time.monotonic_ns()  # its slot is held from now
-                elif size > budget and (out or size > room and self._stalled):
-                    continue
+                elif size > budget and (out or size > room):
+                    nxt = size if nxt is None else min(nxt, size)
                 else:
                     out.append(h)
                     budget -= size
@@ -283,29 +288,27 @@ class Scheduler:
             for h in keep:  # passed over by a later request (one that joined or started)
                 h.passed += h.arrival < last
             self._waiting = deque(keep)
+        if self.capacity - len(self.running) - len(out) - (self._long is not None) <= 0:
+            nxt = None  # the step's newcomers take the last slots
         for h in cancelled:  # callbacks run without the lock held
             self._finish(h, Batch([h.prompt], [h.params], self.decoder.device), "cancelled")
-        return out, sum(self._uncached(h) for h in out)
+        return out, sum(self._uncached(h) for h in out), nxt
 
     def _wait_limit(self) -> int:
         """Prompt tokens prefilled between two decode phases of the running rows:
         ``prefill_chunk``, or :data:`IDLE_PREFILL_TOKENS` while none of them has decoded yet
-        (nothing generating waits: a burst is prefilled first, shortest first)."""
+        (nothing generating waits: a burst is prefilled first, shortest first). A chunk can
+        take a wait past it by up to one chunk (the chunk is never cut)."""
         if any(h.decoded for h in self.running):
             return self.prefill_chunk
         return max(self.prefill_chunk, IDLE_PREFILL_TOKENS)
 
-    def _decodes(self, tokens: int, limit: int, joins: int, chunk: Chunk | None) -> bool:
-        """Whether a step that prefills ``tokens`` goes on to decode: yes unless more prompts
-        wait to be prefilled (a free slot for one, or the long prompt's next chunk) and the
-        running rows' wait stays within ``limit`` (their tokens come after the queue's first
-        tokens: vLLM v0's prefill-first scheduling, bounded as chunked prefill bounds it)."""
-        if not tokens or self._stalled + tokens >= limit:
-            return True
-        free = self.capacity - len(self.running) - joins - (self._long is not None)
-        more = chunk is not None and self._long is not None or (free > 0 and any(
-            not h.cancelled for h in self._waiting))
-        return not more
+    def _decodes(self, tokens: int, limit: int, nxt: int | None) -> bool:
+        """Whether a step that prefills ``tokens`` goes on to decode: yes unless the next
+        prefill (``nxt`` tokens: a waiting prompt that can join, or the long prompt's next
+        chunk) still fits in the running rows' wait of ``limit``; then their tokens come after
+        it (vLLM v0's prefill-first scheduling, bounded as chunked prefill bounds it)."""
+        return not tokens or nxt is None or self._stalled + tokens + nxt > limit
 
     def _order(self) -> list[tuple[Handle, int]]:
         """The waiting requests and their uncached prompt tokens in the order they may join:

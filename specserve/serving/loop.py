@@ -18,9 +18,9 @@ sender (``tests/serving/test_loop.py``).
 Policy (in-flight batching, :class:`~specserve.runtime.scheduler.Scheduler`):
 
 - **intake**: everything queued goes to the scheduler between steps (here, and from the
-  scheduler's ``intake`` hook at the start of each ``schedule()``); it is prefilled first in the
-  next step and runs from the step after; a ``None`` in the queue stops the loop once nothing
-  is left.
+  scheduler's ``intake`` hook at the start of each ``schedule()``); the scheduler prefills it,
+  shortest prompt first, before the running rows' next token where their wait allows; a
+  ``None`` in the queue stops the loop once nothing is left.
 - **backpressure**: while the scheduler holds ``max_pending`` requests (waiting + running),
   nothing more is taken: requests stay in the model's bounded queue, and past its bound the
   model answers "server busy".

@@ -46,8 +46,9 @@ def test_k0_steps_make_a_backlog_its_catch_up_timed_apart(tiny_models: TinyModel
 
 
 def test_the_backlog_follows_rows_that_join_and_leave(tiny_models: TinyModels) -> None:
-    """In flight: two rows join (no backlog), the second falls five tokens beyond the usual two behind, the first
-    leaves (the second moves into its row): the backlog is still the second row's five."""
+    """In flight: two rows join (no backlog), the second falls five tokens beyond the usual
+    two behind, the first leaves (the second moves into its row): the backlog is still the
+    second row's five."""
     prop = DraftModelProposer(tiny_models.draft, max_draft_len=2)
     prop.reserve(3, 64)
     prompts = [PROMPT, [20, 21, 22]]

@@ -228,32 +228,56 @@ def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_batch_runs(
 
 
 def test_running_rows_wait_at_most_the_token_budget_for_a_burst(
-        tiny_models: TinyModels) -> None:
-    """prefill_chunk 12, a request generating: of four 7-, 2-, 9- and 4-token prompts arriving
-    together, the first step prefills the shortest, 2 + 4, and no decode follows (more wait,
-    the running row has waited 6 of its 12); the 7 would take it to 13, so the next step only
-    decodes; then the 7 (a wait of 7), a decode, the 9 with a decode (nothing left to wait
-    for). The running request never waits more than 12 prompt tokens for a token."""
+        tiny_models: TinyModels, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prefill_chunk 12, one 4-token forward a step, a request generating: of four 7-, 2-, 9-
+    and 4-token prompts arriving together, the first step prefills the 2 and does not decode
+    (the 4 fits in the running row's wait of 12 still); the next the 4 and decodes (the 7
+    would take the wait to 13); then the 7 with a decode, the 9 with a decode. The running
+    request waits at most 12 prompt tokens for a token, and no step only decodes."""
+    import specserve.runtime.scheduler as scheduler
+    monkeypatch.setattr(scheduler, "GROUP_TOKENS", 4)
     sch = Scheduler(SpecDecoder(tiny_models.target), 6, max_len=64, prefill_chunk=12)
     run = sch.submit([20, 21], SamplingParams(max_tokens=30))
     sch.step()
     assert run.row is not None and len(run.row.out[0]) == 2  # generating: it has decoded
-    burst = [sch.submit(p, SamplingParams(max_tokens=6))
-             for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100]]
+    burst = [sch.submit(p, SamplingParams(max_tokens=6)) for p in prompts]
     joined, ran = [], []
-    for _ in range(5):
+    for _ in range(4):
         before = len(run.row.out[0])
         sch.step()
         ran.append(len(run.row.out[0]) - before)
         joined.append([h.row is not None for h in burst])
-    assert ran == [0, 1, 0, 1, 1]
-    assert joined == [[False, True, False, True], [False, True, False, True],
-                      [True, True, False, True], [True, True, False, True], [True] * 4]
+    assert ran == [0, 1, 1, 1]
+    assert joined == [[False, True, False, False], [False, True, False, True],
+                      [True, True, False, True], [True] * 4]
     sch.run_until_idle()
     alone = SpecDecoder(tiny_models.target)
     assert [h.result.token_ids for h in burst if h.result] == [
-        alone.generate([p], SamplingParams(max_tokens=6))[0].token_ids
-        for p in ([5, 6, 7, 8, 9, 10, 11], [20, 21], [9] * 9, [7, 100, 7, 100])]
+        alone.generate([p], SamplingParams(max_tokens=6))[0].token_ids for p in prompts]
+
+
+def test_a_long_prompts_next_chunk_counts_as_waiting_prefill(
+        tiny_models: TinyModels, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prefill_chunk 4, IDLE_PREFILL_TOKENS 16: a 2-token and a 20-token prompt (over 16:
+    chunked) arrive at an idle engine. The 2 joins with the first chunk and does not decode
+    while the next chunk fits in its wait of 16 (6, then 10 tokens); the third chunk would
+    take it past 16, so that step decodes; from then on the 2 is generating (a wait of 4) and
+    every step decodes, the last piece joining at the fifth."""
+    import specserve.runtime.scheduler as scheduler
+    monkeypatch.setattr(scheduler, "IDLE_PREFILL_TOKENS", 16)
+    sch = Scheduler(SpecDecoder(tiny_models.target), 4, max_len=64, prefill_chunk=4)
+    short = sch.submit([20, 21], SamplingParams(max_tokens=6))
+    long = sch.submit(list(range(30, 50)), SamplingParams(max_tokens=6))  # 20 > 16: chunked
+    counts = []
+    for _ in range(5):
+        sch.step()
+        counts.append((len(short.row.out[0]) if short.row else 0, long.row is not None))
+    assert counts == [(1, False), (1, False), (2, False), (3, False), (4, True)]
+    sch.run_until_idle()
+    alone = SpecDecoder(tiny_models.target)
+    assert long.result is not None and long.result.token_ids == alone.generate(
+        [list(range(30, 50))], SamplingParams(max_tokens=6))[0].token_ids
 
 
 def test_a_prompt_arriving_between_prefill_forwards_goes_ahead_of_longer_ones(
