@@ -44,7 +44,7 @@ from dataclasses import replace
 from specserve.errors import SpecserveError
 from specserve.runtime.batch import Batch
 from specserve.runtime.decoder import SpecDecoder
-from specserve.runtime.kv_pool import BLOCK_SIZE, ROOT_HASH, KVEvent, chain_hashes
+from specserve.runtime.kv_pool import BLOCK_SIZE, KVEvent
 from specserve.runtime.params import SamplingParams
 from specserve.runtime.plan import (
     Chunk,
@@ -54,8 +54,8 @@ from specserve.runtime.plan import (
     OnTokens,
     StepOutput,
     StepPlan,
-    Store,
 )
+from specserve.runtime.prefix_blocks import cached_blocks, plan_stores, release_blocks
 from specserve.runtime.runner import GROUP_TOKENS, ModelRunner
 
 __all__ = ["Handle", "OnDone", "OnTokens", "Scheduler"]
@@ -82,7 +82,8 @@ class Scheduler:
     kv_pool`, blocks of ``block_size`` tokens; ``on_event`` hears of blocks stored and
     removed): a newcomer whose prompt starts with cached full blocks gets them copied into its
     row and prefills only the rest; a row's prompt blocks are stored the step after its
-    prefill, the blocks it generated when it leaves (:meth:`_stores`)."""
+    prefill, the blocks it generated when it leaves
+    (:func:`~specserve.runtime.prefix_blocks.plan_stores`)."""
 
     def __init__(self, decoder: SpecDecoder, capacity: int, max_len: int,
                  prefill_chunk: int = 256, intake: Callable[[], None] | None = None,
@@ -170,9 +171,9 @@ class Scheduler:
             if h.cancelled:
                 self._remove(h)
                 self._finish(h, h.state(), "cancelled")
-        store = self._stores()
+        store = plan_stores(self.kv, self._prev, {id(h) for h in self._gone})
         for h in self._gone:  # after their last blocks are planned
-            self._release(h)
+            release_blocks(self.kv, h)
         self._gone = []
         evict, self._leaving = tuple(self._leaving), []
         n = len(self.running)
@@ -276,7 +277,7 @@ class Scheduler:
                 else:
                     out.append(h)
                     budget -= size
-                    cut = self._cached(h)
+                    cut = cached_blocks(self.kv, h)
                     if cut:
                         assert self.kv is not None
                         self.kv.acquire(cut)
@@ -320,66 +321,13 @@ class Scheduler:
         if self.capacity - len(self.running) - (self._long is not None) <= 0:
             return [(h, 0) for h in self._waiting]
         bs = 0 if self.kv is None else self.kv.block_size
-        sized = [(h, len(h.prompt) - len(self._cached(h, False)) * bs) for h in self._waiting]
+        sized = [(h, len(h.prompt) - len(cached_blocks(self.kv, h, False)) * bs)
+                 for h in self._waiting]
         return sorted(sized, key=lambda hs: (0, 0) if hs[0].passed >= PASS_LIMIT else (1, hs[1]))
 
     def _uncached(self, h: Handle) -> int:
         """Prompt tokens ``h``'s prefill runs (those after its cached blocks)."""
         return len(h.prompt) - len(h.blocks) * (0 if self.kv is None else self.kv.block_size)
-
-    def _cached(self, h: Handle, count: bool = True) -> list[int]:
-        """The pool blocks of ``h``'s prompt's longest cached full-block prefix (its last
-        token is always prefilled: its logits give the first token); ``count``: in the prefix
-        cache's hit rate (a request that joins)."""
-        if self.kv is None:
-            return []
-        bs = self.kv.block_size
-        if not h.hashes:
-            h.hashes = chain_hashes(h.prompt, bs, limit=(len(h.prompt) - 1) // bs)
-        return self.kv.match(h.hashes[:(len(h.prompt) - 1) // bs], count)
-
-    def _stores(self) -> list[Store]:
-        """The full blocks of the runner's rows (as the last plan left them) that are not in
-        the prefix cache yet: every position before a row's last two tokens is in its K/V
-        and in the proposer's state (the draft model feeds a token one step late). A running
-        row stores its prompt's blocks (the step after its prefill: what a concurrent request
-        with the same prefix can reuse); the blocks it generates go in one store when it
-        leaves (what the next turn of a conversation resends). Storing each block as it
-        filled cost 6-8% of tok/s at c = 8-16 when nothing was reused (docs/results.md, "How
-        much memory?")."""
-        if self.kv is None:
-            return []
-        out = []
-        bs = self.kv.block_size
-        leaving = {id(h) for h in self._gone}
-        for i, h in enumerate(self._prev):
-            if h.row is None:
-                continue
-            seq = h.row.seqs[0]
-            upto = max(len(seq) - 2, 0) // bs
-            if id(h) not in leaving:
-                upto = min(upto, len(h.prompt) // bs)
-            if upto <= h.stored:
-                continue
-            have = len(h.hashes)
-            if have < upto:
-                h.hashes += chain_hashes(seq[have * bs:upto * bs], bs,
-                                         parent=h.hashes[-1] if have else ROOT_HASH)
-            lo = h.stored
-            got = self.kv.store(h.hashes[lo:upto], h.hashes[lo - 1] if lo else None,
-                                seq[lo * bs:upto * bs])
-            h.blocks += [b for b, _ in got]
-            h.stored += len(got)
-            new = tuple((lo + k, b) for k, (b, fresh) in enumerate(got) if fresh)
-            if new:
-                out.append(Store(i, new))
-        return out
-
-    def _release(self, h: Handle) -> None:
-        """``h`` left: its blocks stay cached, free to evict."""
-        if self.kv is not None and h.blocks:
-            self.kv.release(h.blocks)
-        h.blocks = []
 
     def _next_chunk(self) -> tuple[Chunk | None, Handle | None]:
         """The long prompt's next chunk, or (its rest fits one chunk) the prompt itself, to
