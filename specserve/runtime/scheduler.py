@@ -139,8 +139,12 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
+        """Nothing to run: no request running, waiting or in chunked prefill, and no leaver
+        whose blocks are still to be stored and released (that step runs before a loop waits
+        for the next request, not in that request's first step)."""
         with self._lock:
-            return not self.running and not self._waiting and self._long is None
+            return not (self.running or self._waiting or self._long is not None
+                        or self._leaving or self._gone)
 
     def step(self) -> bool:
         """Schedule, run (the newcomers' prefill, then the speculative step), update after

@@ -694,3 +694,21 @@ def test_with_every_slot_taken_the_waiting_prompts_are_not_looked_up(
     del sch.kv.match
     sch.run_until_idle()
     assert all(h.result is not None for h in waiting)
+
+
+def test_a_leavers_blocks_are_stored_before_the_scheduler_is_idle(
+        tiny_models: TinyModels) -> None:
+    """With a prefix cache (blocks of 4): a request that finished leaves its generated blocks
+    to store and its row to evict; the scheduler is not idle until a step has done that, so a
+    serving loop does it before waiting for the next request, not in that request's first
+    step (its time to first token)."""
+    sch = Scheduler(SpecDecoder(tiny_models.target), 2, max_len=64,
+                    prefix_cache_bytes=1 << 24, block_size=4)
+    h = sch.submit([5, 6, 7, 8, 9, 10, 11, 12, 13], SamplingParams(max_tokens=12))
+    while h.result is None:
+        sch.step()
+    assert sch.kv is not None and sch.kv.cached == 2  # the prompt's blocks only, so far
+    assert not sch.idle
+    assert sch.step()  # stores the generated blocks, evicts the row
+    assert sch.kv.cached == 4 and sch.kv.in_use == 0
+    assert sch.idle and not sch.step()
