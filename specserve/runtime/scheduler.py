@@ -181,6 +181,8 @@ class Scheduler:
         self._gone = []
         evict, self._leaving = tuple(self._leaving), []
         n = len(self.running)
+        if not n:  # no row waits on a decode phase
+            self._stalled = 0
         limit = self._wait_limit()
         new, taken, nxt = self._take(limit)
         new.sort(key=self._uncached)  # shortest first: the step's forwards emit in this order
@@ -258,8 +260,6 @@ class Scheduler:
         it meanwhile. Also the prompt tokens taken and the fewest a waiting request left
         behind could prefill next (None: none can join, no slot or none waiting)."""
         cancelled: list[Handle] = []
-        if not self.running:  # no row waits on a decode phase
-            self._stalled = 0
         room = limit - self._stalled
         nxt: int | None = None
         with self._lock:
