@@ -69,7 +69,10 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
 
 def _jsonl(p: Path, text: str) -> list[Prompt]:
     out = []
-    for i, line in enumerate(text.splitlines(), 1):
+    # JSON Lines end lines at "\n" only: str.splitlines() also splits at U+2028, U+0085...,
+    # which a JSON string may hold raw (dump_jsonl writes ensure_ascii=False); "\r" of CRLF
+    # is JSON whitespace
+    for i, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         where = f"{p}:{i}"

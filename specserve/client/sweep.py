@@ -133,7 +133,8 @@ def _records(out: Path) -> tuple[RequestRecord, ...]:
     path = out / "requests.jsonl"
     if not path.exists():
         return ()
-    return tuple(RequestRecord.from_dict(json.loads(x)) for x in path.read_text().splitlines())
+    return tuple(RequestRecord.from_dict(json.loads(x))
+                 for x in path.read_text().split("\n") if x.strip())
 
 
 RunPhase = Callable[[BenchmarkConfig], dict[str, Any]]

@@ -167,7 +167,7 @@ def read_data_file(path: Path) -> list[str]:
     if path.suffix != ".jsonl":
         return [raw]
     texts = []
-    for i, line in enumerate(raw.splitlines(), 1):
+    for i, line in enumerate(raw.split("\n"), 1):  # JSON Lines: not at U+2028 (splitlines)
         if not line.strip():
             continue
         try:

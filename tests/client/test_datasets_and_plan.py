@@ -9,7 +9,7 @@ import pytest
 
 from specserve.client.benchmark import plan_jobs, poisson_arrivals
 from specserve.client.builtin_prompts import builtin_code_prompts
-from specserve.client.datasets import load_jsonl, load_prompts
+from specserve.client.datasets import dump_jsonl, load_jsonl, load_prompts
 from specserve.client.prompt import Prompt
 from specserve.errors import SpecserveError
 
@@ -83,3 +83,15 @@ def test_poisson_arrivals_have_the_requested_rate() -> None:
     assert abs(gaps.mean() - 0.125) < 0.01
     assert abs(gaps.std() - 0.125) < 0.015  # exponential: std == mean
     assert t == poisson_arrivals(4000, rate=8.0, seed=7)
+
+
+def test_jsonl_lines_end_at_newline_only(tmp_path: Path) -> None:
+    """A string holding U+2028 / U+2029 / U+0085 raw (valid JSON; dump_jsonl writes them so) is
+    one record, not split where str.splitlines() would split it."""
+    prompts = [Prompt("a\u2028b\u2029c\x85d"), Prompt("second", 3)]
+    f = tmp_path / "u.jsonl"
+    f.write_text(dump_jsonl(prompts), encoding="utf-8")
+    assert "\u2028" in f.read_text(encoding="utf-8")  # written raw, not escaped
+    assert load_jsonl(f) == prompts
+    f.write_bytes(dump_jsonl(prompts).replace("\n", "\r\n").encode())  # CRLF too
+    assert load_jsonl(f) == prompts

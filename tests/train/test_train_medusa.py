@@ -110,3 +110,13 @@ def test_demo_model_rejects_a_bad_budget(tmp_path: Path) -> None:
     assert code == 2 and "--minutes must be > 0" in text
     assert not (tmp_path / "d").exists()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_data_file_lines_end_at_newline_only(tmp_path: Path) -> None:
+    """A JSONL text holding U+2028 raw is one record (str.splitlines() would cut it in two)."""
+    from specserve.train.medusa_train import read_data_file
+
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\n"
+                 + json.dumps({"text": "c"}) + "\n", encoding="utf-8")
+    assert read_data_file(f) == ["a\u2028b", "c"]
