@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from specserve.runtime import cpu_attention, cpu_layer
+from specserve.runtime import cpu_attention, cpu_layer, prefill_attention
 from specserve.runtime.cpu_linear import Linear, linear
 from specserve.runtime.kvcache import KVCache, StepInputs
 from specserve.runtime.model_config import ModelConfig
@@ -102,9 +102,13 @@ def rows(layers: Sequence[BlockLike], norm: Weighted, cfg: ModelConfig, x: torch
 def attend(q: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
            st: StepInputs) -> torch.Tensor:
     """Attention of q [B, nh, T, D] over the cache (new keys already written): [B, T, nh D],
-    by the CPU kernel where ``st.rows`` is set, else SDPA with ``st.mask``."""
+    by the CPU kernel where ``st.rows`` is set, a long prefill's by query blocks
+    (:mod:`specserve.runtime.prefill_attention`), else SDPA with ``st.mask``."""
     if st.rows is not None:
         return cpu_attention.attend(q, kbuf, vbuf, st.rows)
+    if st.past is not None and prefill_attention.usable(q):
+        out = prefill_attention.attend(q, kbuf, vbuf, st.past)  # [B, nh, T, D]
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
     out = F.scaled_dot_product_attention(
         q, kbuf[:, :, st.start:st.span], vbuf[:, :, st.start:st.span], attn_mask=st.mask,
         enable_gqa=q.shape[1] != kbuf.shape[1])  # [B, nh, T, D]

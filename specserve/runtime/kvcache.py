@@ -126,6 +126,9 @@ class StepInputs:
     mask: torch.Tensor | None  # [B, 1, T, span - start] bool, None when every key is visible
     start: int = 0  # keys before it are not attended (a windowed draft: Transformer.run)
     rows: KeyRows | None = None  # set: the CPU kernel attends (runtime/cpu_attention.py), no mask
+    # set: every row's new token i sees keys 0 .. past + i, what ``mask`` says (a chain at one
+    # offset: a prefill); long ones take runtime/prefill_attention.py
+    past: int | None = None
 
 
 class RopeModel(nn.Module):
@@ -199,7 +202,8 @@ class RopeModel(nn.Module):
             mask = step_mask(lengths, node_mask, span)
         if start and mask is not None:
             mask = mask[..., start:]
-        return StepInputs(cos, sin, write, span, mask, start)
+        past = lens[0] if causal and t > 1 and not start else None
+        return StepInputs(cos, sin, write, span, mask, start, past=past)
 
     def level_inputs(self, cache: KVCache, pos: int, first_slot: int,
                      visible: torch.Tensor) -> StepInputs:

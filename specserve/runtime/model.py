@@ -147,12 +147,8 @@ def _attention(x: torch.Tensor, a: Attention, kbuf: torch.Tensor, vbuf: torch.Te
         rows = torch.arange(b, device=x.device)[:, None]
         kbuf[rows, :, st.write] = k
         vbuf[rows, :, st.write] = v
-    if st.rows is not None:  # each row over its own keys (runtime/cpu_attention.py)
-        return linear(cpu_attention.attend(q, kbuf, vbuf, st.rows), a.o)
-    out = F.scaled_dot_product_attention(
-        q, kbuf[:, :, st.start:st.span], vbuf[:, :, st.start:st.span], attn_mask=st.mask,
-        enable_gqa=nh != nkv)  # [B, nh, T, D]
-    return linear(out.transpose(1, 2).reshape(b, t, nh * hd), a.o)
+    # the CPU kernel (each row over its own keys), a long prefill by blocks, or SDPA
+    return linear(cpu_forward.attend(q, kbuf, vbuf, st), a.o)  # attend: [B, T, nh D]
 
 
 def _block(x: torch.Tensor, blk: Block, kbuf: torch.Tensor, vbuf: torch.Tensor,
