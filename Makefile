@@ -347,7 +347,7 @@ real-model: setup $(REAL_MODEL)/specserve_import.json
 
 # make test-real: the tests marked `real_model` (the imported SmolLM2 against transformers' own
 # GGUF load and HF generate(); minutes, one thread)
-test-real: real-model
+test-real: real-model real-prompts
 	SPECSERVE_REAL_MODEL=$(REAL_MODEL) SPECSERVE_REAL_GGUF=$(REAL_GGUF) \
 	  $(BIN)/python -m pytest -q -m real_model $(PYTEST_ARGS)
 
