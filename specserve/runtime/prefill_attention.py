@@ -12,7 +12,7 @@ an online one. With grouped-query attention (Ainslie et al., 2023) the ``nh / nk
 of one key head share its GEMM.
 
 Measured on SmolLM2-135M (9 query heads over 3 key heads, head dim 64; one thread, 16 cached
-tokens; ``benchmarks/prefill_attention.py``, 2026-12-07, loaded 2-core Xeon): one layer's
+tokens; ``benchmarks/prefill_attention.py``, 2026-12-07, 2-core AMD EPYC): one layer's
 attention 0.64-0.74x SDPA's at 512 new tokens, 0.66-0.97x at 256, 0.85-1.05x at 128; whole
 prefill forwards 0.94x at 512, 0.96-0.99x at 256, 0.99x at 160, 1.02-1.04x at 128 (the linears
 are most of it), so it is used from :data:`MIN_NEW` new tokens. Float32 on the CPU only,
