@@ -128,4 +128,5 @@ def layer_weights(layers: Sequence[BlockLike]) -> list[cpu_layer.LayerWeights]:
     return [cpu_layer.LayerWeights(
         blk.attn_norm.weight, blk.attn.qkv.weight, blk.attn.qkv.bias, blk.attn.o.weight,
         blk.attn.o.bias, blk.mlp_norm.weight, blk.gate_up.weight, blk.gate_up.bias,
-        blk.down.weight, blk.down.bias) for blk in layers]
+        blk.down.weight, blk.down.bias, blk.attn.qkv.panels, blk.attn.o.panels,
+        blk.gate_up.panels, blk.down.panels) for blk in layers]

@@ -33,13 +33,15 @@ ENV = "SPECSERVE_CPU_LAYER"  # "off" (or 0/false): the ATen ops
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "layer_rows.c", CSRC / "linear_rows.c", CSRC / "attn_rows.c")
 MAX_HEAD_DIM = 256  # the RoPE loop's scratch
-LAYER_FIELDS = 18  # int64 addresses and strides per layer in layer_table (layer_rows.c's enum)
+LAYER_FIELDS = 22  # int64 addresses and strides per layer in layer_table (layer_rows.c's enum)
 
 
 @dataclass(frozen=True)
 class LayerWeights:
     """One decoder layer's tensors as :func:`layer_table` reads them: norm weights [H], linear
-    weights [N, K] (row-major, contiguous) and their biases (None: none)."""
+    weights [N, K] (row-major, contiguous), their biases (None: none) and the same weights as
+    panels (:func:`specserve.runtime.cpu_linear.to_panels`; None: none, the row-major one is
+    read)."""
 
     attn_norm: torch.Tensor
     qkv: torch.Tensor
@@ -51,6 +53,10 @@ class LayerWeights:
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor
     down_bias: torch.Tensor | None
+    qkv_panels: torch.Tensor | None = None
+    o_panels: torch.Tensor | None = None
+    gate_up_panels: torch.Tensor | None = None
+    down_panels: torch.Tensor | None = None
 
 
 _loaded: list[ctypes.CDLL | None] = []  # [] until first asked
@@ -142,18 +148,31 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def panel_width() -> int:
+    """Output columns per panel this library's linears read (``csrc/linear_rows.c``; 0: none)."""
+    lib = _kernel()
+    return 0 if lib is None else int(lib.specserve_panel_width())
+
+
 def layer_table(weights: Sequence[LayerWeights], k: Sequence[torch.Tensor],
                 v: Sequence[torch.Tensor]) -> torch.Tensor:
     """The int64 table [L, LAYER_FIELDS] :func:`layers` reads: each layer's weight and bias
-    addresses, its K / V cache buffers k[i], v[i] [B, nkv, S, D] (D contiguous) and their
-    strides. Every weight float32; linear weights row-major with contiguous rows."""
+    addresses, its panels' (those of another width than this library's read as none), its K /
+    V cache buffers k[i], v[i] [B, nkv, S, D] (D contiguous) and their strides. Every weight
+    float32; linear weights row-major with contiguous rows."""
+    width = panel_width()
+
+    def panels(t: torch.Tensor | None) -> int:
+        return _ptr(t) if t is not None and t.shape[-1] == width else 0
     rows = []
     for w, kb, vb in zip(weights, k, v, strict=True):
         assert kb.stride(-1) == 1 and vb.stride(-1) == 1
         rows.append([w.attn_norm.data_ptr(), w.qkv.data_ptr(), _ptr(w.qkv_bias), w.o.data_ptr(),
                      _ptr(w.o_bias), w.mlp_norm.data_ptr(), w.gate_up.data_ptr(),
                      _ptr(w.gate_up_bias), w.down.data_ptr(), _ptr(w.down_bias),
-                     kb.data_ptr(), vb.data_ptr(), *kb.stride()[:3], *vb.stride()[:3]])
+                     panels(w.qkv_panels), panels(w.o_panels), panels(w.gate_up_panels),
+                     panels(w.down_panels), kb.data_ptr(), vb.data_ptr(), *kb.stride()[:3],
+                     *vb.stride()[:3]])
     return torch.tensor(rows, dtype=torch.int64).reshape(-1, LAYER_FIELDS)
 
 

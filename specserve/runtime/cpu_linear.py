@@ -59,12 +59,21 @@ class Linear(nn.Linear):
 
     multi_row: torch.Tensor | None = None
     few_rows: bool = False  # set by lay_out: up to MAX_ROWS rows take the kernel (row-major)
+    panels: torch.Tensor | None = None  # set by lay_out: the float32 weight as panels
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A new ``weight`` (a tied LM head, a reload) drops the copies made of the old one."""
+        if name == "weight" and self.__dict__.get("_parameters", {}).get("weight") is not value:
+            self.__dict__["multi_row"] = None  # plain attributes: no Module bookkeeping
+            self.__dict__["panels"] = None
+        super().__setattr__(name, value)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Linear:
         """``.to()``, ``.float()``...: back to a plain dense weight first (the prepacked forms
         are redone by :func:`lay_out`)."""
         self.multi_row = None
         self.few_rows = False
+        self.panels = None
         if self.weight.is_mkldnn:
             self.weight = nn.Parameter(self.weight.to_dense(), requires_grad=False)
         super()._apply(fn, recurse)
@@ -84,7 +93,7 @@ def linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
     the few-row kernel where :func:`lay_out` chose it and the call qualifies (:func:`usable`)."""
     w = lin.weight
     if lin.few_rows and x.numel() <= MAX_ROWS * x.shape[-1] and usable(x):
-        return rows_linear(x, w, lin.bias)
+        return rows_linear(x, w, lin.bias, lin.panels)
     if not w.is_mkldnn and lin.multi_row is not None and x.numel() > x.shape[-1]:
         w = lin.multi_row
     if w.is_mkldnn:
@@ -103,13 +112,16 @@ def can_prepack(dtype: torch.dtype) -> bool:
 
 
 def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes: int = 1 << 30,
-            multi_row_min: int = MULTI_ROW_MIN, shared: Sequence[Linear] = ()) -> None:
+            multi_row_min: int = MULTI_ROW_MIN, shared: Sequence[Linear] = (),
+            panel_limit_bytes: int = 1 << 30) -> None:
     """Lay CPU weights out for decoding, in place (same values).
 
     Where the few-row kernel serves ``dtype`` (:func:`uses_kernel`): every weight row-major
-    and contiguous for it (up to :data:`MAX_ROWS` rows), and in float32 the prepacked copies
-    below for more rows; ``shared`` (weights that must keep their layout, a tied LM head) take
-    the kernel too where already row-major. Otherwise bfloat16: every weight prepacked;
+    and contiguous for it (up to :data:`MAX_ROWS` rows), and in float32 a copy as panels
+    (:func:`to_panels`, which the kernel reads faster where built) while they total at most
+    ``panel_limit_bytes``, and the prepacked copies below for more rows; ``shared`` (weights
+    that must keep their layout, a tied LM head) take the kernel too where already row-major,
+    and panels. Otherwise bfloat16: every weight prepacked;
     float32: column-major, plus a prepacked multi-row copy of each weight with more than
     ``multi_row_min`` elements while all of them total at most ``multi_row_limit_bytes`` (the
     copy doubles their memory). Other dtypes: unchanged. Idempotent."""
@@ -117,6 +129,7 @@ def lay_out(linears: Sequence[Linear], dtype: torch.dtype, multi_row_limit_bytes
     if uses_kernel(dtype):
         _lay_out_rows(todo, shared)
         if dtype == torch.float32:
+            _panel_copies([*todo, *(lin for lin in shared if lin.few_rows)], panel_limit_bytes)
             _prepack_copies(todo, multi_row_limit_bytes, multi_row_min)
     elif dtype == torch.bfloat16 and can_prepack(dtype):
         for lin in todo:
@@ -151,6 +164,35 @@ def _prepack_copies(linears: Sequence[Linear], limit: int, multi_row_min: int) -
                 lin.multi_row = prepack(lin.weight)
 
 
+def _panel_copies(linears: Sequence[Linear], limit: int) -> None:
+    """Panels (:func:`to_panels`) of every float32 weight of ``linears`` where the kernel has
+    them, if they total at most ``limit`` bytes."""
+    width = panel_width()
+    todo = [lin for lin in linears if lin.panels is None and lin.weight.dtype == torch.float32]
+    if width and sum(lin.weight.numel() * 4 for lin in todo) <= limit:
+        for lin in todo:
+            lin.panels = to_panels(lin.weight, width)
+
+
+def panel_width() -> int:
+    """Output columns per panel of the built kernel (16 with AVX-512, 8 with AVX2); 0: none."""
+    kernels = _kernel()
+    return 0 if kernels is None else kernels.width
+
+
+def to_panels(w: torch.Tensor, width: int) -> torch.Tensor:
+    """Float32 ``w`` [N, K] as the kernel's panels [G, K, width]: ``p[g, k, j] = w[g width +
+    j, k]``, zero beyond N, G a multiple of the kernel's pad (``csrc/linear_rows.c``)."""
+    n, k = w.shape
+    kernels = _kernel()
+    pad = 1 if kernels is None else kernels.pad
+    groups = -(-n // (width * pad)) * pad
+    p = torch.zeros(groups * width, k)  # [G width, K]
+    with torch.no_grad():
+        p[:n] = w
+    return p.view(groups, width, k).transpose(1, 2).contiguous()  # [G, K, width]
+
+
 def _lay_out_rows(linears: Sequence[Linear], shared: Sequence[Linear]) -> None:
     """Row-major contiguous weights (undoing a column-major layout), marked for the kernel."""
     with torch.no_grad():
@@ -174,10 +216,12 @@ def usable(x: torch.Tensor) -> bool:
             and torch.get_num_threads() == 1 and _kernel() is not None)
 
 
-def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                panels: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, bias)`` by the few-row kernel: x [..., K] (at most :data:`MAX_ROWS`
     rows in all) and w [N, K] with contiguous rows, both float32 or both bfloat16 (summed in
-    float32, rounded to bfloat16 once at the end, as ``F.linear``), bias [N] or None."""
+    float32, rounded to bfloat16 once at the end, as ``F.linear``), bias [N] or None; read from
+    ``panels`` (:func:`to_panels` of a float32 w) where given."""
     kernels = _kernel()
     assert kernels is not None, "cpu_linear.rows_linear without cpu_linear.usable"
     n, k = w.shape
@@ -188,18 +232,29 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> 
     assert m <= MAX_ROWS and w.stride(-1) == 1 and w.dtype == x.dtype
     out = torch.empty(m, n)  # [M, N] float32
     b = None if bias is None else bias.float().contiguous()
-    fn = kernels.bf16 if w.dtype == torch.bfloat16 else kernels.f32
-    fn(x2.data_ptr(), x2.stride(0), w.data_ptr(), w.stride(0),
-       None if b is None else b.data_ptr(), out.data_ptr(), n, m, n, k)
+    if panels is not None and x2.dtype == torch.float32:
+        rc = kernels.panels(x2.data_ptr(), x2.stride(0), panels.data_ptr(),
+                            None if b is None else b.data_ptr(), out.data_ptr(), n, m, n, k)
+        if rc == 1:
+            raise MemoryError("cpu_linear: the panel kernel's scratch allocation failed")
+    else:
+        fn = kernels.bf16 if w.dtype == torch.bfloat16 else kernels.f32
+        fn(x2.data_ptr(), x2.stride(0), w.data_ptr(), w.stride(0),
+           None if b is None else b.data_ptr(), out.data_ptr(), n, m, n, k)
     return out.view(*x.shape[:-1], n).to(x.dtype)
 
 
 @dataclass(frozen=True)
 class Kernels:
-    """The library's entry points: float32 and bfloat16 x and weights (float32 bias, y)."""
+    """The library's entry points: float32 and bfloat16 x and weights (float32 bias, y), and
+    float32 weights as panels (``width`` output columns each, their count a multiple of
+    ``pad``; width 0: no panel kernel on this CPU)."""
 
     f32: Callable[..., int]
     bf16: Callable[..., int]
+    panels: Callable[..., int]
+    width: int
+    pad: int
 
 
 _loaded: list[Kernels | None] = []  # [] until first asked
@@ -223,7 +278,11 @@ def bind(lib: ctypes.CDLL) -> Kernels:
                        ctypes.c_int]
         fn.restype = ctypes.c_int
         fns.append(fn)
-    return Kernels(*fns)
+    panels: Any = lib.specserve_linear_panels_f32
+    panels.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    panels.restype = ctypes.c_int
+    return Kernels(fns[0], fns[1], panels, int(lib.specserve_panel_width()),
+                   int(lib.specserve_panel_pad()))
 
 
 def build(out_dir: Path | None = None) -> Path:

@@ -208,7 +208,8 @@ class Transformer(RopeModel):
             tied = [m for m in lins if m.weight is self.embed.weight]
             lay_out([m for m in lins if m not in tied], self.dtype, multi_row_limit_bytes,
                     multi_row_min, shared=tied)
-            move_to_huge_pages([m.weight for m in lins])  # every step streams them
+            move_to_huge_pages([t for m in lins for t in (m.panels, m.weight)
+                                if t is not None])  # every step streams them
             self._fusable = None
         return self
 

@@ -112,6 +112,58 @@ def test_each_code_path_equals_f_linear(variant: str) -> None:
                 _check_bf16(x.bfloat16(), w.bfloat16(), b.bfloat16())
 
 
+def test_each_code_path_reads_panels(variant: str) -> None:
+    """The panel kernel where built (AVX-512: 16 columns a panel; none with AVX2 or plain C):
+    every row count 1..MAX_ROWS (each its own tile shape), odd shapes (N not a multiple of the
+    panel or of the widest tile, K odd), bias and not."""
+    width = cpu_linear.panel_width()
+    avx512 = {b"avx512f", b"avx512dq"} <= set(native_build.cpu_flags().split())
+    assert width == (16 if avx512 and variant not in ("plain", "avx2") else 0)
+    if not width:
+        return
+    for n, k in SHAPES:
+        for m in range(1, MAX_ROWS + 1):
+            x, w, b = _inputs(m, n, k, m % 2 == 0, seed=n + k + m)
+            with torch.inference_mode():
+                _check(rows_linear(x, w, b, cpu_linear.to_panels(w, width)), x, w, b)
+
+
+@needs_kernel
+def test_panels_layout() -> None:
+    """p[g, k, j] = w[g W + j, k], zero beyond N, the panel count a multiple of the pad; strided
+    rows of x read as they are."""
+    width, pad = cpu_linear.panel_width(), cpu_linear._kernel().pad  # type: ignore[union-attr]
+    w = torch.randn(37, 5)
+    p = cpu_linear.to_panels(w, 8)
+    assert p.shape == (-(-37 // (8 * pad)) * pad, 5, 8) and p.is_contiguous()
+    assert torch.equal(p[2, :, 3], w[19]) and torch.equal(p[4, :, 4], w[36])
+    assert not p[4, :, 5:].any() and not p[5:].any()
+    if width:
+        wide = torch.randn(6, 2 * 57)
+        x = wide[:, ::2]  # [6, 57], rows 114 apart, last dim stride 2
+        w = torch.randn(30, 57)
+        with torch.inference_mode():
+            _check(rows_linear(x, w, None, cpu_linear.to_panels(w, width)), x, w, None)
+
+
+@needs_kernel
+def test_lay_out_makes_panels_and_a_new_weight_drops_them() -> None:
+    """float32 weights get panels within the budget (none beyond it); assigning another weight
+    (a tied LM head) drops the copies of the old one, so that no stale copy is ever read."""
+    lin = Linear(64, 48)
+    lay_out([lin], torch.float32, panel_limit_bytes=64 * 48 * 4)
+    width = cpu_linear.panel_width()
+    assert (lin.panels is not None) == bool(width)
+    if width:
+        assert lin.panels is not None
+        assert torch.equal(lin.panels, cpu_linear.to_panels(lin.weight, width))
+    lin.weight = torch.nn.Parameter(torch.randn(48, 64), requires_grad=False)
+    assert lin.panels is None and lin.multi_row is None
+    other = Linear(64, 48)
+    lay_out([other], torch.float32, panel_limit_bytes=64 * 48 * 4 - 1)
+    assert other.panels is None and other.few_rows
+
+
 def _check_bf16(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
     """bfloat16: the float32 linear of the same bfloat16 values, rounded once to bfloat16 (half
     an ulp, 2^-9 relative, allowed a whole one) plus the float32 summation bound."""
@@ -140,9 +192,10 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = cpu_linear.rows_linear
 
-    def counted(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    def counted(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                panels: torch.Tensor | None = None) -> torch.Tensor:
         calls.append(x.numel() // x.shape[-1])
-        return real(x, w, b)
+        return real(x, w, b, panels)
     monkeypatch.setattr(cpu_linear, "rows_linear", counted)
     return calls
 

@@ -101,6 +101,8 @@ void specserve_silu_mul_rows(const float* gu, int64_t gs, float* out, int64_t os
  * library as this file (cpu_layer.py builds the three together). */
 int specserve_linear_rows_f32(const float* x, int64_t xs, const float* w, int64_t ws,
                               const float* bias, float* y, int64_t ys, int M, int N, int K);
+int specserve_linear_panels_f32(const float* x, int64_t xs, const float* p, const float* bias,
+                                float* y, int64_t ys, int M, int N, int K);
 int specserve_attn_rows_f32(
         const float* q, int64_t qb, int64_t qh, int64_t qt,
         const float* k, int64_t kb, int64_t kh, int64_t ks,
@@ -110,12 +112,21 @@ int specserve_attn_rows_f32(
         int B, int H, int Hkv, int T, int D, int64_t max_past, float scale);
 
 /* One layer's addresses in the table of specserve_layers_rows_f32, LAYER_FIELDS int64 each:
- * weights (row-major, contiguous rows) and biases (0: none), the layer's K and V cache buffers
- * [B, nkv, S, D] and their element strides. */
+ * weights (row-major, contiguous rows), biases (0: none) and the weights as panels
+ * (linear_rows.c; 0: none), the layer's K and V cache buffers [B, nkv, S, D] and their element
+ * strides. */
 enum { ATTN_NORM, QKV_W, QKV_B, O_W, O_B, MLP_NORM, GATE_UP_W, GATE_UP_B, DOWN_W, DOWN_B,
-       K_BUF, V_BUF, K_B, K_H, K_S, V_B, V_H, V_S, LAYER_FIELDS };
+       QKV_P, O_P, GATE_UP_P, DOWN_P, K_BUF, V_BUF, K_B, K_H, K_S, V_B, V_H, V_S, LAYER_FIELDS };
 
 #define P(i, f) ((float*)(intptr_t)table[(int64_t)(i) * LAYER_FIELDS + (f)])
+
+/* y [M, N] = x [M, K] @ w^T + b: from the panels p where there are (0: none), else from w
+ * [N, K] (row-major). Returns 0, or 1 when the panel kernel's scratch failed. */
+static int linear(const float* x, int64_t xs, const float* w, const float* p, const float* b,
+                  float* y, int64_t ys, int M, int N, int K) {
+    if (p) return specserve_linear_panels_f32(x, xs, p, b, y, ys, M, N, K);
+    return specserve_linear_rows_f32(x, xs, w, K, b, y, ys, M, N, K);
+}
 
 /* A whole forward's layers for M = B T rows in one call (cpu_forward.py's one_call; it was
  * nine calls a layer): per layer q/k/v, RoPE and the KV write, attention over each row's own
@@ -145,7 +156,8 @@ int specserve_layers_rows_f32(const int64_t* table, int L, const float* final_no
             for (int r = 0; r < M; r++)
                 memcpy(aux + (int64_t)r * naux * H + (int64_t)aux_col[i] * H, x + (int64_t)r * H,
                        sizeof(float) * (size_t)H);
-        specserve_linear_rows_f32(y, H, P(i, QKV_W), H, P(i, QKV_B), qkv, NQKV, M, NQKV, H);
+        rc = linear(y, H, P(i, QKV_W), P(i, QKV_P), P(i, QKV_B), qkv, NQKV, M, NQKV, H);
+        if (rc) break;
         specserve_rope_kv_rows(qkv, NQKV, cos, sin, cbs, cts, P(i, K_BUF), f[K_B], f[K_H],
                                f[K_S], P(i, V_BUF), f[V_B], f[V_H], f[V_S], slots, M, T, nh,
                                nkv, D);
@@ -153,12 +165,13 @@ int specserve_layers_rows_f32(const int64_t* table, int L, const float* final_no
                                      f[K_H], f[K_S], P(i, V_BUF), f[V_B], f[V_H], f[V_S], start,
                                      len, node, W, att, (int64_t)T * NA, NA, D, B, nh, nkv, T,
                                      D, max_past, (float)(1.0 / sqrt((double)D)));
-        specserve_linear_rows_f32(att, NA, P(i, O_W), NA, P(i, O_B), tmp, H, M, H, NA);
+        if (rc) break;
+        rc |= linear(att, NA, P(i, O_W), P(i, O_P), P(i, O_B), tmp, H, M, H, NA);
         specserve_add_rms_rows(x, H, tmp, H, P(i, MLP_NORM), y, H, M, H, eps);
-        specserve_linear_rows_f32(y, H, P(i, GATE_UP_W), H, P(i, GATE_UP_B), gu, 2 * I, M,
-                                  2 * I, H);
+        rc |= linear(y, H, P(i, GATE_UP_W), P(i, GATE_UP_P), P(i, GATE_UP_B), gu, 2 * I, M,
+                     2 * I, H);
         specserve_silu_mul_rows(gu, 2 * I, act, I, M, I);
-        specserve_linear_rows_f32(act, I, P(i, DOWN_W), I, P(i, DOWN_B), tmp, H, M, H, I);
+        rc |= linear(act, I, P(i, DOWN_W), P(i, DOWN_P), P(i, DOWN_B), tmp, H, M, H, I);
         specserve_add_rms_rows(x, H, tmp, H, i + 1 < L ? P(i + 1, ATTN_NORM) : final_norm, y, H,
                                M, H, eps);
     }
