@@ -14,7 +14,8 @@ the median of ``--rounds`` kept):
 - ``onednn packed``: ``mkldnn._linear_pointwise`` on a prepacked weight (the engine's float32
   multi-row and bfloat16 path; on AMX / AVX-512-BF16 CPUs oneDNN's bf16 kernels run on those);
 - ``rows kernel``: ``runtime/csrc/linear_rows.c`` (where a C compiler is found; bfloat16
-  weights widened to float32 as they load).
+  weights widened to float32 as they load);
+- ``panels``: the same library's panel kernel on the weights as panels (float32, AVX-512).
 
 Printed per method and m: ms per step (one copy of the weights), the ratio to m = 1 of the same
 method, and the effective read bandwidth (weight bytes / time).
@@ -23,11 +24,12 @@ method, and the effective read bandwidth (weight bytes / time).
 
 ``--step``: whole float32 forwards of a SmolLM2-135M-shaped model (random weights, tied LM
 head, logits for every new token), one sequence with 64 tokens cached, T = 1 (a plain step)
-and T = 5 (a verify step of K = 4), laid out with the few-row kernel and without it (the MKL /
-oneDNN layouts), alternated. A 1.2 GB buffer is summed before each timed step, so every step
-reads its weights from memory: without that, on a machine whose L3 holds most of the model,
-whichever layout ran just before on the same weights found them cached (one read the same
-weights at T = 1 and T = 5, the other two different copies), and that decided the table.
+and T = 5 (a verify step of K = 4), laid out with the few-row kernel (with panels and without)
+and without it (the MKL / oneDNN layouts), alternated. A 1.2 GB buffer is summed before
+each timed step, so every step reads its weights from memory: without that, on a machine
+whose L3 holds most of the model, whichever layout ran just before on the same weights found
+them cached (one read the same weights at T = 1 and T = 5, the other two different copies),
+and that decided the table.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fewrow_linear.py --step --rounds 7
 """
@@ -76,6 +78,12 @@ def methods(ws: Weights, dtype: torch.dtype) -> dict[str, tuple[Weights, Method]
                                   lambda x, w: pointwise(x, w, None, "none", [], ""))
     if cpu_linear.prepare():
         found["rows kernel"] = (ws, lambda x, w: cpu_linear.rows_linear(x, w, None))
+    width = cpu_linear.panel_width()
+    if cpu_linear.prepare() and width and dtype == torch.float32:
+        pairs = [(cpu_linear.to_panels(w, width), w) for w in ws]  # [G, K, width], [N, K]
+        row_major = {id(p): w for p, w in pairs}
+        found["panels"] = ([p for p, _ in pairs], lambda x, p: cpu_linear.rows_linear(
+            x, row_major[id(p)], None, p))
     return found
 
 
@@ -91,9 +99,9 @@ def _k(w: torch.Tensor) -> int:
     return int(w.size(1))
 
 
-def smollm2(kernel: bool) -> Transformer:
+def smollm2(kernel: bool, panels: bool = True) -> Transformer:
     """A SmolLM2-135M-shaped float32 model, random weights, laid out with or without the
-    few-row kernel."""
+    few-row kernel, and with or without its panels."""
     cfg = ModelConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
                       num_layers=LAYERS, num_heads=9, num_kv_heads=3, head_dim=64,
                       rms_norm_eps=1e-5, rope_theta=100000.0, rope_scaling=(),
@@ -110,14 +118,20 @@ def smollm2(kernel: bool) -> Transformer:
     if not kernel:
         cpu_linear._loaded[:] = [None]
     try:
-        return m.decode_layout()
+        m.decode_layout()
     finally:
         cpu_linear._loaded[:] = saved
+    if not panels:
+        for lin in m.modules():
+            if isinstance(lin, cpu_linear.Linear):
+                lin.panels = None
+    return m
 
 
 def step_table(rounds: int) -> None:
     """Forward + logits of T = 1 and T = 5 new tokens, with and without the kernel."""
-    models = {"rows kernel": smollm2(True), "MKL / oneDNN": smollm2(False)}
+    models = {"panels": smollm2(True), "rows kernel": smollm2(True, panels=False),
+              "MKL / oneDNN": smollm2(False)}
     times: dict[tuple[str, int], list[float]] = {(n, t): [] for n in models for t in (1, 5)}
     flush = torch.ones(300 << 20)  # [300 Mi] float32, 1.2 GB: evicts the last-level cache
     with torch.inference_mode():
