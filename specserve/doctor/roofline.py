@@ -5,10 +5,12 @@ batch x (K + 1) rows when the linears read each weight once for all rows) and do
 2 * params FLOPs per row; it can be no faster than the larger of bytes / read bandwidth and
 FLOPs / FMA rate. :func:`measure` finds the two rates on one thread:
 
-- read bandwidth: a float32 GEMV (``torch.mv``, one row) over a matrix of ``size_mb`` (at least
-  512 MB by default, more than most last-level caches) on huge pages where the engine puts its
-  weights (:mod:`specserve.runtime.huge_pages`), best of ``repeats`` after a warm-up: matrix
-  bytes / seconds;
+- read bandwidth: a float32 GEMV (one row) over a matrix of ``size_mb`` (at least 512 MB by
+  default, more than most last-level caches) on huge pages where the engine puts its weights
+  (:mod:`specserve.runtime.huge_pages`), best of ``repeats`` after a warm-up: matrix bytes /
+  seconds; the faster of ``torch.mv`` and, where built, the engine's own few-row kernel on the
+  matrix as panels (:mod:`specserve.runtime.cpu_linear`: 26.8 against ``torch.mv``'s ~20 GB/s
+  on a 2-core AMD EPYC), so that a share of it is a share of what this machine can read;
 - FMA rate: a float32 GEMM (``torch.mm``, 1024 cubed: compute-bound, in cache), best of
   ``repeats``: 2 * 1024^3 FLOPs / seconds.
 
@@ -149,14 +151,24 @@ def _best_s(fn: Any, repeats: int) -> float:
     return best
 
 
-def _read_bytes_per_s(rows: int, cols: int, repeats: int) -> float:
+def _read_bytes_per_s(rows: int, cols: int, repeats: int) -> tuple[float, str]:
+    """Bytes per second of the faster GEMV over a [rows, cols] float32 matrix, and its name."""
     import torch
 
+    from specserve.runtime import cpu_linear
     from specserve.runtime.huge_pages import huge_empty
 
     w = huge_empty(rows * cols * 4).view(torch.float32).view(rows, cols).uniform_(-1, 1)
-    x = torch.randn(cols)  # [cols]
-    return w.numel() * 4 / _best_s(lambda: torch.mv(w, x), repeats)
+    x = torch.randn(1, cols)  # [1, cols]
+    best, how = _best_s(lambda: torch.mv(w, x[0]), repeats), "torch.mv"
+    width = cpu_linear.panel_width()
+    if width and rows % (width * cpu_linear.panel_pad()) == 0 and cpu_linear.usable(x):
+        panels = cpu_linear.to_panels(w, width, huge_empty(rows * cols * 4).view(
+            torch.float32).view(-1, cols, width))  # [G, cols, width]
+        own = _best_s(lambda: cpu_linear.rows_linear(x, w, None, panels), repeats)
+        if own < best:
+            best, how = own, "specserve's few-row kernel, panels"
+    return w.numel() * 4 / best, how
 
 
 def _flops_per_s(repeats: int) -> float:
@@ -182,7 +194,7 @@ def measure(size_mb: int = DEFAULT_MB, repeats: int = 5) -> Machine:
     rows = max(1, size_mb * (1 << 20) // (4 * cols))
     try:
         with torch.inference_mode():
-            read, flops = _read_bytes_per_s(rows, cols, repeats), _flops_per_s(repeats)
+            (read, how), flops = _read_bytes_per_s(rows, cols, repeats), _flops_per_s(repeats)
     finally:
         torch.set_num_threads(threads)
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
@@ -194,6 +206,6 @@ def measure(size_mb: int = DEFAULT_MB, repeats: int = 5) -> Machine:
     return Machine(cpu=cpu_name(info), cpus=len(cpus),
                    smt_siblings=siblings(cpus, _topology(cpus)),
                    read_gbs=round(read / 1e9, 2), gflops=round(flops / 1e9, 1),
-                   method=f"one thread; read: float32 GEMV (torch.mv) over {mb:.0f} MB"
+                   method=f"one thread; read: float32 GEMV ({how}) over {mb:.0f} MB"
                           f"{' on huge pages' if huge_pages_enabled() else ''}, "
                           f"best of {repeats}; FMA: float32 GEMM {GEMM_N}^3, best of {repeats}")

@@ -180,17 +180,29 @@ def panel_width() -> int:
     return 0 if kernels is None else kernels.width
 
 
-def to_panels(w: torch.Tensor, width: int) -> torch.Tensor:
-    """Float32 ``w`` [N, K] as the kernel's panels [G, K, width]: ``p[g, k, j] = w[g width +
-    j, k]``, zero beyond N, G a multiple of the kernel's pad (``csrc/linear_rows.c``)."""
-    n, k = w.shape
+def panel_pad() -> int:
+    """The panel count of :func:`to_panels` is a multiple of this (the kernel's widest tile)."""
     kernels = _kernel()
-    pad = 1 if kernels is None else kernels.pad
+    return 1 if kernels is None else kernels.pad
+
+
+def to_panels(w: torch.Tensor, width: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Float32 ``w`` [N, K] as the kernel's panels [G, K, width]: ``p[g, k, j] = w[g width +
+    j, k]``, zero beyond N, G a multiple of the kernel's pad (``csrc/linear_rows.c``); written
+    into ``out`` [G, K, width] (a huge-page buffer) where given."""
+    n, k = w.shape
+    pad = panel_pad()
     groups = -(-n // (width * pad)) * pad
-    p = torch.zeros(groups * width, k)  # [G width, K]
+    if out is None:
+        out = torch.empty(groups, k, width)
+    assert out.shape == (groups, k, width) and out.is_contiguous()
     with torch.no_grad():
-        p[:n] = w
-    return p.view(groups, width, k).transpose(1, 2).contiguous()  # [G, K, width]
+        full = n // width
+        out[:full].copy_(w[:full * width].reshape(full, width, k).transpose(1, 2))
+        out[full:].zero_()
+        if n % width:
+            out[full, :, :n % width].copy_(w[full * width:].t())
+    return out
 
 
 def _lay_out_rows(linears: Sequence[Linear], shared: Sequence[Linear]) -> None:

@@ -132,12 +132,14 @@ def test_each_code_path_reads_panels(variant: str) -> None:
 def test_panels_layout() -> None:
     """p[g, k, j] = w[g W + j, k], zero beyond N, the panel count a multiple of the pad; strided
     rows of x read as they are."""
-    width, pad = cpu_linear.panel_width(), cpu_linear._kernel().pad  # type: ignore[union-attr]
+    width, pad = cpu_linear.panel_width(), cpu_linear.panel_pad()
     w = torch.randn(37, 5)
     p = cpu_linear.to_panels(w, 8)
     assert p.shape == (-(-37 // (8 * pad)) * pad, 5, 8) and p.is_contiguous()
     assert torch.equal(p[2, :, 3], w[19]) and torch.equal(p[4, :, 4], w[36])
     assert not p[4, :, 5:].any() and not p[5:].any()
+    out = torch.full(p.shape, float("nan"))
+    assert cpu_linear.to_panels(w, 8, out) is out and torch.equal(out, p)
     if width:
         wide = torch.randn(6, 2 * 57)
         x = wide[:, ::2]  # [6, 57], rows 114 apart, last dim stride 2

@@ -190,7 +190,8 @@ KERNEL(float, f32)
  * 1.1-3x slower than the blocks above, so there specserve_panel_width() says 0 (no panels). */
 #define PANEL_PAD 4  /* the widest tile's panels: the last tile reads (zero) panels up to it */
 #ifndef PANEL_PREFETCH
-#define PANEL_PREFETCH 64  /* k steps ahead */
+#define PANEL_PREFETCH 32  /* k steps (2 KiB of a panel) ahead: 16 to 128 within 5% at 5-16
+                              rows; at one row 32 the fastest (18.4-19.1 ms, 64: 20.0-20.7) */
 #endif
 #if W == 16
 #define BCAST(p) _mm512_set1_ps(*(p))
