@@ -53,17 +53,20 @@ class BlockLike(Protocol):
 
 
 def one_call(layers: Sequence[BlockLike], norm: Weighted, cfg: ModelConfig, x: torch.Tensor,
-             cache: KVCache, st: StepInputs, capture: Sequence[int]) -> Out:
+             cache: KVCache, st: StepInputs, capture: Sequence[int],
+             weights: cpu_layer.WeightTable | None = None) -> Out:
     """Every layer of x [B, T, H] in one C call: per layer RMSNorm (fused with the last
     residual add), q/k/v, RoPE and the KV write, attention, o, add + RMSNorm, gate/up,
-    SiLU-and-multiply, down; then the final ``norm``."""
+    SiLU-and-multiply, down; then the final ``norm``. ``weights``: the layers'
+    :func:`~specserve.runtime.cpu_layer.weight_table` (made here when None)."""
     b, t, h = x.shape
     assert st.rows is not None
     x = x.reshape(b * t, h).contiguous()  # [M, H], the residual stream (updated in place)
     n = len(layers)
     taken = sorted({i for i in capture if 0 <= i <= n})
     cols = [taken.index(i) if i in taken else -1 for i in range(n + 1)]
-    table = cpu_layer.layer_table(layer_weights(layers), cache.k, cache.v)
+    table = cpu_layer.layer_table(weights or cpu_layer.weight_table(layer_weights(layers)),
+                                  cache.k, cache.v)
     shape = cpu_layer.Shape(b, t, h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                             cfg.intermediate_size, cfg.rms_norm_eps)
     hidden, aux = cpu_layer.layers(table, norm.weight, x, shape, (st.cos, st.sin),

@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -186,6 +186,7 @@ class Transformer(RopeModel):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fusable: bool | None = None  # every linear takes the few-row kernel (decode_layout)
+        self._weights: cpu_layer.WeightTable | None = None  # one_call's, made once per layout
 
     @property
     def dtype(self) -> torch.dtype:
@@ -211,6 +212,14 @@ class Transformer(RopeModel):
             move_to_huge_pages([t for m in lins for t in (m.panels, m.weight)
                                 if t is not None])  # every step streams them
             self._fusable = None
+            self._weights = None
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Transformer:
+        """``.to()``, ``.float()``...: the cached weight addresses go with the old tensors."""
+        self._fusable = None
+        self._weights = None
+        super()._apply(fn, recurse)
         return self
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
@@ -239,8 +248,10 @@ class Transformer(RopeModel):
         x = F.embedding(tokens, self.embed.weight)  # [B, T, H]
         blocks = cast(Sequence[Block], self.layers)  # the ModuleList itself: no copy a forward
         if self._fused_rows(x, st):  # up to 16 rows: every layer in one C call
+            if self._weights is None:
+                self._weights = cpu_layer.weight_table(cpu_forward.layer_weights(blocks))
             return Forward(*cpu_forward.one_call(blocks, self.norm, self.cfg, x, cache, st,
-                                                 capture))
+                                                 capture, self._weights))
         if not self.cfg.qk_norm and cpu_layer.usable(x, self.cfg.head_dim):
             return Forward(*cpu_forward.rows(blocks, self.norm, self.cfg, x, cache, st, capture))
         aux: list[torch.Tensor] = []

@@ -147,6 +147,33 @@ def test_forwards_equal_the_aten_path(tiny_models: TinyModels, lens: list[int], 
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@needs_kernel
+def test_the_weight_table_is_made_once_per_layout(tiny_models: TinyModels,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one C call reads the layers' addresses from a table made once per layout: two
+    decode steps build it once; ``decode_layout`` (weights moved, copies redone) and ``.to()``
+    drop it, so the next forward reads the addresses of the day, with the same outputs."""
+    m = load_model(tiny_models.ckpt.target)
+    made: list[int] = []
+    real = cpu_layer.weight_table
+
+    def counted(w: Any) -> cpu_layer.WeightTable:
+        made.append(len(w))
+        return real(w)
+    monkeypatch.setattr(cpu_layer, "weight_table", counted)
+
+    def step() -> torch.Tensor:
+        cache = m.new_cache(2, 16)
+        with torch.inference_mode():
+            return m(torch.tensor([[5], [9]]), cache)
+    first = step()
+    assert torch.equal(step(), first) and made == [len(m.layers)]
+    m.decode_layout()
+    assert torch.equal(step(), first) and len(made) == 2
+    m.to(torch.float32)
+    assert m._weights is None
+
+
 def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_layer, "_loaded", [])
     monkeypatch.setenv(cpu_layer.ENV, "off")
