@@ -9,8 +9,8 @@ FLOPs / FMA rate. :func:`measure` finds the two rates on one thread:
   default, more than most last-level caches) on huge pages where the engine puts its weights
   (:mod:`specserve.runtime.huge_pages`), best of ``repeats`` after a warm-up: matrix bytes /
   seconds; the faster of ``torch.mv`` and, where built, the engine's own few-row kernel on the
-  matrix as panels (:mod:`specserve.runtime.cpu_linear`: 26.8 against ``torch.mv``'s ~20 GB/s
-  on a 2-core AMD EPYC), so that a share of it is a share of what this machine can read;
+  matrix as panels (:mod:`specserve.runtime.cpu_linear`: 29.8-34.5 against ``torch.mv``'s ~20
+  GB/s on a 2-core AMD EPYC), so that a share of it is a share of what this machine can read;
 - FMA rate: a float32 GEMM (``torch.mm``, 1024 cubed: compute-bound, in cache), best of
   ``repeats``: 2 * 1024^3 FLOPs / seconds.
 

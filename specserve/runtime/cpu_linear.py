@@ -175,7 +175,7 @@ def _panel_copies(linears: Sequence[Linear], limit: int) -> None:
 
 
 def panel_width() -> int:
-    """Output columns per panel of the built kernel (16 with AVX-512, 8 with AVX2); 0: none."""
+    """Output columns per panel of the built kernel (16 with AVX-512); 0: none (AVX2, plain C)."""
     kernels = _kernel()
     return 0 if kernels is None else kernels.width
 
@@ -233,7 +233,8 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     """``F.linear(x, w, bias)`` by the few-row kernel: x [..., K] (at most :data:`MAX_ROWS`
     rows in all) and w [N, K] with contiguous rows, both float32 or both bfloat16 (summed in
     float32, rounded to bfloat16 once at the end, as ``F.linear``), bias [N] or None; read from
-    ``panels`` (:func:`to_panels` of a float32 w) where given."""
+    ``panels`` (:func:`to_panels` of a float32 w) where given and of the loaded kernel's width
+    (panels of another build's width: w is read)."""
     kernels = _kernel()
     assert kernels is not None, "cpu_linear.rows_linear without cpu_linear.usable"
     n, k = w.shape
@@ -244,10 +245,10 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     assert m <= MAX_ROWS and w.stride(-1) == 1 and w.dtype == x.dtype
     out = torch.empty(m, n)  # [M, N] float32
     b = None if bias is None else bias.float().contiguous()
-    if panels is not None and x2.dtype == torch.float32:
+    if panels is not None and x2.dtype == torch.float32 and panels.shape[-1] == kernels.width:
         rc = kernels.panels(x2.data_ptr(), x2.stride(0), panels.data_ptr(),
                             None if b is None else b.data_ptr(), out.data_ptr(), n, m, n, k)
-        if rc == 1:
+        if rc != 0:
             raise MemoryError("cpu_linear: the panel kernel's scratch allocation failed")
     else:
         fn = kernels.bf16 if w.dtype == torch.bfloat16 else kernels.f32

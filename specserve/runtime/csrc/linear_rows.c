@@ -194,6 +194,7 @@ KERNEL(float, f32)
                               rows; at one row 32 the fastest (18.4-19.1 ms, 64: 20.0-20.7) */
 #endif
 #if W == 16
+#define SPECSERVE_PANELS 1
 #define BCAST(p) _mm512_set1_ps(*(p))
 #define ADD(a, b) _mm512_add_ps(a, b)
 #define STORET(p, m, v) _mm512_mask_storeu_ps(p, m, v)
@@ -269,14 +270,6 @@ int specserve_linear_panels_f32(const float* x, int64_t xs, const float* p, cons
     free(xt);
     return 0;
 }
-#else  /* AVX2: no panels (see above) */
-int specserve_panel_width(void) { return 0; }
-int specserve_panel_pad(void) { return 1; }
-int specserve_linear_panels_f32(const float* x, int64_t xs, const float* p, const float* bias,
-                                float* y, int64_t ys, int M, int N, int K) {
-    (void)x, (void)xs, (void)p, (void)bias, (void)y, (void)ys, (void)M, (void)N, (void)K;
-    return 2;
-}
 #endif
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && W == 16
 /* With AVX-512 BF16: 32 bfloat16 lanes a load, multiplied in pairs and summed into 16 float32
@@ -325,7 +318,10 @@ int specserve_linear_rows_##S(const T* x, int64_t xs, const T* w, int64_t ws,   
 #define SAME(v) (v)
 KERNEL(float, f32, SAME)
 KERNEL(uint16_t, bf16, widen)
-int specserve_panel_width(void) { return 0; }  /* no panels without AVX2 */
+#endif
+
+#ifndef SPECSERVE_PANELS  /* AVX2 or plain C: no panels (see the panel kernel above) */
+int specserve_panel_width(void) { return 0; }
 int specserve_panel_pad(void) { return 1; }
 int specserve_linear_panels_f32(const float* x, int64_t xs, const float* p, const float* bias,
                                 float* y, int64_t ys, int M, int N, int K) {
