@@ -249,7 +249,8 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         rc = kernels.panels(x2.data_ptr(), x2.stride(0), panels.data_ptr(),
                             None if b is None else b.data_ptr(), out.data_ptr(), n, m, n, k)
         if rc != 0:
-            raise MemoryError("cpu_linear: the panel kernel's scratch allocation failed")
+            raise (MemoryError if rc == 1 else ValueError)(f"cpu_linear: the panel kernel "
+                                                           f"returned {rc} for {m} rows")
     else:
         fn = kernels.bf16 if w.dtype == torch.bfloat16 else kernels.f32
         fn(x2.data_ptr(), x2.stride(0), w.data_ptr(), w.stride(0),

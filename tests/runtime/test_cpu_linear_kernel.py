@@ -149,6 +149,8 @@ def test_panels_layout() -> None:
         w = torch.randn(30, 57)
         with torch.inference_mode():
             _check(rows_linear(x, w, None, cpu_linear.to_panels(w, width)), x, w, None)
+            none = rows_linear(x[:0], w, None, cpu_linear.to_panels(w, width))  # no rows
+        assert none.shape == (0, 30)
 
 
 @needs_kernel

@@ -255,11 +255,12 @@ int specserve_panel_width(void) { return W; }
 int specserve_panel_pad(void) { return PANEL_PAD; }
 
 /* y [M, N] (row stride ys) = x [M, K] (row stride xs) @ w^T + bias (NULL: none) for
- * 1 <= M <= 16, w as panels p [ceil(ceil(N / W) / PANEL_PAD) PANEL_PAD][K][W] (see above).
- * Returns 0, or 1 when the transposed x could not be allocated. */
+ * 0 <= M <= 16, w as panels p [ceil(ceil(N / W) / PANEL_PAD) PANEL_PAD][K][W] (see above).
+ * Returns 0; 1 when the transposed x could not be allocated, 2 for M out of range. */
 int specserve_linear_panels_f32(const float* x, int64_t xs, const float* p, const float* bias,
                                 float* y, int64_t ys, int M, int N, int K) {
-    if (M < 1 || M > 16) return 2;
+    if (M == 0) return 0;  /* no rows: nothing to write */
+    if (M < 0 || M > 16) return 2;
     float* xt = (float*)malloc(sizeof(float) * (size_t)M * (size_t)K);  /* [K][M] */
     if (!xt) return 1;
     for (int r = 0; r < M; r++)
