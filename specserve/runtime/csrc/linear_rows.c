@@ -199,24 +199,23 @@ KERNEL(float, f32)
 #define ADD(a, b) _mm512_add_ps(a, b)
 #define STORET(p, m, v) _mm512_mask_storeu_ps(p, m, v)
 
-/* Rows xt[k * M + 0 .. R - 1] against panels p, p + gs, .. (C of them) for every k:
- * y[r * ys + n0 ..] for the outputs below N; prefetches when pf (the first row block). */
+/* Rows xt[k * R + 0 .. R - 1] against panels p, p + gs, .. (C of them) for every k:
+ * y[r * ys + n0 ..] for the outputs below N. */
 static inline __attribute__((always_inline)) void panel_tile(
-        const float* p, int64_t gs, const float* xt, int M, int K, float* y, int64_t ys,
-        const float* bias, int n0, int N, int R, int C, int pf) {
+        const float* p, int64_t gs, const float* xt, int K, float* y, int64_t ys,
+        const float* bias, int n0, int N, int R, int C) {
     vec a[16][4];  /* R x C of them used */
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) a[r][c] = ZERO();
     for (int k = 0; k < K; k++) {
-        if (pf)  /* a 64-byte line of each panel a step */
-            for (int c = 0; c < C; c++) {
-                const char* ahead = (const char*)(p + c * gs + (int64_t)(k + PANEL_PREFETCH) * W);
-                if (R >= 8) _mm_prefetch(ahead, _MM_HINT_T0);  /* T0 from 8 rows, T2 below: */
-                else _mm_prefetch(ahead, _MM_HINT_T2);          /* the faster of each, measured */
-            }
+        for (int c = 0; c < C; c++) {  /* a 64-byte line of each panel a step */
+            const char* ahead = (const char*)(p + c * gs + (int64_t)(k + PANEL_PREFETCH) * W);
+            if (R >= 8) _mm_prefetch(ahead, _MM_HINT_T0);  /* T0 from 8 rows, T2 below: */
+            else _mm_prefetch(ahead, _MM_HINT_T2);          /* the faster of each, measured */
+        }
         vec w[4];
         for (int c = 0; c < C; c++) w[c] = LOAD(p + c * gs + (int64_t)k * W);
-        const float* xk = xt + (int64_t)k * M;
+        const float* xk = xt + (int64_t)k * R;
         for (int r = 0; r < R; r++) {
             const vec b = BCAST(xk + r);
             for (int c = 0; c < C; c++) a[r][c] = FMA(w[c], b, a[r][c]);
@@ -230,12 +229,11 @@ static inline __attribute__((always_inline)) void panel_tile(
     }
 }
 
-/* One tile (panels g.. of its C, rows r0 .. r0 + R - 1) with R and C constants (the table
- * above), so that its accumulators stay in registers. */
-#define PTILE(R_, C_) panel_tile(p + (int64_t)g * gs, gs, xt + r0, M, K, y + (int64_t)r0 * ys, \
-                                 ys, bias, g * W, N, R_, C_, r0 == 0)
-static void panel_block(const float* p, int64_t gs, const float* xt, int M, int K, float* y,
-                        int64_t ys, const float* bias, int N, int g, int r0, int R) {
+/* One tile (panels g.. of its C, all R rows) with R and C constants (the table above), so
+ * that its accumulators stay in registers. */
+#define PTILE(R_, C_) panel_tile(p + (int64_t)g * gs, gs, xt, K, y, ys, bias, g * W, N, R_, C_)
+static void panel_block(const float* p, int64_t gs, const float* xt, int K, float* y,
+                        int64_t ys, const float* bias, int N, int g, int R) {
     switch (R) {
         case 1: PTILE(1, 4); break;    case 2: PTILE(2, 4); break;
         case 3: PTILE(3, 4); break;    case 4: PTILE(4, 4); break;
@@ -267,7 +265,7 @@ int specserve_linear_panels_f32(const float* x, int64_t xs, const float* p, cons
         for (int k = 0; k < K; k++) xt[(int64_t)k * M + r] = x[(int64_t)r * xs + k];
     const int G = (N + W - 1) / W, C = panel_cols(M);
     const int64_t gs = (int64_t)K * W;
-    for (int g = 0; g < G; g += C) panel_block(p, gs, xt, M, K, y, ys, bias, N, g, 0, M);
+    for (int g = 0; g < G; g += C) panel_block(p, gs, xt, K, y, ys, bias, N, g, M);
     free(xt);
     return 0;
 }
